@@ -1,0 +1,54 @@
+# exgrpo: `make run` trains the built-in default on a CPU, `make test` runs the test suite.
+# Both create .venv/ in the repo root on first use (CPU torch==2.13.0 unless a CUDA torch is there).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH_SPEC ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install run test test-fast lint format tiny-model bench clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	@# keep a CUDA build of torch if one is installed; otherwise pin the CPU build
+	@if $(PY) -c "import torch,sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null; then \
+		echo "keeping the installed CUDA torch"; \
+	else \
+		$(PIP) install -q "$(TORCH_SPEC)"; \
+	fi
+	$(PIP) install -q -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install exgrpo with its dependencies
+
+run: install ## train the embedded default (tiny model, arithmetic task, CPU, ~5 min)
+	$(VENV)/bin/exgrpo train
+
+test: install ## run the test suite (CPU, no network)
+	$(PY) -m pytest -q
+
+test-fast: install ## the suite without the slow end-to-end runs
+	$(PY) -m pytest -q -m "not slow"
+
+lint: install ## ruff
+	$(VENV)/bin/ruff check exgrpo_cli tests benchmarks
+
+format: install ## ruff --fix
+	$(VENV)/bin/ruff check --fix exgrpo_cli tests benchmarks
+
+tiny-model: install ## rebuild the shipped tiny model (exgrpo_cli/assets/tiny) reproducibly
+	$(PY) -m exgrpo_cli.policy.tiny_builder --out exgrpo_cli/assets/tiny
+
+bench: install ## the default run's time and held-out accuracy gain (benchmarks/)
+	$(PY) benchmarks/default_run.py
+
+clean: ## remove run outputs (keeps .venv)
+	rm -rf outputs multirun .pytest_cache

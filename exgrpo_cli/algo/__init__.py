@@ -1,0 +1,21 @@
+"""Pure tensor maths of the objective: advantages, token log-probs and entropies, the ExGRPO loss.
+
+Where it sits in the step: after the mixed batch is built (replay/mixing.py) and before the
+optimizer step. Nothing here holds state or reads a config; every function is tested with exact
+values. These are also the public API for people who want the ExGRPO objective in their own trainer.
+"""
+
+from exgrpo_cli.algo.advantages import group_advantages
+from exgrpo_cli.algo.logprobs import mean_token_entropy, token_entropy, token_logprobs
+from exgrpo_cli.algo.losses import LossStats, exgrpo_policy_loss, exgrpo_token_losses, policy_shaping
+
+__all__ = [
+    "LossStats",
+    "exgrpo_policy_loss",
+    "exgrpo_token_losses",
+    "group_advantages",
+    "mean_token_entropy",
+    "policy_shaping",
+    "token_entropy",
+    "token_logprobs",
+]

@@ -1,0 +1,107 @@
+"""`exgrpo` entry point: argv[1] picks the subcommand, everything after it goes to Hydra.
+
+Hydra is called through `@hydra.main` (not the compose API) so that each subcommand keeps all of
+Hydra's command line: overrides, `--cfg job`, `--help`, `-m/--multirun` and run directories.
+Nothing heavy is imported here: `exgrpo --help` must answer at once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+COMMANDS = {
+    "train": "RL-train a policy with ExGRPO (replay.ratio=0: on-policy Dr.GRPO)",
+    "eval": "evaluate a model or checkpoints on benchmark suites (avg@k / pass@k)",
+    "ablate": "run one of the paper's ablations as a multirun sweep, then summarise it",
+    "inspect-buffer": "show what a run's replay buffer holds (text, JSON or plots)",
+}
+
+USAGE = """usage: exgrpo <command> [hydra overrides ...]
+
+ExGRPO: GRPO with a quality-aware experience replay buffer ("Learning to Reason from
+Experience", ICLR 2026).
+
+commands:
+{commands}
+
+Every command takes Hydra overrides (key=value, group=preset), `--cfg job` to print the
+config, `-m` for a multirun sweep, and `--help` for its config groups. Examples:
+  exgrpo train                                  # the tiny built-in model on arithmetic, CPU
+  exgrpo train replay.ratio=0 trainer.steps=20  # plain on-policy GRPO
+  exgrpo eval eval=paper model=qwen2.5-math-7b  # the paper's benchmarks
+  exgrpo inspect-buffer outputs/train/<run>     # the replay buffer of a run
+"""
+
+
+def config_dir() -> str:
+    """The conf/ folder: beside the package in a checkout, inside it in an installed wheel."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "conf", here / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return str(candidate)
+    raise FileNotFoundError(f"exgrpo configs not found beside or inside {here}")
+
+
+def _usage() -> str:
+    width = max(len(c) for c in COMMANDS)
+    lines = "\n".join(f"  {c.ljust(width)}  {h}" for c, h in COMMANDS.items())
+    return USAGE.format(commands=lines)
+
+
+def _translate_inspect_args(args: list[str]) -> list[str]:
+    """inspect-buffer takes a positional run dir and --json; turn them into Hydra overrides."""
+    out = []
+    for a in args:
+        if a == "--json":
+            out.append("inspect.format=json")
+        elif not a.startswith("-") and "=" not in a:
+            out.append(f"inspect.target={a}")
+        else:
+            out.append(a)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        raise SystemExit(0)
+    if argv[0] in ("-V", "--version"):
+        from importlib.metadata import version
+
+        print(version("exgrpo"))
+        raise SystemExit(0)
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"exgrpo: unknown command {command!r}\n", file=sys.stderr)
+        print(_usage(), file=sys.stderr)
+        raise SystemExit(2)
+    if command == "inspect-buffer":
+        rest = _translate_inspect_args(rest)
+    run_hydra(command, rest)
+
+
+def run_hydra(command: str, overrides: list[str]) -> None:
+    import hydra
+
+    from exgrpo_cli.config import register_configs
+
+    register_configs()
+    job = command.replace("-", "_")
+    # Hydra reads sys.argv itself; give it the argv of a program named after the command.
+    sys.argv = [f"exgrpo {command}", *overrides, f"hydra.job.name={job}"]
+    os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+
+    @hydra.main(version_base=None, config_path=config_dir(), config_name="config")
+    def _entry(cfg) -> None:  # noqa: ANN001 - a DictConfig
+        from exgrpo_cli.commands import dispatch
+
+        dispatch(command, cfg)
+
+    _entry()
+
+
+if __name__ == "__main__":
+    main()

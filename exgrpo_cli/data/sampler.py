@@ -1,0 +1,52 @@
+"""Fresh-question sampling: an epoch-wise shuffled pass over the training pool.
+
+Retired questions (all K responses correct, ALGORITHM.md 2) leave the pool from the next epoch on.
+The position, the epoch and the epoch's order are state, checkpointed with the run, so a resumed
+run draws exactly the questions the uninterrupted one would have drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+
+import numpy as np
+
+from exgrpo_cli.data.types import Question
+
+
+class QuestionSampler:
+    def __init__(self, questions: list[Question], seed: int) -> None:
+        if not questions:
+            raise ValueError("the training set has no usable questions")
+        self.questions = questions
+        self.seed = seed
+        self.epoch = -1
+        self.position = 0
+        self.order: list[int] = []
+
+    def _start_epoch(self, retired: Container[str]) -> None:
+        self.epoch += 1
+        self.position = 0
+        rng = np.random.default_rng([self.seed, self.epoch])
+        keep = [i for i, q in enumerate(self.questions) if q.uid not in retired]
+        if not keep:
+            raise RuntimeError("every training question is retired (solved K/K): nothing left to sample")
+        self.order = [keep[i] for i in rng.permutation(len(keep))]
+
+    def draw(self, n: int, retired: Container[str] = ()) -> list[Question]:
+        out: list[Question] = []
+        while len(out) < n:
+            if self.position >= len(self.order):
+                self._start_epoch(retired)
+            out.append(self.questions[self.order[self.position]])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "order": list(self.order)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self.order = [int(i) for i in state["order"]]

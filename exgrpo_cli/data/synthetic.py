@@ -1,0 +1,101 @@
+"""The built-in arithmetic task: questions with graded difficulty and verifiable answers.
+
+Questions are `a <op> b` with 1..max_digits-digit operands; the worked solution is a short
+decomposition by place value inside `<think>...</think>` followed by `\\boxed{answer}`, the same
+answer convention as the real math data. Used for the embedded default run, for the tiny model's
+supervised warm start, and for the `synthetic` eval suite. Pure and seeded: the same config always
+gives the same pool, whatever the training seed.
+"""
+
+from __future__ import annotations
+
+import random
+
+from exgrpo_cli.data.types import Question
+
+
+def _operand(rng: random.Random, digits: int) -> int:
+    lo = 0 if digits == 1 else 10 ** (digits - 1)
+    return rng.randint(lo, 10**digits - 1)
+
+
+def _split(n: int) -> list[int]:
+    """Place-value parts of n, largest first: 307 -> [300, 7]; 0 -> [0]."""
+    parts = [int(d) * 10**i for i, d in enumerate(reversed(str(n))) if d != "0"]
+    return list(reversed(parts)) or [0]
+
+
+def worked_solution(a: int, op: str, b: int) -> str:
+    """A short reasoning trace and the boxed result, e.g. for 37*4:
+    `<think>37*4 = 30*4 + 7*4 = 120 + 28 = 148</think>\\boxed{148}`."""
+    result = compute(a, op, b)
+    if op == "*":
+        parts = _split(a) if a >= b else _split(b)
+        other = b if a >= b else a
+        terms = [p * other for p in parts]
+        if len(parts) > 1:
+            steps = [" + ".join(f"{p}*{other}" for p in parts), " + ".join(map(str, terms))]
+        else:
+            steps = []
+    elif op == "+":
+        pa, pb = _split(a), _split(b)
+        steps = [" + ".join(map(str, pa + pb))] if len(pa) + len(pb) > 2 else []
+    else:  # a - b: subtract b's place-value parts one at a time
+        steps, acc = [], a
+        pb = _split(b)
+        if len(pb) > 1:
+            steps.append(f"{a}" + "".join(f" - {p}" for p in pb))
+            for p in pb[:-1]:
+                acc -= p
+            steps.append(f"{acc} - {pb[-1]}")
+    chain = " = ".join([f"{a}{op}{b}", *steps, str(result)])
+    return f"<think>{chain}</think>\\boxed{{{result}}}"
+
+
+def compute(a: int, op: str, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    raise ValueError(f"unknown operator {op!r}")
+
+
+def make_question(uid: str, a: int, op: str, b: int) -> Question:
+    digits = max(len(str(a)), len(str(b)))
+    return Question(
+        uid=uid,
+        question=f"What is {a}{op}{b}?",
+        answer=str(compute(a, op, b)),
+        meta={"source": "synthetic", "op": op, "digits": digits, "a": a, "b": b},
+    )
+
+
+def generate(n: int, *, max_digits: int, ops: list[str], seed: int, prefix: str) -> list[Question]:
+    """n distinct questions; digits and operator drawn uniformly, so difficulty is graded."""
+    rng = random.Random(seed)
+    seen: set[tuple[int, str, int]] = set()
+    out: list[Question] = []
+    capacity = len(ops) * (10**max_digits) ** 2
+    if n > capacity:
+        raise ValueError(f"cannot draw {n} distinct questions from {capacity} possible ones")
+    while len(out) < n:
+        op = rng.choice(ops)
+        a = _operand(rng, rng.randint(1, max_digits))
+        b = _operand(rng, rng.randint(1, max_digits))
+        if (a, op, b) in seen:
+            continue
+        seen.add((a, op, b))
+        out.append(make_question(f"{prefix}-{len(out):05d}", a, op, b))
+    return out
+
+
+def train_and_val(num_train: int, num_val: int, *, max_digits: int, ops: list[str],
+                  seed: int) -> tuple[list[Question], list[Question]]:
+    """Disjoint training pool and held-out set drawn from one stream."""
+    pool = generate(num_train + num_val, max_digits=max_digits, ops=ops, seed=seed, prefix="syn")
+    train = pool[:num_train]
+    val = [Question(uid=q.uid.replace("syn-", "syn-val-"), question=q.question, answer=q.answer,
+                    meta=q.meta) for q in pool[num_train:]]
+    return train, val

@@ -1,0 +1,69 @@
+"""Prompt templates: how a Question becomes the text the policy continues.
+
+Each model preset names one template (ALGORITHM.md section 8). Think-style templates ask for the
+reasoning inside `<think>...</think>` and the answer in `\\boxed{}` after it; the reward then
+requires the closing `</think>` (`Template.requires_think`). When a data row carries its own chat
+messages (the official parquet files do), `think` uses them as given so that a model sees exactly
+the prompt it was trained or evaluated with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exgrpo_cli.data.types import Question
+
+THINK_SYSTEM = (
+    "Reason about the problem step by step inside <think> </think> tags. After </think>, "
+    "give the final answer in \\boxed{}."
+)
+SHORT_SYSTEM = "Think in <think></think>, then answer in \\boxed{}."
+BOXED_SYSTEM = "Reason step by step and put the final answer in \\boxed{}."
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    system: str | None  # None: no system message
+    chat: bool  # rendered with the tokenizer's chat template
+    requires_think: bool  # the reward only reads the text after </think>
+    use_data_messages: bool = False  # prefer the row's own chat messages when present
+    plain_format: str = "{question}"  # used when chat is False
+
+    def messages(self, q: Question) -> list[dict[str, str]]:
+        if self.use_data_messages and q.messages:
+            return [{"role": r, "content": c} for r, c in q.messages]
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        return msgs + [{"role": "user", "content": q.question}]
+
+    def render(self, q: Question, tokenizer) -> str:  # noqa: ANN001 - any HF tokenizer
+        if not self.chat:
+            return self.plain_format.format(question=q.question)
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                f"template {self.name!r} needs a chat template, but the tokenizer has none; "
+                "choose model.template=plain or llama_base"
+            )
+        return tokenizer.apply_chat_template(self.messages(q), tokenize=False, add_generation_prompt=True)
+
+
+TEMPLATES: dict[str, Template] = {
+    # the tiny model: the think/boxed conventions with a short system line (prompt tokens are costly)
+    "think_short": Template("think_short", SHORT_SYSTEM, chat=True, requires_think=True),
+    # the paper's Qwen2.5-Math/LUFFY-style models: think tags, data's own messages when given
+    "think": Template("think", THINK_SYSTEM, chat=True, requires_think=True, use_data_messages=True),
+    # instruct models without think tags (and DeepMath's messages)
+    "boxed_chat": Template("boxed_chat", BOXED_SYSTEM, chat=True, requires_think=False,
+                           use_data_messages=True),
+    # Llama-3.1-8B base in the paper: no chat template, no think tags
+    "llama_base": Template("llama_base", None, chat=False, requires_think=False,
+                           plain_format="User: {question}\nAnswer: Let's think step by step."),
+    "plain": Template("plain", None, chat=False, requires_think=False),
+}
+
+
+def get_template(name: str) -> Template:
+    try:
+        return TEMPLATES[name]
+    except KeyError:
+        raise ValueError(f"unknown template {name!r}; known: {', '.join(TEMPLATES)}") from None

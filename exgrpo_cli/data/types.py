@@ -1,0 +1,14 @@
+"""The unit every stage passes around: one question with its verifiable answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Question:
+    uid: str  # stable id (the buffer's and the retired set's key)
+    question: str  # the user-facing question text
+    answer: str  # gold answer, checked by math-verify
+    messages: tuple[tuple[str, str], ...] = ()  # (role, content) given by the data, if any
+    meta: dict = field(default_factory=dict, compare=False, hash=False)  # e.g. difficulty, source

@@ -1,0 +1,54 @@
+"""Sampled accuracy of the policy on held-out questions: `val/` metrics of `exgrpo train`.
+
+The same rollout engine and reward as training; n samples per question at the rollout
+temperature, so `val/accuracy` is the mean per-sample accuracy (avg@n) and `val/pass@n` the share
+of questions solved at least once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exgrpo_cli.data.templates import Template
+from exgrpo_cli.data.types import Question
+from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
+
+
+@dataclass
+class SampledResult:
+    questions: list[Question]
+    responses: list[list[str]]  # per question, n decoded responses
+    correct: list[list[float]]  # per question, n rewards
+
+    @property
+    def accuracy(self) -> float:
+        flat = [c for row in self.correct for c in row]
+        return sum(flat) / max(len(flat), 1)
+
+    @property
+    def pass_at_n(self) -> float:
+        return sum(any(c > 0.5 for c in row) for row in self.correct) / max(len(self.correct), 1)
+
+
+def sample_and_grade(engine: RolloutEngine, tokenizer, template: Template, questions: list[Question],
+                     scorer, *, n: int, spec: SamplingSpec, kinds: list[str] | None = None,
+                     chunk: int = 256) -> SampledResult:
+    """Generate n responses per question (in chunks of `chunk` sequences) and grade them."""
+    prompts = [tokenizer(template.render(q, tokenizer), add_special_tokens=False)["input_ids"]
+               for q in questions]
+    per_call = max(1, chunk // n)
+    texts: list[list[str]] = []
+    for start in range(0, len(questions), per_call):
+        idx = list(range(start, min(start + per_call, len(questions))))
+        spec_i = SamplingSpec(spec.temperature, spec.top_p, spec.max_new_tokens, spec.seed + start)
+        outs = engine.generate([prompts[i] for i in idx], [n] * len(idx), spec_i)
+        by_q: list[list[str]] = [[] for _ in idx]
+        for r in outs:
+            by_q[r.prompt_index].append(decode_response(tokenizer, r.response_ids))
+        texts.extend(by_q)
+    flat_resp = [t for row in texts for t in row]
+    flat_gold = [q.answer for q in questions for _ in range(n)]
+    flat_kind = None if kinds is None else [k for k in kinds for _ in range(n)]
+    rewards = scorer.score(flat_resp, flat_gold, kinds=flat_kind).rewards
+    correct = [rewards[i * n:(i + 1) * n] for i in range(len(questions))]
+    return SampledResult(questions, texts, correct)

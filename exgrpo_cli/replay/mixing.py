@@ -1,0 +1,75 @@
+"""Building the mixed batch (ALGORITHM.md 4): fresh groups and replayed-question groups as rows.
+
+A fresh question contributes K fresh responses; a replayed question K-1 fresh responses plus the
+replayed experience. Each question is one group, so its advantages are relative to its own K
+rewards. Pure: plain data in, tensors out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from exgrpo_cli.data.types import Question
+
+
+@dataclass
+class Response:
+    ids: list[int]  # response token ids
+    behavior_logp: list[float] | None  # rollout log-probs (fresh) or stored log-probs (replayed)
+    reward: float = 0.0
+    replayed: bool = False  # True for the experience taken from the buffer
+    finished: bool = True  # ended with end-of-sequence
+
+
+@dataclass
+class Group:
+    question: Question
+    prompt_ids: list[int]
+    responses: list[Response] = field(default_factory=list)
+    from_buffer: bool = False  # the question was chosen by replay selection
+
+    @property
+    def num_correct(self) -> int:
+        return sum(r.reward > 0.5 for r in self.responses)
+
+
+@dataclass
+class MixedBatch:
+    prompt_ids: list[list[int]]  # per row
+    response_ids: list[list[int]]  # per row
+    behavior_logp: list[list[float] | None]  # per row; used for replayed rows
+    rewards: Tensor  # [N] float
+    group_index: Tensor  # [N] long: row -> group
+    replay_mask: Tensor  # [N] bool: row is a replayed experience
+    group_of_question: list[str] = field(default_factory=list)  # group -> question uid
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+
+def build_mixed_batch(groups: list[Group]) -> MixedBatch:
+    prompts, responses, behaviour, rewards, gidx, rmask = [], [], [], [], [], []
+    for g, group in enumerate(groups):
+        for r in group.responses:
+            prompts.append(group.prompt_ids)
+            responses.append(r.ids)
+            behaviour.append(r.behavior_logp)
+            rewards.append(float(r.reward))
+            gidx.append(g)
+            rmask.append(r.replayed)
+    return MixedBatch(
+        prompt_ids=prompts, response_ids=responses, behavior_logp=behaviour,
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        group_index=torch.tensor(gidx, dtype=torch.long),
+        replay_mask=torch.tensor(rmask, dtype=torch.bool),
+        group_of_question=[g.question.uid for g in groups],
+    )
+
+
+def split_groups(num_groups: int, parts: int) -> list[list[int]]:
+    """Contiguous, near-equal chunks of group indices: one per optimizer update of the step."""
+    bounds = [round(i * num_groups / parts) for i in range(parts + 1)]
+    return [list(range(bounds[i], bounds[i + 1])) for i in range(parts) if bounds[i + 1] > bounds[i]]

@@ -1,0 +1,43 @@
+"""The engine protocol shared by the HF and vLLM engines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    seed: int = 0  # one seed per call: rollouts are reproducible given (weights, seed)
+
+
+@dataclass
+class Rollout:
+    """One sampled response to one prompt."""
+
+    prompt_index: int  # index into the prompts of the generate call
+    response_ids: list[int]  # sampled tokens, the end-of-sequence token included when emitted
+    logprobs: list[float] | None  # per response token, under the policy at temperature 1
+    finished: bool  # True when the response ended with end-of-sequence (not truncated)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompt_ids: list[list[int]], n: list[int], spec: SamplingSpec) -> list[Rollout]:
+        """n[i] samples of prompt i; results grouped by prompt in prompt order."""
+        ...
+
+    def sync_weights(self, model) -> float:  # noqa: ANN001
+        """Make the engine sample from `model`'s current weights; returns seconds spent."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def decode_response(tokenizer, ids: list[int]) -> str:  # noqa: ANN001
+    """Response text for the reward: end-of-sequence/pad tokens dropped, other special tokens
+    (e.g. a `</think>` added as a special token) kept, since the reward needs them."""
+    drop = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
+    return tokenizer.decode([t for t in ids if t not in drop], skip_special_tokens=False)

@@ -1,0 +1,87 @@
+"""Rollouts with Hugging Face `generate` on the trainer's own model (the CPU default).
+
+It samples from the very module being trained, so a weight sync costs nothing. All prompts of a
+call go through `generate` in chunks of `max_batch` sequences, left-padded; the per-token
+log-probs come from the raw logits (temperature 1), which is what the replay buffer stores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from exgrpo_cli.rollout.base import Rollout, SamplingSpec
+
+
+class HFEngine:
+    def __init__(self, model, tokenizer, max_batch: int = 256) -> None:  # noqa: ANN001
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch = max_batch
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    def sync_weights(self, model) -> float:  # noqa: ANN001
+        self.model = model  # same object as the trainer's: nothing to copy
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], n: list[int], spec: SamplingSpec) -> list[Rollout]:
+        flat = [(i, ids) for i, (ids, k) in enumerate(zip(prompt_ids, n)) for _ in range(k)]
+        gen = torch.Generator(device="cpu").manual_seed(spec.seed)
+        out: list[Rollout] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(flat), self.max_batch):
+                chunk = flat[start:start + self.max_batch]
+                # HF sampling draws from the global RNG: seed it from our own generator per chunk
+                torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+                out.extend(self._generate_chunk(chunk, spec))
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _generate_chunk(self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec) -> list[Rollout]:
+        device = next(self.model.parameters()).device
+        width = max(len(ids) for _, ids in chunk)
+        input_ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, (_, ids) in enumerate(chunk):
+            input_ids[row, width - len(ids):] = torch.tensor(ids)
+            attention[row, width - len(ids):] = 1
+        res = self.model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention.to(device),
+            do_sample=True, temperature=spec.temperature, top_p=spec.top_p, top_k=0,
+            max_new_tokens=spec.max_new_tokens, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+            return_dict_in_generate=True, output_logits=True,
+        )
+        new = res.sequences[:, width:].cpu()
+        # raw logits of each generated position: [steps, B, V] -> log-probs of the drawn tokens
+        logits = torch.stack(res.logits, dim=0).float().cpu()
+        picked = torch.gather(logits, -1, new.T.unsqueeze(-1)).squeeze(-1)
+        logp = (picked - torch.logsumexp(logits, dim=-1)).T  # [B, steps]
+        eos = torch.tensor(self.eos_ids)
+        rollouts = []
+        for row, (pidx, _) in enumerate(chunk):
+            toks = new[row].tolist()
+            is_eos = torch.isin(new[row], eos).nonzero()
+            finished = bool(is_eos.numel())
+            length = int(is_eos[0]) + 1 if finished else len(toks)
+            rollouts.append(Rollout(prompt_index=pidx, response_ids=toks[:length],
+                                    logprobs=logp[row, :length].tolist(), finished=finished))
+        return rollouts
+
+
+def _eos_ids(model, tokenizer) -> list[int]:  # noqa: ANN001
+    ids: list[int] = []
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for cand in (gen_eos, tokenizer.eos_token_id):
+        for x in cand if isinstance(cand, (list, tuple)) else [cand]:
+            if x is not None and int(x) not in ids:
+                ids.append(int(x))
+    if not ids:
+        raise ValueError("the tokenizer and the model define no end-of-sequence token")
+    return ids

@@ -1,0 +1,243 @@
+"""One ExGRPO train step, in the order of the paper's algorithm box (ALGORITHM.md 2-5):
+
+  select replay questions and their lowest-entropy trajectory -> draw fresh questions ->
+  generate rollouts -> score -> delayed-start switch -> update the buffer -> build the mixed
+  batch -> advantages -> loss and optimizer step -> retire -> log.
+
+With `replay.ratio=0` every replay stage is skipped and the step is exactly on-policy Dr.GRPO.
+All randomness of a step derives from (trainer.seed, step), so a resumed run repeats it exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from exgrpo_cli.algo.advantages import group_advantages
+from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.data.sampler import QuestionSampler
+from exgrpo_cli.data.templates import Template
+from exgrpo_cli.data.types import Question
+from exgrpo_cli.replay.buffer import Experience, ExperienceBuffer
+from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
+from exgrpo_cli.replay.schedule import DelayedStart
+from exgrpo_cli.replay.scoring import score_candidates
+from exgrpo_cli.replay.selection import choose_trajectory, n_replay, select_questions
+from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
+from exgrpo_cli.train.update import UpdateSettings, policy_update
+
+
+def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
+    """An independent generator per (seed, step, purpose): no RNG state to carry across steps."""
+    return np.random.default_rng([seed, step, purpose])
+
+
+class Timers(dict):
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self[f"timing/{name}"] = self.get(f"timing/{name}", 0.0) + time.perf_counter() - t0
+
+
+@dataclass
+class Trainer:
+    cfg: ExgrpoConfig
+    model: torch.nn.Module
+    tokenizer: object
+    template: Template
+    engine: RolloutEngine
+    scorer: object
+    optimizer: torch.optim.Optimizer
+    sampler: QuestionSampler
+    buffer: ExperienceBuffer
+    switch: DelayedStart
+    questions: dict[str, Question] = field(default_factory=dict)  # uid -> question, for replay prompts
+    skipped_in_a_row: int = 0
+    _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.questions:
+            self.questions = {q.uid: q for q in self.sampler.questions}
+
+    @property
+    def replay_enabled(self) -> bool:
+        return self.cfg.replay.ratio > 0
+
+    def prompt_ids(self, q: Question) -> list[int]:
+        ids = self._prompt_cache.get(q.uid)
+        if ids is None:
+            text = self.template.render(q, self.tokenizer)
+            ids = self._prompt_cache[q.uid] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids
+
+    # ------------------------------------------------------------------ the step
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg, t = self.cfg, Timers()
+        mixed = self.replay_enabled and self.switch.active
+        with t("select"):
+            replayed = self.select_replay(step) if mixed else []
+        retired = self.buffer.retired if self.replay_enabled else ()
+        fresh = self.sampler.draw(cfg.algo.questions_per_step - len(replayed), retired=retired)
+        with t("rollout"):
+            groups = self.rollout(fresh, replayed, step)
+        with t("reward"):
+            reward_metrics = self.score(groups)
+        fresh_acc = reward_metrics["reward/accuracy"]
+        if self.replay_enabled:
+            self.switch.update(step, fresh_acc)
+            with t("buffer"):
+                self.observe(groups, step)
+        batch = build_mixed_batch(groups)
+        advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
+        with t("update"):
+            result = policy_update(self.model, self.optimizer, batch, advantages, self.update_settings(),
+                                   self.pad_id)
+        with t("sync"):
+            self.engine.sync_weights(self.model)
+        if self.replay_enabled:
+            self.buffer.end_step()
+            self.maybe_readmit(step)
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if result.skipped else 0
+        metrics = {**reward_metrics, **self.rollout_metrics(groups, batch),
+                   **self.loss_metrics(result, batch), **t}
+        metrics["timing/step"] = sum(v for k, v in t.items())
+        if self.replay_enabled:
+            metrics.update(self.buffer.metrics())
+        metrics["replay/active"] = float(self.switch.active and self.replay_enabled)
+        metrics["replay/replayed_questions"] = float(len(replayed))
+        return metrics
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    def update_settings(self) -> UpdateSettings:
+        a, p = self.cfg.algo, self.cfg.replay
+        after_start = self.replay_enabled and self.switch.active
+        return UpdateSettings(
+            clip_eps=None if after_start and not a.clip_after_start else a.clip_eps,
+            beta=p.beta if p.shaping else None, importance_correction=p.importance_correction,
+            entropy_coef=a.entropy_coef, max_response_tokens=self.cfg.model.max_response_tokens,
+            updates=a.updates_per_step, micro_batch_tokens=a.micro_batch_tokens,
+            grad_clip=a.grad_clip, skip_grad_norm_above=a.skip_grad_norm_above)
+
+    # ------------------------------------------------------------------ stages
+    def select_replay(self, step: int) -> list[tuple[Question, Experience]]:
+        """ALGORITHM.md 3: n_replay questions by bucket Gaussian, then one trajectory each."""
+        p = self.cfg.replay
+        rng = step_rng(self.cfg.trainer.seed, step, 2)
+        n = n_replay(p.ratio, self.cfg.algo.questions_per_step, self.buffer.num_questions)
+        uids = select_questions(self.buffer, n, mode=p.question_selection, mu=p.mu, sigma=p.sigma, rng=rng)
+        if not uids:
+            self._selected_entropy = float("nan")
+            return []
+        cands = {u: self.buffer.experiences(u) for u in uids}
+        scores: dict[str, list[float]] = {}
+        if p.trajectory_selection != "random":
+            prompts, responses, owners = [], [], []
+            for u in uids:
+                for e in cands[u]:
+                    prompts.append(self.prompt_ids(self.questions[u]))
+                    responses.append(e.response_ids.tolist())
+                    owners.append(u)
+            flat = score_candidates(self.model, prompts, responses, mode=p.trajectory_selection,
+                                    temperature=self.cfg.rollout.temperature, pad_id=self.pad_id,
+                                    token_budget=self.cfg.algo.micro_batch_tokens,
+                                    max_rows=p.entropy_batch_size)
+            for u, s in zip(owners, flat):
+                scores.setdefault(u, []).append(s)
+        chosen, picked_scores = [], []
+        for u in uids:
+            sc = scores.get(u, [0.0] * len(cands[u]))
+            i = choose_trajectory(sc, p.trajectory_selection, rng)
+            chosen.append((self.questions[u], cands[u][i]))
+            picked_scores.append(sc[i])
+        self._selected_entropy = float(np.mean(picked_scores)) if p.trajectory_selection != "random" \
+            else float("nan")
+        return chosen
+
+    def rollout(self, fresh: list[Question], replayed: list[tuple[Question, Experience]],
+                step: int) -> list[Group]:
+        K = self.cfg.rollout.n
+        questions = fresh + [q for q, _ in replayed]
+        counts = [K] * len(fresh) + [K - 1] * len(replayed)
+        prompts = [self.prompt_ids(q) for q in questions]
+        seed = int(step_rng(self.cfg.trainer.seed, step, 1).integers(2**62))
+        r = self.cfg.rollout
+        spec = SamplingSpec(r.temperature, r.top_p, self.cfg.model.max_response_tokens, seed)
+        outs = self.engine.generate(prompts, counts, spec)
+        groups = [Group(q, p, from_buffer=i >= len(fresh))
+                  for i, (q, p) in enumerate(zip(questions, prompts))]
+        for o in outs:
+            groups[o.prompt_index].responses.append(
+                Response(ids=o.response_ids, behavior_logp=o.logprobs, finished=o.finished))
+        for g, (_, exp) in zip(groups[len(fresh):], replayed):
+            g.responses.append(Response(ids=exp.response_ids.tolist(),
+                                        behavior_logp=exp.behavior_logp.tolist(), replayed=True))
+        return groups
+
+    def score(self, groups: list[Group]) -> dict[str, float]:
+        """Rewards for every response, the replayed ones included (ALGORITHM.md 4)."""
+        texts, golds, where = [], [], []
+        for gi, g in enumerate(groups):
+            for ri, r in enumerate(g.responses):
+                texts.append(decode_response(self.tokenizer, r.ids))
+                golds.append(g.question.answer)
+                where.append((gi, ri))
+        result = self.scorer.score(texts, golds)
+        for (gi, ri), rew in zip(where, result.rewards):
+            groups[gi].responses[ri].reward = float(rew)
+        fresh = [r.reward for g in groups for r in g.responses if not r.replayed]
+        replayed = [r.reward for g in groups for r in g.responses if r.replayed]
+        out = {"reward/accuracy": float(np.mean(fresh)) if fresh else 0.0,
+               "reward/timeouts": float(result.timeouts), "reward/errors": float(result.errors),
+               "reward/solved_all": float(np.mean([g.num_correct == len(g.responses) for g in groups])),
+               "reward/solved_none": float(np.mean([g.num_correct == 0 for g in groups]))}
+        if replayed:
+            out["reward/replayed_accuracy"] = float(np.mean(replayed))
+        return out
+
+    def observe(self, groups: list[Group], step: int) -> None:
+        """ALGORITHM.md 2: retire K/K questions, bucket and store the rest (after the delayed start)."""
+        collect = self.switch.active
+        for g in groups:
+            correct = [(np.asarray(r.ids, dtype=np.int32), np.asarray(r.behavior_logp, dtype=np.float32))
+                       for r in g.responses if r.reward > 0.5 and not r.replayed and r.behavior_logp]
+            self.buffer.observe_group(g.question.uid, g.num_correct, correct, step=step, collect=collect)
+
+    def maybe_readmit(self, step: int) -> None:
+        p = self.cfg.replay
+        if p.readmit_every and p.readmit_retired_fraction > 0 and step % p.readmit_every == 0:
+            self.buffer.readmit(p.readmit_retired_fraction, step_rng(self.cfg.trainer.seed, step, 3))
+
+    # ------------------------------------------------------------------ metrics
+    def rollout_metrics(self, groups: list[Group], batch) -> dict[str, float]:  # noqa: ANN001
+        fresh = [r for g in groups for r in g.responses if not r.replayed]
+        lengths = [len(r.ids) for r in fresh]
+        return {"rollout/response_length": float(np.mean(lengths)) if lengths else 0.0,
+                "rollout/truncated": float(np.mean([not r.finished for r in fresh])) if fresh else 0.0,
+                "rollout/responses": float(len(fresh)),
+                "rollout/rows": float(len(batch))}
+
+    def loss_metrics(self, res, batch) -> dict[str, float]:  # noqa: ANN001
+        s = res.stats
+        fresh_tokens = max(s.fresh_tokens, 1)
+        out = {"loss/total": res.loss_total, "loss/on_policy": s.on_policy_loss,
+               "loss/off_policy": s.off_policy_loss,
+               "loss/clip_fraction": s.clipped_tokens / fresh_tokens,
+               "loss/importance_weight_mean": s.replay_ratio_sum / s.replay_tokens if s.replay_tokens
+               else float("nan"),
+               "loss/entropy": res.entropy_sum / max(s.fresh_tokens + s.replay_tokens, 1),
+               "rollout/logprob_diff_mean": res.logprob_diff_sum / fresh_tokens,
+               "optim/grad_norm": float(np.mean(res.grad_norms)) if res.grad_norms else float("nan"),
+               "optim/skipped_steps": float(res.skipped),
+               "optim/lr": float(self.optimizer.param_groups[0]["lr"])}
+        out["replay/selected_entropy_mean"] = getattr(self, "_selected_entropy", float("nan"))
+        self._selected_entropy = float("nan")
+        return out
