@@ -89,9 +89,11 @@ def run_hydra(command: str, overrides: list[str]) -> None:
     from exgrpo_cli.config import register_configs
 
     register_configs()
-    job = command.replace("-", "_")
+    # conf/config.yaml names the job (log file, run dir) after this variable; passing it as one
+    # more override instead would break argparse when the user mixes flags and overrides.
+    os.environ["EXGRPO_COMMAND"] = command.replace("-", "_")
     # Hydra reads sys.argv itself; give it the argv of a program named after the command.
-    sys.argv = [f"exgrpo {command}", *overrides, f"hydra.job.name={job}"]
+    sys.argv = [f"exgrpo {command}", *overrides]
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
 
     @hydra.main(version_base=None, config_path=config_dir(), config_name="config")

@@ -1,0 +1,427 @@
+"""Experience buffer: what ExGRPO remembers between steps (ALGORITHM.md section 2).
+
+Place in the train step: after the rollouts of a step are scored, the loop calls
+``observe_group`` once per group (fresh and replayed questions alike) and then ``end_step``.
+At the start of the next step ``selection.select_questions`` reads the buckets to pick the
+questions to replay, and ``experiences(uid)`` hands over the stored candidates that the
+trajectory selection scores. Buffer, buckets and retired set go into every checkpoint
+(``state_dict`` / ``save``), so a resumed run replays exactly what the uninterrupted one would.
+
+Storage. A question owns three numpy arrays: its responses' token ids concatenated (int32),
+their behaviour log-probs (float32) and one int64 row of meta per experience
+(length, collection step, content hash, insertion number). That is 8 bytes per token plus
+32 bytes per experience of array payload, plus a few hundred bytes of Python objects per
+question. Retiring a question frees its memory at once (no compaction pass), and selection
+never touches token data: it reads only the per-bucket question lists.
+
+Buckets are ranges of accuracy k/K. A question sits in the bucket of its latest accuracy;
+each bucket keeps its questions in a dict used as an insertion-ordered set, so membership
+order, and with it seeded selection, survives a save/load round trip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import math
+import os
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+FORMAT_VERSION = 1
+ARRAYS_FILE = "experiences.safetensors"
+INDEX_FILE = "index.json"
+_LEN, _STEP, _HASH, _SEQ = range(4)  # columns of a question's meta array
+META_BYTES = 4 * 8  # int64 meta row per experience
+
+
+@dataclass(frozen=True)
+class Experience:
+    """One stored correct response. The arrays are read-only views into the buffer."""
+
+    response_ids: np.ndarray  # int32 [T]
+    behavior_logp: np.ndarray  # float32 [T], log-probs under pi_old of the collection step
+    step: int  # train step that collected it
+
+
+class _Question:
+    __slots__ = ("bucket", "ids", "logp", "meta")
+
+    def __init__(self, bucket: int, ids: np.ndarray, logp: np.ndarray, meta: np.ndarray):
+        self.bucket = bucket
+        self.ids = ids
+        self.logp = logp
+        self.meta = meta
+
+
+def default_bucket_edges(group_size: int) -> list[float]:
+    """Edges halfway between success counts: bucket b holds exactly the count k = b + 1."""
+    return [(k + 0.5) / group_size for k in range(1, group_size - 1)]
+
+
+def _content_hash(ids: np.ndarray) -> int:
+    # blake2b, not hash(): it must be stable across processes for the saved index to stay valid.
+    digest = hashlib.blake2b(ids.tobytes(), digest_size=8).digest()
+    return int(np.frombuffer(digest, dtype="<i8")[0])
+
+
+class ExperienceBuffer:
+    """Question id -> stored correct responses, bucketed by latest accuracy, plus the retired set."""
+
+    def __init__(self, group_size: int, bucket_edges: Sequence[float] | None = None,
+                 max_experiences: int = 0):
+        if group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (got {group_size}): K=1 has no partial accuracy")
+        if max_experiences < 0:
+            raise ValueError(f"replay.max_experiences must be >= 0 (got {max_experiences})")
+        edges = default_bucket_edges(group_size) if bucket_edges is None else [float(e) for e in bucket_edges]
+        if not all(0.0 < e < 1.0 for e in edges) or any(a >= b for a, b in zip(edges, edges[1:])):
+            raise ValueError(f"replay.bucket_edges must be increasing values inside (0, 1) (got {edges})")
+        self.group_size = group_size
+        self.max_experiences = max_experiences
+        self._user_edges = None if bucket_edges is None else edges
+        self._edges = edges
+        # bucket of each success count 1..K-1 (index 0 unused); bisect_right makes ranges [e_i, e_i+1)
+        self._count_bucket = [-1] + [bisect_right(edges, k / group_size) for k in range(1, group_size)]
+        self._centres = self._compute_centres()
+        self._clear()
+
+    def _compute_centres(self) -> list[float]:
+        bounds = [0.0, *self._edges, 1.0]
+        centres = []
+        for b in range(len(self._edges) + 1):
+            accs = [k / self.group_size for k in range(1, self.group_size) if self._count_bucket[k] == b]
+            # A bucket holding no count can never fill; its midpoint is a harmless placeholder.
+            centres.append(sum(accs) / len(accs) if accs else (bounds[b] + bounds[b + 1]) / 2)
+        return centres
+
+    def _clear(self) -> None:
+        self._questions: dict[str, _Question] = {}
+        self._buckets: list[dict[str, None]] = [{} for _ in self._centres]
+        self._retired: dict[str, None] = {}  # insertion-ordered so readmission is reproducible
+        self._pending: dict[str, None] = {}  # reached k == K this step; retired by end_step
+        self._num_experiences = 0
+        self._tokens = 0
+        self._next_seq = 0  # global insertion number: defines "oldest" for the cap
+        self._heap: list[tuple[int, str]] = []  # (seq of a question's oldest experience, uid); cap only
+
+    # ----------------------------------------------------------------- buckets
+    def bucket_centres(self) -> list[float]:
+        return list(self._centres)
+
+    def bucket_of_count(self, k: int) -> int:
+        if not 1 <= k <= self.group_size - 1:
+            raise ValueError(f"success count must be in 1..{self.group_size - 1} (got {k})")
+        return self._count_bucket[k]
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self._centres)
+
+    def bucket_sizes(self) -> list[int]:
+        return [len(b) for b in self._buckets]
+
+    def questions_in_bucket(self, b: int) -> list[str]:
+        """Questions of bucket ``b`` in the order they entered it."""
+        return list(self._buckets[b])
+
+    # ----------------------------------------------------------------- updates
+    def observe_group(self, uid: str, num_correct: int, correct: Sequence[tuple[np.ndarray, np.ndarray]],
+                      step: int, collect: bool) -> None:
+        """Apply one scored group (ALGORITHM.md section 2).
+
+        ``num_correct`` is k out of K (for a replayed question it counts the replayed
+        response); ``correct`` holds (token ids, behaviour log-probs) of the group's new
+        fresh correct responses. ``collect`` is False before the delayed start.
+        """
+        k, K = int(num_correct), self.group_size
+        if not 0 <= k <= K:
+            raise ValueError(f"num_correct must be in 0..{K} (got {k})")
+        if len(correct) > k:
+            raise ValueError(f"{len(correct)} correct responses but num_correct={k} for {uid!r}")
+        if uid in self._retired:
+            return  # retired questions are never replayed again (until readmitted)
+        if k == K:
+            # Deferred to end_step: the question may still be part of this step's batch.
+            self._pending[uid] = None
+            return
+        if k == 0 or not collect:
+            return  # k == 0 keeps the last informative accuracy; before the start nothing is stored
+        b = self._count_bucket[k]
+        q = self._questions.get(uid)
+        ids, logps, hashes = self._new_responses(q, correct)
+        if q is None:
+            if not ids:
+                return  # a question with nothing stored could be selected but not replayed
+            q = _Question(b, np.empty(0, np.int32), np.empty(0, np.float32), np.empty((0, 4), np.int64))
+            self._questions[uid] = q
+            self._buckets[b][uid] = None
+            if self.max_experiences:
+                heapq.heappush(self._heap, (self._next_seq, uid))
+        elif q.bucket != b:
+            del self._buckets[q.bucket][uid]
+            self._buckets[b][uid] = None
+            q.bucket = b
+        if ids:
+            seqs = range(self._next_seq, self._next_seq + len(ids))
+            meta = np.array([[len(a), step, h, i] for a, h, i in zip(ids, hashes, seqs)], dtype=np.int64)
+            self._next_seq += len(ids)
+            # Replace rather than grow in place: views handed out by experiences() stay valid.
+            q.ids = np.concatenate([q.ids, *ids])
+            q.logp = np.concatenate([q.logp, *logps])
+            q.meta = np.concatenate([q.meta, meta])
+            self._num_experiences += len(ids)
+            self._tokens += int(meta[:, _LEN].sum())
+            self._enforce_cap()
+
+    def _new_responses(self, q: _Question | None, correct: Sequence[tuple[np.ndarray, np.ndarray]]):
+        """Validated responses not already stored for this question (nor repeated within the group)."""
+        ids_out: list[np.ndarray] = []
+        logp_out: list[np.ndarray] = []
+        hashes: list[int] = []
+        for raw_ids, raw_logp in correct:
+            ids = np.ascontiguousarray(raw_ids, dtype=np.int32)
+            logp = np.ascontiguousarray(raw_logp, dtype=np.float32)
+            if ids.ndim != 1 or ids.shape != logp.shape or ids.size == 0:
+                raise ValueError(f"a response needs 1-D non-empty ids and log-probs of equal length "
+                                 f"(got {ids.shape} and {logp.shape})")
+            h = _content_hash(ids)
+            if any(h == h2 and np.array_equal(ids, a) for a, h2 in zip(ids_out, hashes)):
+                continue
+            if q is not None and self._stored_in(q, ids, h):
+                continue
+            ids_out.append(ids)
+            logp_out.append(logp)
+            hashes.append(h)
+        return ids_out, logp_out, hashes
+
+    @staticmethod
+    def _stored_in(q: _Question, ids: np.ndarray, h: int) -> bool:
+        hits = np.flatnonzero(q.meta[:, _HASH] == h)
+        if hits.size == 0:
+            return False
+        starts = np.concatenate([[0], np.cumsum(q.meta[:, _LEN])])
+        # Compare the bytes too: a 64-bit hash collision must not drop a distinct response.
+        return any(np.array_equal(q.ids[starts[i]:starts[i + 1]], ids) for i in hits)
+
+    def end_step(self) -> list[str]:
+        """Retire the questions that reached k == K this step; returns them."""
+        done = list(self._pending)
+        self._pending.clear()
+        for uid in done:
+            if uid in self._questions:
+                self._remove(uid)
+            self._retired[uid] = None
+        return done
+
+    def readmit(self, fraction: float, rng: np.random.Generator) -> list[str]:
+        """Put floor(fraction * #retired) retired questions back into fresh sampling.
+
+        They are drawn uniformly without replacement and returned in retirement order.
+        """
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"replay.readmit_retired_fraction must be in [0, 1] (got {fraction})")
+        pool = list(self._retired)
+        n = math.floor(fraction * len(pool) + 1e-9)  # 1e-9: 0.29 * 100 must give 29, not 28
+        if n == 0:
+            return []
+        picked = [pool[i] for i in sorted(rng.choice(len(pool), size=n, replace=False).tolist())]
+        for uid in picked:
+            del self._retired[uid]
+        return picked
+
+    def _remove(self, uid: str) -> None:
+        q = self._questions.pop(uid)
+        del self._buckets[q.bucket][uid]
+        self._num_experiences -= len(q.meta)
+        self._tokens -= int(q.meta[:, _LEN].sum())
+
+    def _enforce_cap(self) -> None:
+        """Evict the oldest experiences (earliest inserted, hence earliest step) above the cap.
+
+        A question left with no experience leaves the buffer and its bucket. The heap holds one
+        live entry per question (its oldest experience); entries of removed questions go stale
+        and are skipped, and the heap is rebuilt when stale entries dominate.
+        """
+        excess = self._num_experiences - self.max_experiences
+        if not self.max_experiences or excess <= 0:
+            return
+        if len(self._heap) > 2 * len(self._questions) + 64:
+            self._rebuild_heap()
+        drop: dict[str, int] = {}
+        while excess > 0:
+            seq, uid = heapq.heappop(self._heap)
+            q, i = self._questions.get(uid), drop.get(uid, 0)
+            if q is None or i >= len(q.meta) or q.meta[i, _SEQ] != seq:
+                continue  # stale
+            drop[uid] = i + 1
+            excess -= 1
+            if i + 1 < len(q.meta):
+                heapq.heappush(self._heap, (int(q.meta[i + 1, _SEQ]), uid))
+        for uid, n in drop.items():
+            q = self._questions[uid]
+            if n == len(q.meta):
+                self._remove(uid)
+                continue
+            t = int(q.meta[:n, _LEN].sum())
+            # copy(): a slice would keep the evicted tokens alive in the old array.
+            q.ids, q.logp, q.meta = q.ids[t:].copy(), q.logp[t:].copy(), q.meta[n:].copy()
+            self._num_experiences -= n
+            self._tokens -= t
+
+    def _rebuild_heap(self) -> None:
+        self._heap = [(int(q.meta[0, _SEQ]), uid) for uid, q in self._questions.items()]
+        heapq.heapify(self._heap)
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def retired(self) -> set[str]:
+        return set(self._retired)
+
+    def is_retired(self, uid: str) -> bool:
+        return uid in self._retired
+
+    def __contains__(self, uid: str) -> bool:
+        return uid in self._questions
+
+    @property
+    def num_questions(self) -> int:
+        return len(self._questions)
+
+    @property
+    def num_experiences(self) -> int:
+        return self._num_experiences
+
+    @property
+    def stored_tokens(self) -> int:
+        return self._tokens
+
+    @property
+    def nbytes(self) -> int:
+        """Array payload: 8 bytes per token + 32 per experience (Python objects not counted)."""
+        return 8 * self._tokens + META_BYTES * self._num_experiences
+
+    def experiences(self, uid: str) -> list[Experience]:
+        """Stored experiences of ``uid``, oldest first (KeyError if it is not buffered)."""
+        q = self._questions[uid]
+        starts = np.concatenate([[0], np.cumsum(q.meta[:, _LEN])]).tolist()
+        out = []
+        for i in range(len(q.meta)):
+            ids, logp = q.ids[starts[i]:starts[i + 1]], q.logp[starts[i]:starts[i + 1]]
+            ids.flags.writeable = False
+            logp.flags.writeable = False
+            out.append(Experience(ids, logp, int(q.meta[i, _STEP])))
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """``replay/bucket/<b>`` counts questions in bucket b, numbered from 1 (= success count b
+        with the default edges)."""
+        m = {
+            "replay/buffer_questions": float(self.num_questions),
+            "replay/buffer_experiences": float(self._num_experiences),
+            "replay/buffer_tokens": float(self._tokens),
+            "replay/buffer_mb": self.nbytes / 2**20,
+            "replay/retired": float(len(self._retired)),
+        }
+        for b, size in enumerate(self.bucket_sizes(), start=1):
+            m[f"replay/bucket/{b}"] = float(size)
+        return m
+
+    # ----------------------------------------------------------------- persistence
+    def state_dict(self) -> dict:
+        """{"arrays": name -> numpy array, "index": JSON-able dict}. Copies the token data once."""
+        qs = list(self._questions.values())
+        arrays = {
+            "response_ids": np.concatenate([np.empty(0, np.int32)] + [q.ids for q in qs]),
+            "behavior_logp": np.concatenate([np.empty(0, np.float32)] + [q.logp for q in qs]),
+            "meta": np.concatenate([np.empty((0, 4), np.int64)] + [q.meta for q in qs]),
+            "experience_counts": np.array([len(q.meta) for q in qs], dtype=np.int64),
+        }
+        index = {
+            "format_version": FORMAT_VERSION,
+            "group_size": self.group_size,
+            "bucket_edges": self._user_edges,
+            "max_experiences": self.max_experiences,
+            "next_seq": self._next_seq,
+            "questions": list(self._questions),
+            "question_buckets": [q.bucket for q in qs],
+            "buckets": [list(b) for b in self._buckets],
+            "retired": list(self._retired),
+            "pending_retire": list(self._pending),
+        }
+        return {"arrays": arrays, "index": index}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the content with ``state``; group size and bucket edges must match this buffer."""
+        arrays, index = state["arrays"], state["index"]
+        if index.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"unsupported buffer format {index.get('format_version')!r}")
+        if index["group_size"] != self.group_size:
+            raise ValueError(f"buffer was saved with group size {index['group_size']}, "
+                             f"this run uses {self.group_size}")
+        saved_edges = index["bucket_edges"]
+        if saved_edges is None:
+            saved_edges = default_bucket_edges(self.group_size)
+        if [float(e) for e in saved_edges] != self._edges:
+            raise ValueError(f"replay.bucket_edges differ from the saved buffer's ({saved_edges})")
+        ids = np.asarray(arrays["response_ids"], dtype=np.int32)
+        logp = np.asarray(arrays["behavior_logp"], dtype=np.float32)
+        meta = np.asarray(arrays["meta"], dtype=np.int64).reshape(-1, 4)
+        counts = np.asarray(arrays["experience_counts"], dtype=np.int64)
+        uids, qbuckets = index["questions"], index["question_buckets"]
+        if not (len(uids) == len(qbuckets) == len(counts) and (counts > 0).all()
+                and int(counts.sum()) == len(meta) and int(meta[:, _LEN].sum()) == len(ids) == len(logp)):
+            raise ValueError("inconsistent buffer state: array sizes do not match the index")
+        self._clear()
+        exp_ends = np.cumsum(counts).tolist()
+        tok_ends = np.cumsum(meta[:, _LEN]).tolist()
+        e0 = t0 = 0
+        for uid, b, e1 in zip(uids, qbuckets, exp_ends):
+            t1 = tok_ends[e1 - 1]
+            # copy(): each question must own its memory so retiring it frees it.
+            q = _Question(int(b), ids[t0:t1].copy(), logp[t0:t1].copy(), meta[e0:e1].copy())
+            self._questions[uid] = q
+            e0, t0 = e1, t1
+        members = [uid for bucket in index["buckets"] for uid in bucket]
+        if len(index["buckets"]) != self.num_buckets or sorted(members) != sorted(uids) or any(
+                self._questions[u].bucket != b for b, bucket in enumerate(index["buckets"]) for u in bucket):
+            raise ValueError("inconsistent buffer state: bucket membership does not match the questions")
+        self._buckets = [dict.fromkeys(bucket) for bucket in index["buckets"]]
+        self._retired = dict.fromkeys(index["retired"])
+        self._pending = dict.fromkeys(index["pending_retire"])
+        self._num_experiences = len(meta)
+        self._tokens = len(ids)
+        self._next_seq = int(index["next_seq"])
+        if self.max_experiences:
+            self._rebuild_heap()
+            self._enforce_cap()
+
+    def save(self, directory: str) -> None:
+        """Write ``experiences.safetensors`` + ``index.json`` (no pickle); the index goes last
+        so an interrupted save leaves no loadable half."""
+        from safetensors.numpy import save_file
+
+        os.makedirs(directory, exist_ok=True)
+        state = self.state_dict()
+        arrays_path, index_path = os.path.join(directory, ARRAYS_FILE), os.path.join(directory, INDEX_FILE)
+        if os.path.exists(index_path):
+            os.remove(index_path)
+        save_file(state["arrays"], arrays_path + ".tmp")
+        os.replace(arrays_path + ".tmp", arrays_path)
+        with open(index_path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(state["index"], f)
+        os.replace(index_path + ".tmp", index_path)
+
+    @classmethod
+    def load(cls, directory: str) -> ExperienceBuffer:
+        from safetensors.numpy import load_file
+
+        with open(os.path.join(directory, INDEX_FILE), encoding="utf-8") as f:
+            index = json.load(f)
+        buf = cls(index["group_size"], index["bucket_edges"], index["max_experiences"])
+        buf.load_state_dict({"arrays": load_file(os.path.join(directory, ARRAYS_FILE)), "index": index})
+        return buf

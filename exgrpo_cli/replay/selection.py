@@ -1,0 +1,159 @@
+"""Experience selection: which buffered questions and which stored trajectory to replay.
+
+Place in the train step: first thing of a mixed step. ``n_replay`` sizes the replayed part
+of the batch, ``select_questions`` picks that many buffered questions (ALGORITHM.md
+section 3), and once the current policy has scored each selected question's stored
+experiences (mean token entropy or NLL, computed elsewhere), ``choose_trajectory`` picks the
+one to replay. Everything here is a pure function of its inputs and an explicit
+``np.random.Generator``, so a seeded run selects the same questions after a resume.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+QUESTION_MODES = ("gaussian", "uniform")
+TRAJECTORY_MODES = ("lowest_entropy", "highest_entropy", "lowest_nll", "random")
+
+
+class BucketedQuestions(Protocol):
+    """The part of ``ExperienceBuffer`` that question selection reads."""
+
+    def bucket_centres(self) -> list[float]: ...
+
+    def bucket_sizes(self) -> list[int]: ...
+
+    def questions_in_bucket(self, b: int) -> list[str]: ...
+
+
+def n_replay(ratio: float, batch_questions: int, valid_buffered: int) -> int:
+    """n_replay = min(floor(rho * B), valid buffered questions)."""
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"replay.ratio must be in [0, 1] (got {ratio})")
+    if batch_questions < 0 or valid_buffered < 0:
+        raise ValueError(f"counts must be >= 0 (got B={batch_questions}, valid={valid_buffered})")
+    # The 1e-9 absorbs float error: 0.29 * 100 = 28.999999999999996 must floor to 29.
+    return min(math.floor(ratio * batch_questions + 1e-9), valid_buffered)
+
+
+def gaussian_weights(bucket_centres: Sequence[float], mu: float, sigma: float) -> list[float]:
+    """phi((c - mu) / sigma) per centre: the standard normal density of each centre's z-score.
+
+    With sigma = 1/K this is the official code's pdf on the success-count scale
+    (mu = K/2, sigma = 1). Unnormalised; ``bucket_probabilities`` normalises it.
+    """
+    if not sigma > 0:
+        raise ValueError(f"replay.sigma must be > 0 (got {sigma})")
+    z = (np.asarray(bucket_centres, dtype=np.float64) - mu) / sigma
+    return (np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)).tolist()
+
+
+def bucket_probabilities(bucket_centres: Sequence[float], nonempty: Sequence[bool],
+                         mu: float, sigma: float) -> list[float]:
+    """Bucket sampling probabilities: Normal pdf(centre; mu, sigma), zero for empty buckets,
+    normalised over the non-empty ones (all zeros when every bucket is empty).
+
+    The pdf's constant 1/(sigma sqrt(2 pi)) cancels in the normalisation, so the result is
+    the same on the accuracy scale (sigma = 1/8) and on the count scale (sigma = 1). The
+    figures quoted for the official code with K = 8, mu = 0.5, sigma = 0.125,
+    .0044 .0540 .2420 .3989 .2420 .0540 .0044, are the unnormalised pdf values
+    (``gaussian_weights``). They sum to 0.99973, not 1, because the seven points miss the
+    tails beyond +-3.5 sd, so normalising rescales them by 1/0.99973: to 4 decimals the
+    result is .0044 .0540 .2420 .3991 .2420 .0540 .0044. Only the centre bucket moves, and
+    only in the 4th decimal. To 3 decimals (.004 .054 .242 .399, as ALGORITHM.md quotes
+    them) both agree. Normalising is what makes these probabilities; values that sum to
+    0.99973 are not a distribution.
+
+    Computed in log space, so a narrow sigma cannot underflow every non-empty bucket to 0.
+    """
+    if len(bucket_centres) != len(nonempty):
+        raise ValueError(f"{len(bucket_centres)} centres but {len(nonempty)} non-empty flags")
+    if not sigma > 0:
+        raise ValueError(f"replay.sigma must be > 0 (got {sigma})")
+    mask = np.asarray(nonempty, dtype=bool)
+    if not mask.any():
+        return [0.0] * len(mask)
+    z = (np.asarray(bucket_centres, dtype=np.float64) - mu) / sigma
+    logw = np.where(mask, -0.5 * z * z, -np.inf)
+    w = np.exp(logw - logw[mask].max())
+    return (w / w.sum()).tolist()
+
+
+def sample_bucket_counts(n: int, probs: Sequence[float], capacities: Sequence[int],
+                         rng: np.random.Generator) -> list[int]:
+    """Draw how many questions each bucket gives: multinomial(n, probs), capped by capacity.
+
+    A bucket asked for more than it holds gives its excess to the buckets that still have
+    room, in proportion to their weights (by another multinomial draw), repeated until all
+    are placed. If only zero-weight buckets have room left, the rest is spread over them
+    in proportion to their room, i.e. uniformly over their questions, so that the total is
+    always min(n, sum(capacities)). Each round places at least one question, so the loop ends.
+    """
+    p = np.asarray(probs, dtype=np.float64)
+    cap = np.asarray(capacities, dtype=np.int64)
+    if p.shape != cap.shape or p.ndim != 1:
+        raise ValueError(f"probs and capacities must be 1-D of equal length ({p.shape} vs {cap.shape})")
+    if n < 0 or (cap < 0).any() or not np.isfinite(p).all() or (p < 0).any():
+        raise ValueError("n and capacities must be >= 0 and probs finite and >= 0")
+    counts = np.zeros(len(cap), dtype=np.int64)
+    left = int(min(n, int(cap.sum())))
+    while left > 0:
+        room = cap - counts
+        w = np.where(room > 0, p, 0.0)
+        if w.sum() <= 0:
+            w = room.clip(min=0).astype(np.float64)
+        placed = np.minimum(rng.multinomial(left, w / w.sum()), room)
+        counts += placed
+        left -= int(placed.sum())
+    return counts.tolist()
+
+
+def select_questions(buffer: BucketedQuestions, n: int, *, mode: str, mu: float, sigma: float,
+                     rng: np.random.Generator) -> list[str]:
+    """Pick min(n, buffered) distinct buffered questions to replay.
+
+    gaussian: bucket counts from ``sample_bucket_counts`` with ``bucket_probabilities``, then
+    uniform without replacement inside each bucket; the result is grouped by bucket.
+    uniform: uniform without replacement over all buffered questions (the "w/o question
+    selection" ablation). Retired questions are never returned because ``end_step`` takes
+    them out of the buckets; call this at the start of a step, not between observe and end_step.
+    """
+    if mode not in QUESTION_MODES:
+        raise ValueError(f"replay.question_selection must be one of {QUESTION_MODES} (got {mode!r})")
+    sizes = buffer.bucket_sizes()
+    n = min(int(n), sum(sizes))
+    if n <= 0:
+        return []
+    if mode == "uniform":
+        members = [uid for b in range(len(sizes)) for uid in buffer.questions_in_bucket(b)]
+        return [members[i] for i in rng.choice(len(members), size=n, replace=False).tolist()]
+    probs = bucket_probabilities(buffer.bucket_centres(), [s > 0 for s in sizes], mu, sigma)
+    out: list[str] = []
+    for b, c in enumerate(sample_bucket_counts(n, probs, sizes, rng)):
+        if c:
+            members = buffer.questions_in_bucket(b)
+            out.extend(members[i] for i in rng.choice(len(members), size=c, replace=False).tolist())
+    return out
+
+
+def choose_trajectory(scores: Sequence[float], mode: str, rng: np.random.Generator) -> int:
+    """Index of the experience to replay among one question's candidates.
+
+    ``scores`` are mean token entropies (or mean NLL for lowest_nll) under the current
+    policy. Ties go to the lowest index (the oldest experience); a NaN score never wins.
+    ``rng`` is drawn from only in random mode.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 1 or s.size == 0:
+        raise ValueError(f"need a non-empty 1-D list of scores (got shape {s.shape})")
+    if mode == "random":
+        return int(rng.integers(s.size))
+    if mode in ("lowest_entropy", "lowest_nll"):
+        return int(np.argmin(np.where(np.isnan(s), np.inf, s)))
+    if mode == "highest_entropy":
+        return int(np.argmax(np.where(np.isnan(s), -np.inf, s)))
+    raise ValueError(f"replay.trajectory_selection must be one of {TRAJECTORY_MODES} (got {mode!r})")

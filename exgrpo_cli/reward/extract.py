@@ -1,0 +1,212 @@
+"""Answer extraction: from a model's response text to the short answer string that gets verified.
+
+Sits in the reward stage of the train step (after rollouts, before the replay buffer update): the
+scorer calls `extract_answer` on every response in the parent process, then only the short
+extracted string travels to a verification worker (`pool.py`). Everything here is pure string
+work, linear-time in the response length, with no recursion and no regex that can backtrack
+catastrophically, so that megabyte-long or deeply nested model outputs cost at most a second or so.
+
+The extraction rule (`extract_answer`):
+
+1. Think tags. With `requires_think=True` a response without `</think>` has no answer (None).
+   Whenever `</think>` is present, only the text after the LAST `</think>` is read.
+2. Boxed answer. The last `\\boxed{...}` or `\\fbox{...}` command decides: its content, with
+   balanced braces (escaped `\\{` / `\\}` do not count as structure), stripped. If that last box
+   is never closed (a truncated response) or is empty, the answer is None; an earlier box does
+   not stand in for it. `\\boxed 5` (no braces) gives the token after the space.
+3. Fallback when there is no box command at all: the text after the last "answer is" /
+   "answer:" (case-insensitive) up to the end of that line or sentence, with `$`, `\\(...\\)` and
+   `**` wrappers and a trailing full stop removed; if that is empty, the last number (integer,
+   decimal, `a/b`, optional sign and thousands commas) in the final characters of the text.
+4. Otherwise None.
+"""
+
+from __future__ import annotations
+
+import re
+
+THINK_CLOSE = "</think>"
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+_CHUNK = 4096  # brace matching skips whole chunks that cannot close the box (C-speed str.count)
+_LINE_CAP = 2000  # the "answer is" fallback reads at most this many characters of its line
+_NUMBER_WINDOW = 2000  # the last-number fallback looks at the final characters first
+
+_WS = re.compile(r"\s*")
+# a backslash escape (so `\{`, `\}` and `\\` are skipped as a unit) or a structural brace
+_BRACE_TOKEN = re.compile(r"\\.|[{}]", re.S)
+_BARE_BOX_TOKEN = re.compile(r"[^\s$]+")
+_ANSWER_CUE = re.compile(r"answer\s*(?:is|:)\s*:?", re.I)
+_SENTENCE_END = re.compile(r"\n|\.\s")
+# optional sign (not when it is a binary minus), digits with optional thousands groups, decimals,
+# a fraction; every part is possessive in effect (no nested quantifiers over the same characters)
+_NUMBER = re.compile(r"(?:(?<![\w)\]}])-)?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
+_SPACING = re.compile(r"\\[,!;:]")
+_WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"), ("**", "**"))
+_TEXT_CMD = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
+_CHOICE = re.compile(r"\(\s*([A-J])\s*\)|([A-J])(?:[).:]|$)", re.I)
+
+
+def strip_think(response: str, requires_think: bool = False) -> str | None:
+    """The part of `response` that holds the answer: after the last `</think>` when present.
+
+    None when `requires_think` and the closing tag is missing (the model never finished thinking).
+    """
+    cut = response.rfind(THINK_CLOSE)
+    if cut < 0:
+        return None if requires_think else response
+    return response[cut + len(THINK_CLOSE) :]
+
+
+def _match_brace(text: str, open_pos: int) -> int:
+    """Index of the `}` closing the `{` at `open_pos`, or -1 if it never closes. Linear, iterative."""
+    depth, i, n = 1, open_pos + 1, len(text)
+    while i < n:
+        end = min(i + _CHUNK, n)
+        closes = text.count("}", i, end)
+        if closes < depth and text.find("\\", i, end) < 0:
+            # this chunk cannot bring the depth to zero and holds no escapes: skip it wholesale
+            depth += text.count("{", i, end) - closes
+            i = end
+            continue
+        # scan one character past the chunk so that an escape straddling the boundary stays whole
+        next_i = end
+        for m in _BRACE_TOKEN.finditer(text, i, min(end + 1, n)):
+            tok = m.group()
+            if tok == "{":
+                depth += 1
+            elif tok == "}":
+                depth -= 1
+                if depth == 0:
+                    return m.start()
+            next_i = max(next_i, m.end())
+        i = next_i
+    return -1
+
+
+def _next_box_candidate(text: str, before: int, cache: dict[str, int]) -> tuple[int, str]:
+    """Rightmost box command starting before `before`: (position, command), or (-1, "").
+
+    `cache` remembers each command's last hit so that repeated calls stay linear overall."""
+    best, best_cmd = -1, ""
+    for cmd in _BOX_COMMANDS:
+        pos = cache.get(cmd, len(text))
+        if pos >= before:
+            pos = text.rfind(cmd, 0, before)
+            cache[cmd] = pos
+        if pos > best:
+            best, best_cmd = pos, cmd
+    return best, best_cmd
+
+
+def last_boxed(text: str) -> tuple[bool, str | None]:
+    """(found, content) for the last box command in `text`.
+
+    found is False when no `\\boxed`/`\\fbox` command occurs (the caller may fall back); content is
+    None when the last box is unclosed or empty."""
+    cache: dict[str, int] = {}
+    before = len(text)
+    while True:
+        pos, cmd = _next_box_candidate(text, before, cache)
+        if pos < 0:
+            return False, None
+        after = pos + len(cmd)
+        if after < len(text) and (text[after].isalpha() or text[after] == "@"):
+            before = pos  # another command such as \boxedfoo or \fboxsep: keep looking
+            continue
+        j = _WS.match(text, after).end()
+        if j < len(text) and text[j] == "{":
+            close = _match_brace(text, j)
+            if close < 0:
+                return True, None
+            content = text[j + 1 : close].strip()
+            return True, (content or None)
+        if j > after and j < len(text):
+            bare = _BARE_BOX_TOKEN.match(text, j)
+            if bare is not None:
+                return True, bare.group()
+        before = pos  # a bare mention of the command (e.g. at the very end): keep looking
+
+
+def _unwrap(s: str) -> str:
+    """Strip whitespace, one level of math/markdown wrappers and a trailing full stop."""
+    s = s.strip().rstrip(".").strip()
+    for left, right in _WRAPPERS:
+        if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
+            s = s[len(left) : len(s) - len(right)].strip()
+            break
+    return s.rstrip(".").strip()
+
+
+def _answer_phrase(text: str) -> str | None:
+    last = None
+    for last in _ANSWER_CUE.finditer(text):  # noqa: B007 - we want the last match
+        pass
+    if last is None:
+        return None
+    line = text[last.end() : last.end() + _LINE_CAP]
+    stop = _SENTENCE_END.search(line)
+    if stop is not None:
+        line = line[: stop.start()]
+    phrase = _unwrap(line)
+    return phrase or None
+
+
+def _last_number(text: str) -> str | None:
+    start = max(0, len(text) - _NUMBER_WINDOW)
+    while True:
+        last = None
+        for last in _NUMBER.finditer(text, start):  # noqa: B007 - we want the last match
+            pass
+        if last is None:
+            return None
+        # a number cut by the window's edge: widen the window (geometric, so still linear)
+        if last.start() == start and start > 0 and (text[start - 1].isdigit() or text[start - 1] in ",.-/"):
+            start = max(0, start - 2 * (len(text) - start))
+            continue
+        return last.group()
+
+
+def extract_answer(response: str, requires_think: bool = False) -> str | None:
+    """The final answer of `response`, or None (see the module docstring for the exact rule)."""
+    if not isinstance(response, str):
+        return None
+    text = strip_think(response, requires_think)
+    if text is None:
+        return None
+    found, content = last_boxed(text)
+    if found:
+        return content
+    return _answer_phrase(text) or _last_number(text)
+
+
+def prepare_math(answer: str) -> str:
+    """A gold or extracted answer made ready for math-verify: the content of a box if the whole
+    thing is one (gold answers are sometimes stored boxed), wrappers stripped, thin spaces such as
+    `1\\,000` removed (math-verify would read that as a product)."""
+    s = _unwrap(answer)
+    if s.startswith(_BOX_COMMANDS):
+        found, content = last_boxed(s)
+        if found and content is not None:
+            s = _unwrap(content)
+    return _SPACING.sub("", s)
+
+
+def normalise(answer: str) -> str:
+    """Key for the cheap exact-match pre-check: `prepare_math` without any whitespace (LaTeX math
+    mode ignores spaces, so `1 000` and `1000` render alike)."""
+    return "".join(prepare_math(answer).split())
+
+
+def choice_letter(answer: str | None) -> str | None:
+    """The multiple-choice letter A-J in `answer`, upper-cased, or None.
+
+    Tolerates `C`, `c`, `(C)`, `C)`, `C.`, `C:`, `(C) 42`, `\\text{C}`, `\\textbf{(C)}`, `$C$`."""
+    if answer is None:
+        return None
+    s = answer.strip()
+    for _ in range(3):  # nested wrappers such as $\text{\textbf{C}}$
+        s = _TEXT_CMD.sub(r"\1", _unwrap(s)).strip()
+    m = _CHOICE.match(s)
+    if m is None:
+        return None
+    return (m.group(1) or m.group(2)).upper()

@@ -1,0 +1,49 @@
+"""Shared test helpers: the repo root, ../shared/data, the shipped tiny model, CLI subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+TINY = REPO / "exgrpo_cli" / "assets" / "tiny"
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ANN001
+    import torch
+
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data is absent")
+    return SHARED_DATA
+
+
+@pytest.fixture
+def tiny_model() -> Path:
+    if not (TINY / "config.json").is_file():
+        pytest.skip("the tiny model is not built (make tiny-model)")
+    return TINY
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def run_cli(args: list[str], cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "exgrpo_cli", *args], cwd=cwd or REPO, env=cli_env(),
+                          capture_output=True, text=True, timeout=timeout)

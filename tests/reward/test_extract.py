@@ -1,0 +1,166 @@
+"""Exact values for answer extraction (`exgrpo_cli.reward.extract`), including hostile shapes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from exgrpo_cli.reward import extract_answer
+from exgrpo_cli.reward.extract import choice_letter, last_boxed, normalise, prepare_math, strip_think
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("so \\boxed{42}", "42"),
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("\\boxed{\\frac{\\sqrt{2}}{2}} done", "\\frac{\\sqrt{2}}{2}"),
+        ("\\boxed{ {a}{b{c}} }", "{a}{b{c}}"),
+        ("first \\boxed{1}, then \\boxed{2}", "2"),
+        ("\\fbox{7}", "7"),
+        ("\\boxed{1} and \\fbox{8}", "8"),
+        ("\\fbox{8} and \\boxed{9}", "9"),
+        ("\\boxed {5}", "5"),
+        ("\\boxed 5$", "5"),
+        ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+        ("\\boxed{\\left\\{ x \\right.}", "\\left\\{ x \\right."),
+        ("$\\boxed{(1,2]}$.", "(1,2]"),
+        ("\\boxed{3} then mentions \\boxed", "3"),
+        ("\\boxedfoo{1} \\boxed{2} \\fboxsep{3}", "2"),
+    ],
+)
+def test_boxed(response: str, expected: str) -> None:
+    assert extract_answer(response) == expected
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "",
+        "no answer here",
+        "truncated \\boxed{\\frac{1}{",  # the last box is never closed
+        "\\boxed{1} then truncated \\boxed{2",  # an earlier box does not stand in
+        "empty \\boxed{}",
+        "\\boxed{   }",
+    ],
+)
+def test_no_answer(response: str) -> None:
+    assert extract_answer(response) is None
+
+
+def test_think_handling() -> None:
+    r = "<think>maybe \\boxed{1}</think>so \\boxed{2}"
+    assert extract_answer(r) == "2"
+    assert extract_answer(r, requires_think=True) == "2"
+    # only the text after the LAST </think> counts
+    assert extract_answer("<think>a</think>\\boxed{1}<think>b</think>\\boxed{3}") == "3"
+    assert extract_answer("<think>\\boxed{1}</think> nothing after") is None
+    # required tag missing -> no answer, even with a box
+    assert extract_answer("\\boxed{5}", requires_think=True) is None
+    assert extract_answer("<think>unfinished \\boxed{5}", requires_think=True) is None
+    assert extract_answer("<think>unfinished \\boxed{5}") == "5"
+    assert strip_think("a</think>b</think>c") == "c"
+    assert strip_think("abc", requires_think=True) is None
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("The answer is 12.", "12"),
+        ("so the final answer is $\\frac{1}{2}$.", "\\frac{1}{2}"),
+        ("Answer: (C)", "(C)"),
+        ("The answer is: **7**", "7"),
+        ("answer is 3.5 meters. Let me check 1+1", "3.5 meters"),
+        ("The answer is 4\nbut 5 later", "4"),
+        ("12 + 7 = 19", "19"),
+        ("x = -3", "-3"),
+        ("8-3", "3"),
+        ("total 1,000 apples", "1,000"),
+        ("ratio 3/4", "3/4"),
+        ("pi is 3.14159", "3.14159"),
+        ("The answer is \n", None),  # empty phrase, no number either
+    ],
+)
+def test_fallback(response: str, expected: str | None) -> None:
+    assert extract_answer(response) == expected
+
+
+def test_fallback_number_longer_than_window() -> None:
+    digits = "7" * 5000
+    assert extract_answer("value " + digits) == digits
+
+
+def test_non_string_is_none() -> None:
+    assert extract_answer(None) is None  # type: ignore[arg-type]
+
+
+def test_last_boxed_found_flags() -> None:
+    assert last_boxed("nothing") == (False, None)
+    assert last_boxed("\\boxed{") == (True, None)
+    assert last_boxed("\\boxed{x}") == (True, "x")
+
+
+def test_prepare_and_normalise() -> None:
+    assert prepare_math("$\\boxed{3}$") == "3"
+    assert prepare_math("\\boxed{\\frac12}") == "\\frac12"
+    assert prepare_math("1\\,000") == "1000"
+    assert prepare_math("\\(x+1\\)") == "x+1"
+    assert normalise(" 1 000. ") == "1000"
+    assert normalise("$x = 3$") == "x=3"
+
+
+@pytest.mark.parametrize(
+    ("text", "letter"),
+    [
+        ("C", "C"),
+        ("c", "C"),
+        ("(C)", "C"),
+        ("C)", "C"),
+        ("C.", "C"),
+        ("C: blue", "C"),
+        ("(C) 42", "C"),
+        ("\\text{C}", "C"),
+        ("\\textbf{(b)}", "B"),
+        ("$\\text{(D)}$", "D"),
+        ("J", "J"),
+        ("K", None),
+        ("Cat", None),
+        ("CD", None),
+        ("", None),
+        ("42", None),
+        (None, None),
+    ],
+)
+def test_choice_letter(text: str | None, letter: str | None) -> None:
+    assert choice_letter(text) == letter
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\\boxed{" + "{" * 100_000 + "x" + "}" * 100_000 + "}",
+        "\\boxed{" * 200_000,
+        "{" * 2_000_000 + "\\boxed{1}",
+        "\\boxed{" + "{}" * 500_000,
+        "\\boxed{" + "\\{" * 500_000,
+        "\\boxedx" * 300_000 + "\\fbox{1}",
+        "\\fbox{1}" + "\\boxedx" * 300_000,
+        "answer is " * 300_000,
+        "1" * 3_000_000,
+        "a" * 3_000_000,
+        "</think>" * 300_000,
+        "-" * 2_000_000 + "5",
+    ],
+)
+def test_hostile_inputs_are_fast(text: str) -> None:
+    start = time.perf_counter()
+    extract_answer(text)
+    extract_answer(text, requires_think=True)
+    assert time.perf_counter() - start < 10.0  # linear: well under a second each when quiet
+
+
+def test_deep_nesting_exact() -> None:
+    inner = "{" * 10_000 + "x" + "}" * 10_000
+    assert extract_answer("\\boxed{" + inner + "}") == inner
+    assert extract_answer("\\boxed{" + inner) is None

@@ -1,0 +1,53 @@
+"""The command line as a user meets it: help, subcommands, Hydra features, exit codes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import run_cli
+
+
+def test_top_level_help_is_fast_and_lists_commands():
+    t0 = time.perf_counter()
+    res = run_cli(["--help"])
+    elapsed = time.perf_counter() - t0
+    assert res.returncode == 0
+    for cmd in ("train", "eval", "ablate", "inspect-buffer"):
+        assert f"  {cmd} " in res.stdout
+    assert elapsed < 2.0, f"exgrpo --help took {elapsed:.2f}s"
+
+
+def test_unknown_command_exits_2():
+    res = run_cli(["trian"])
+    assert res.returncode == 2 and "unknown command" in res.stderr
+
+
+def test_train_help_shows_hydra_groups():
+    res = run_cli(["train", "--help"])
+    assert res.returncode == 0
+    assert "Config groups" in res.stdout and "replay: " in res.stdout and "model: " in res.stdout
+
+
+def test_cfg_job_with_overrides(tmp_path):
+    res = run_cli(["train", "replay.ratio=0.25", "model=qwen2.5-math-7b", "--cfg", "job"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "ratio: 0.25" in res.stdout and "Elliott/Qwen2.5-Math-7B-16k-think" in res.stdout
+
+
+@pytest.mark.parametrize("override,key", [("replay.ratio=1.5", "replay.ratio"),
+                                          ("replay.bucket_edges=[0.7,0.2]", "replay.bucket_edges")])
+def test_invalid_value_exit_code_2_before_loading(tmp_path, override, key):
+    t0 = time.perf_counter()
+    res = run_cli(["train", override, f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    assert res.returncode == 2
+    assert key in res.stderr and "allowed" in res.stderr
+    assert time.perf_counter() - t0 < 20  # refused before any model load
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_multirun_launches_each_job(tmp_path):
+    res = run_cli(["train", "-m", "replay.ratio=1.5,2.0", f"hydra.sweep.dir={tmp_path}"], cwd=tmp_path)
+    # both jobs are refused by validation: Hydra ran them in turn, the first one's exit stops the sweep
+    assert res.returncode == 2 and "replay.ratio" in res.stderr
+    assert (tmp_path / "multirun.yaml").is_file()

@@ -1,0 +1,96 @@
+"""Every YAML preset composes against the schema; bad values are refused with the key named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from exgrpo_cli.cli import config_dir
+from exgrpo_cli.commands import to_typed
+from exgrpo_cli.config import ConfigError, ExgrpoConfig, register_configs, validate
+
+CONF = Path(config_dir())
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))
+
+
+def _compose(overrides: list[str]) -> ExgrpoConfig:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(config_name="config", overrides=overrides + ["trainer.output_dir=/tmp/x"])
+    return to_typed(cfg)
+
+
+def _presets():
+    for group in GROUPS:
+        for f in sorted((CONF / group).glob("*.yaml")):
+            yield group, f.stem
+
+
+@pytest.mark.parametrize("group,preset", list(_presets()))
+def test_every_preset_composes_and_validates(group: str, preset: str):
+    cfg = _compose([f"{group}={preset}"])
+    assert isinstance(cfg, ExgrpoConfig)
+    if group == "model":
+        assert cfg.model.preset == preset
+    if group in ("model", "replay", "algo", "rollout", "logger"):
+        validate(cfg)
+
+
+def test_defaults_are_the_embedded_cpu_run():
+    cfg = _compose([])
+    assert cfg.model.path == "builtin:tiny" and cfg.data.source == "synthetic"
+    assert cfg.rollout.engine == "hf" and cfg.model.dtype == "float32"
+    assert cfg.replay.ratio == 0.5 and cfg.replay.beta == 0.1 and cfg.replay.start_threshold == 0.35
+    validate(cfg)
+
+
+def test_replay_none_is_on_policy():
+    assert _compose(["replay=none"]).replay.ratio == 0.0
+
+
+@pytest.mark.parametrize("override,key", [
+    ("replay.ratio=1.5", "replay.ratio"),
+    ("replay.ratio=-0.1", "replay.ratio"),
+    ("replay.beta=-1", "replay.beta"),
+    ("replay.sigma=0", "replay.sigma"),
+    ("replay.bucket_edges=[0.5,0.25]", "replay.bucket_edges"),
+    ("replay.bucket_edges=[0.0,0.5]", "replay.bucket_edges"),
+    ("replay.bucket_edges=[0.5,1.2]", "replay.bucket_edges"),
+    ("replay.trajectory_selection=best", "replay.trajectory_selection"),
+    ("rollout.n=1", "rollout.n"),
+    ("trainer.steps=0", "trainer.steps"),
+    ("data.source=jsonl", "data.path"),
+    ("data.source=parquet data.path=/nonexistent.parquet", "data.path"),
+    ("model.path=/nonexistent/model", "model.path"),
+    ("model.template=nope", "model.template"),
+    ("algo.lr=0", "algo.lr"),
+])
+def test_invalid_values_name_the_key(override: str, key: str):
+    cfg = _compose(override.split())
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(cfg)
+
+
+def test_model_path_that_is_not_a_causal_lm(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ConfigError, match="model.path"):
+        validate(_compose([f"model.path={tmp_path}"]))
+
+
+def test_schema_rejects_wrong_types_and_unknown_keys():
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException):
+        _compose(["replay.ratio=abc"])
+    with pytest.raises(ConfigCompositionException):
+        _compose(["replay.no_such_key=1"])
+
+
+def test_yaml_files_only_set_schema_keys():
+    schema = OmegaConf.structured(ExgrpoConfig)
+    for group, preset in _presets():
+        node = OmegaConf.load(CONF / group / f"{preset}.yaml")
+        OmegaConf.merge(schema[group], node)  # raises on an unknown key or a wrong type

@@ -1,0 +1,90 @@
+"""The mixed batch's group structure and the pure helpers around the train step."""
+
+import numpy as np
+import torch
+
+from exgrpo_cli.algo import group_advantages
+from exgrpo_cli.data.sampler import QuestionSampler
+from exgrpo_cli.data.types import Question
+from exgrpo_cli.policy.forward import micro_batches, pack
+from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, split_groups
+from exgrpo_cli.replay.schedule import DelayedStart
+
+
+def _q(i: int) -> Question:
+    return Question(uid=f"q{i}", question=f"What is {i}+1?", answer=str(i + 1))
+
+
+def test_mixed_batch_groups_fresh_and_replayed_questions():
+    K = 4
+    fresh = Group(_q(0), [1, 2], [Response([5], [-1.0], reward=r) for r in (1, 0, 0, 0)])
+    replayed = Group(_q(1), [3], [Response([6], [-1.0], reward=r) for r in (0, 0, 1)], from_buffer=True)
+    replayed.responses.append(Response([7, 8], [-0.5, -0.25], reward=1.0, replayed=True))
+    batch = build_mixed_batch([fresh, replayed])
+    assert len(batch) == 2 * K
+    assert batch.group_index.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert batch.replay_mask.tolist() == [False] * 7 + [True]
+    assert batch.prompt_ids[4:] == [[3]] * 4
+    assert batch.behavior_logp[7] == [-0.5, -0.25]
+    adv = group_advantages(batch.rewards, batch.group_index)
+    # the replayed response counts in its group's baseline: rewards 0,0,1,1 -> mean 0.5
+    assert adv.tolist() == [0.75, -0.25, -0.25, -0.25, -0.5, -0.5, 0.5, 0.5]
+    assert replayed.num_correct == 2 and fresh.num_correct == 1
+
+
+def test_split_groups_into_updates():
+    assert split_groups(5, 1) == [[0, 1, 2, 3, 4]]
+    assert split_groups(5, 2) == [[0, 1], [2, 3, 4]]
+    assert split_groups(2, 4) == [[0], [1]]
+
+
+def test_micro_batches_respect_the_token_budget():
+    lengths = [10, 50, 20, 40, 30]
+    chunks = micro_batches(lengths, 60)
+    assert sorted(i for c in chunks for i in c) == [0, 1, 2, 3, 4]
+    for c in chunks:
+        assert len(c) == 1 or len(c) * max(lengths[i] for i in c) <= 60
+    assert micro_batches([100], 10) == [[0]]  # a row longer than the budget still goes alone
+
+
+def test_pack_aligns_response_mask_with_targets():
+    sb = pack([[1, 2, 3], [4]], [[7, 8], [9, 10, 11]], [0, 1], pad_id=0, device=torch.device("cpu"))
+    assert sb.input_ids.tolist() == [[1, 2, 3, 7, 8], [4, 9, 10, 11, 0]]
+    # target t+1 is a response token: row 0 targets 7, 8 at positions 2, 3
+    assert sb.response_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
+    assert (sb.targets * sb.response_mask.long()).tolist() == [[0, 0, 7, 8], [9, 10, 11, 0]]
+
+
+def test_delayed_start_is_one_way():
+    s = DelayedStart(0.35)
+    assert not s.update(1, 0.2)
+    assert s.update(2, 0.35) and s.started_at == 2
+    assert s.update(3, 0.0)
+    t = DelayedStart(0.9)
+    t.load_state_dict(s.state_dict())
+    assert t.active and t.started_at == 2 and t.threshold == 0.35
+    assert DelayedStart(0.0).update(1, 0.0)  # threshold 0: no delay
+
+
+def test_sampler_epochs_skip_retired_from_next_epoch_and_resume_exactly():
+    qs = [_q(i) for i in range(6)]
+    s = QuestionSampler(qs, seed=3)
+    first = [q.uid for q in s.draw(4)]
+    retired = {first[0]}
+    rest = [q.uid for q in s.draw(2, retired)]  # this epoch still holds it
+    assert sorted(first + rest) == sorted(q.uid for q in qs)
+    state = s.state_dict()
+    nxt = [q.uid for q in s.draw(5, retired)]
+    assert first[0] not in nxt  # the new epoch leaves the retired question out
+    s2 = QuestionSampler(qs, seed=999)
+    s2.load_state_dict(state)
+    assert [q.uid for q in s2.draw(5, retired)] == nxt
+
+
+def test_step_rngs_are_independent_of_history():
+    from exgrpo_cli.train.loop import step_rng
+
+    a = step_rng(0, 5, 2).integers(1 << 30, size=3)
+    step_rng(0, 4, 2).integers(1 << 30, size=100)
+    assert np.array_equal(a, step_rng(0, 5, 2).integers(1 << 30, size=3))
+    assert not np.array_equal(a, step_rng(1, 5, 2).integers(1 << 30, size=3))

@@ -1,0 +1,82 @@
+"""`exgrpo train` end to end through the real CLI, on the shipped tiny model (CPU, small batches)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY, run_cli
+from safetensors.torch import load_file
+
+SMALL = ["algo.questions_per_step=4", "rollout.n=4", "trainer.val_questions=8", "trainer.val_samples=1",
+         "logger.wandb.mode=disabled", "trainer.threads=1"]
+
+
+def _train(out: Path, *extra: str) -> list[dict]:
+    res = run_cli(["train", f"hydra.run.dir={out}", *SMALL, *extra], timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_smoke(tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    rows = _train(out, "trainer.steps=2", "replay.ratio=0")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert "val/accuracy" in rows[0] and "val/accuracy" in rows[-1]
+    for key in ("reward/accuracy", "loss/total", "optim/grad_norm", "timing/step", "rollout/response_length",
+                "rollout/logprob_diff_mean"):
+        assert key in rows[1], key
+    assert rows[1]["rollout/logprob_diff_mean"] < 1e-3  # HF engine: the trainer's own weights
+    ckpt = out / "checkpoints" / "step_2"
+    assert (out / "checkpoints" / "latest").read_text() == "step_2"
+    model = AutoModelForCausalLM.from_pretrained(ckpt / "model")
+    assert sum(p.numel() for p in model.parameters()) > 0
+    before = load_file(str(tiny_model / "model.safetensors"))
+    after = load_file(str(ckpt / "model" / "model.safetensors"))
+    unchanged = [k for k, v in before.items() if torch.equal(v, after[k])]
+    assert not unchanged, f"parameters that did not train: {unchanged}"
+
+
+def test_exgrpo_replays_from_the_second_step(tiny_model, tmp_path):
+    out = tmp_path / "run"
+    rows = _train(out, "trainer.steps=3", "replay.ratio=0.5", "replay.start_threshold=0",
+                  "algo.questions_per_step=8")
+    steps = {r["step"]: r for r in rows}
+    for key in ("replay/active", "replay/buffer_questions", "replay/buffer_experiences", "replay/retired",
+                "replay/bucket/1", "replay/replayed_questions", "replay/selected_entropy_mean",
+                "loss/on_policy", "loss/off_policy", "loss/importance_weight_mean", "loss/clip_fraction"):
+        assert key in steps[2], key
+    assert steps[1]["replay/active"] == 1.0 and steps[1]["replay/replayed_questions"] == 0
+    assert steps[1]["replay/buffer_questions"] > 0, "the tiny model solves some questions partly"
+    assert steps[2]["replay/replayed_questions"] > 0
+    assert steps[2]["loss/importance_weight_mean"] is not None  # replayed tokens were in the loss
+    assert steps[2]["loss/clip_fraction"] == 0.0  # no clipping after the delayed start (default)
+    assert (out / "checkpoints" / "step_3" / "replay" / "index.json").is_file()
+
+
+def test_ratio_zero_is_exactly_on_policy(tiny_model, tmp_path):
+    """With replay.ratio=0 no replay setting may change anything: the run is plain Dr.GRPO."""
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    base = ["trainer.steps=2", "replay.ratio=0", "trainer.val_questions=2"]
+    rows_a = _train(a, *base)
+    rows_b = _train(b, *base, "replay.start_threshold=0", "replay.beta=0.7", "replay.mu=0.2",
+                    "replay.trajectory_selection=random", "replay.shaping=false")
+    wa = load_file(str(a / "checkpoints/step_2/model/model.safetensors"))
+    wb = load_file(str(b / "checkpoints/step_2/model/model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert all(r.get("replay/active", 0.0) == 0.0 for r in rows_a + rows_b)
+
+
+@pytest.mark.parametrize("bad", ["replay.ratio=2", "rollout.n=1"])
+def test_bad_config_exits_2(tmp_path, bad):
+    res = run_cli(["train", bad, f"hydra.run.dir={tmp_path}"])
+    assert res.returncode == 2 and bad.split("=")[0] in res.stderr
+
+
+def test_shipped_model_exists():
+    assert (TINY / "config.json").is_file(), "exgrpo_cli/assets/tiny must ship with the package"
