@@ -7,7 +7,8 @@ of questions solved at least once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
@@ -19,6 +20,10 @@ class SampledResult:
     questions: list[Question]
     responses: list[list[str]]  # per question, n decoded responses
     correct: list[list[float]]  # per question, n rewards
+    extracted: list[list[str | None]] = field(default_factory=list)  # per question, n graded answers
+    prompts: list[str] = field(default_factory=list)  # per question, the rendered prompt text
+    timeouts: int = 0  # samples whose verification timed out (graded 0)
+    errors: int = 0  # samples whose verification failed (graded 0)
 
     @property
     def accuracy(self) -> float:
@@ -32,10 +37,12 @@ class SampledResult:
 
 def sample_and_grade(engine: RolloutEngine, tokenizer, template: Template, questions: list[Question],
                      scorer, *, n: int, spec: SamplingSpec, kinds: list[str] | None = None,
-                     chunk: int = 256) -> SampledResult:
-    """Generate n responses per question (in chunks of `chunk` sequences) and grade them."""
-    prompts = [tokenizer(template.render(q, tokenizer), add_special_tokens=False)["input_ids"]
-               for q in questions]
+                     chunk: int = 256, progress: Callable[[int], None] | None = None) -> SampledResult:
+    """Generate n responses per question (in chunks of `chunk` sequences) and grade them.
+
+    `progress`, when given, is called with the number of questions generated after each chunk."""
+    texts_in = [template.render(q, tokenizer) for q in questions]
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts_in]
     per_call = max(1, chunk // n)
     texts: list[list[str]] = []
     for start in range(0, len(questions), per_call):
@@ -46,9 +53,15 @@ def sample_and_grade(engine: RolloutEngine, tokenizer, template: Template, quest
         for r in outs:
             by_q[r.prompt_index].append(decode_response(tokenizer, r.response_ids))
         texts.extend(by_q)
+        if progress is not None:
+            progress(len(texts))
     flat_resp = [t for row in texts for t in row]
     flat_gold = [q.answer for q in questions for _ in range(n)]
     flat_kind = None if kinds is None else [k for k in kinds for _ in range(n)]
-    rewards = scorer.score(flat_resp, flat_gold, kinds=flat_kind).rewards
-    correct = [rewards[i * n:(i + 1) * n] for i in range(len(questions))]
-    return SampledResult(questions, texts, correct)
+    graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind)
+    correct = [graded.rewards[i * n:(i + 1) * n] for i in range(len(questions))]
+    # a minimal scorer (a test double) may return only `.rewards`
+    got = getattr(graded, "extracted", None) or [None] * len(flat_resp)
+    extracted = [got[i * n:(i + 1) * n] for i in range(len(questions))]
+    return SampledResult(questions, texts, correct, extracted, texts_in,
+                         getattr(graded, "timeouts", 0), getattr(graded, "errors", 0))

@@ -66,6 +66,7 @@ class MetricLogger:
                  start_step: int = 0, wandb_id: str | None = None, job_type: str = "train") -> None:
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._drop_rows_after(start_step)
         self._fh = self.path.open("a", encoding="utf-8")
         self.console = Console(stderr=True)
         self.cfg = cfg
@@ -101,6 +102,22 @@ class MetricLogger:
             self.print(f"W&B is offline (not logged in): sync later with `wandb sync {output_dir}/wandb/"
                        f"offline-run-*`, or set logger.wandb.mode=disabled")
 
+    def _drop_rows_after(self, step: int) -> None:
+        """A run killed after its last checkpoint logged steps that the resumed run repeats:
+        keep only the rows up to the checkpoint's step (none for a fresh start)."""
+        if not self.path.is_file():
+            return
+        keep = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                if step > 0 and int(json.loads(line).get("step", -1)) <= step:
+                    keep.append(line)
+            except (json.JSONDecodeError, ValueError, AttributeError):
+                continue  # a line torn by a kill mid-write
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+        tmp.replace(self.path)
+
     def print(self, msg: str) -> None:
         if self.cfg.console:
             self.console.print(msg)
@@ -117,7 +134,7 @@ class MetricLogger:
         if self._progress is not None:
             self._progress.update(self._task, completed=step, line=line)
         elif self.cfg.console:
-            self.console.print(f"step {step}/{self.total_steps}  {line}", highlight=False)
+            self.console.print(f"step {step}/{self.total_steps}  {line}", highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         if self._progress is not None:

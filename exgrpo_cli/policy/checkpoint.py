@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 LATEST = "latest"
+# Set to a step number, the process SIGKILLs itself midway through writing that checkpoint:
+# how the tests prove that a torn checkpoint is never resumed from.
+FAULT_KILL_IN_CHECKPOINT = "EXGRPO_FAULT_KILL_IN_CHECKPOINT"
 
 
 def _fsync_tree(root: Path) -> None:
@@ -78,6 +82,8 @@ def save_checkpoint(ckpt_root: Path, step: int, write: Callable[[Path], None], k
         shutil.rmtree(tmp)
     tmp.mkdir()
     write(tmp)
+    if os.environ.get(FAULT_KILL_IN_CHECKPOINT) == str(step):  # fault injection for the kill tests
+        os.kill(os.getpid(), signal.SIGKILL)
     write_json(tmp / "COMPLETE", {"step": step})
     _fsync_tree(tmp)
     if final.exists():  # a re-save of the same step (e.g. the final one): replace it

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -73,6 +74,8 @@ def resolve_resume(cfg: ExgrpoConfig) -> Path | None:
         if ckpt.complete_checkpoints(root) and not cfg.trainer.overwrite:
             raise SystemExit(f"exgrpo train: {out} already holds checkpoints; trainer.resume=never refuses "
                              "to overwrite them (set trainer.overwrite=true, or resume=auto)")
+        if root.exists():  # overwrite=true: the old run's checkpoints must not mix with the new ones
+            shutil.rmtree(root)
         return None
     path = Path(r)
     if not (path / "COMPLETE").is_file():
@@ -128,6 +131,7 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
                           start_step=start_step, wandb_id=wandb_id)
     trainer = Trainer(cfg, model, tokenizer, template, engine, scorer, optimizer, sampler, buffer, switch)
     if resume_from is not None:
+        trainer.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
         logger.print(f"resumed from {resume_from} (step {start_step})")
     logger.print(f"model {cfg.model.preset} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params) "
                  f"on {device}; {len(train_qs)} training / {len(val_qs)} held-out questions; "
@@ -150,7 +154,8 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
             ckpt.write_json(tmp / "trainer_state.json", {
                 "step": step, "sampler": sampler.state_dict(), "delayed_start": switch.state_dict(),
                 "wandb_id": logger.wandb_id, "python_random": _py_rng_state(),
-                "numpy_random": _np_rng_state(), "seed": cfg.trainer.seed})
+                "numpy_random": _np_rng_state(), "seed": cfg.trainer.seed,
+                "skipped_in_a_row": trainer.skipped_in_a_row})
         return ckpt.save_checkpoint(out / "checkpoints", step, write, cfg.trainer.keep_checkpoints)
 
     final: dict[str, float] = {}

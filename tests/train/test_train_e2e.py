@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, run_cli
 from safetensors.torch import load_file
+
+from conftest import TINY, run_cli
 
 SMALL = ["algo.questions_per_step=4", "rollout.n=4", "trainer.val_questions=8", "trainer.val_samples=1",
          "logger.wandb.mode=disabled", "trainer.threads=1"]

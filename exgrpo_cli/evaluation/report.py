@@ -1,0 +1,159 @@
+"""The outputs of `exgrpo eval`: results.json, results.md and the console table.
+
+Where it sits: the end of an eval run (or of a regrade). The runner hands over one `ModelResult`
+per evaluated model; this module only lays them out. Scores are fractions in [0, 1] in JSON and
+percentages with one decimal in the tables, one row per model and one column per benchmark in the
+paper's order, with the ID / OOD / overall averages (unweighted means over the benchmarks present)
+after their groups.
+
+results.json:
+    {"suite": ..., "settings": {temperature, top_p, max_new_tokens, n, k, limit, template, ...},
+     "models": [{"label", "path",
+                 "benchmarks": {name: {title, group, kind, source, questions,
+                                       samples_per_question, metric, score, pass_at_k, k,
+                                       no_answer, timeouts, errors, seconds}},
+                 "averages": {"id", "ood", "all"}}]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from exgrpo_cli.evaluation.scoring import group_averages
+
+AVERAGE_TITLES = {"id": "ID avg", "ood": "OOD avg", "all": "All avg"}
+
+
+@dataclass
+class BenchmarkResult:
+    name: str
+    title: str
+    group: str  # id | ood | other
+    kind: str  # math | choice
+    source: str
+    questions: int
+    samples_per_question: int
+    metric: str  # avg@n or pass@1
+    score: float  # the metric, in [0, 1]
+    pass_at_k: float | None = None  # unbiased pass@k when eval.k > 1 (None when k > n)
+    k: int = 1
+    no_answer: float = 0.0  # share of samples with no extractable answer
+    timeouts: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class ModelResult:
+    label: str  # the row name in the tables
+    path: str  # what was loaded
+    benchmarks: list[BenchmarkResult] = field(default_factory=list)
+
+    def averages(self) -> dict[str, float | None]:
+        return group_averages({b.name: b.score for b in self.benchmarks},
+                              {b.name: b.group for b in self.benchmarks})
+
+
+def columns(models: list[ModelResult]) -> list[tuple[str, str, str]]:
+    """(key, header, metric) per table column: benchmarks in first-seen order, the ID / OOD average
+    after the last benchmark of its group, and the overall average last. An average that would
+    only repeat one column (a group of one; "all" over a single group) is left out of the table,
+    not out of results.json."""
+    seen: dict[str, BenchmarkResult] = {}
+    for m in models:
+        for b in m.benchmarks:
+            seen.setdefault(b.name, b)
+    benches = list(seen.values())
+    groups = [b.group for b in benches]
+    cols: list[tuple[str, str, str]] = []
+    for i, b in enumerate(benches):
+        cols.append((b.name, b.title, b.metric))
+        last_of_group = i + 1 == len(benches) or benches[i + 1].group != b.group
+        if b.group in ("id", "ood") and last_of_group and groups.count(b.group) > 1:
+            cols.append((f"avg:{b.group}", AVERAGE_TITLES[b.group], "mean"))
+    if len(set(groups)) > 1:
+        cols.append(("avg:all", AVERAGE_TITLES["all"], "mean"))
+    return cols
+
+
+def _cell(model: ModelResult, key: str) -> str:
+    if key.startswith("avg:"):
+        value = model.averages()[key[4:]]
+    else:
+        value = next((b.score for b in model.benchmarks if b.name == key), None)
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def rich_table(models: list[ModelResult], title: str = "exgrpo eval") -> Table:
+    table = Table(title=title)
+    table.add_column("Model", style="bold", overflow="fold")
+    for key, header, metric in columns(models):
+        style = "bold" if key.startswith("avg:") else None
+        table.add_column(f"{header}\n{metric}", justify="right", style=style, no_wrap=True)
+    for m in models:
+        table.add_row(m.label, *[_cell(m, key) for key, _, _ in columns(models)])
+    return table
+
+
+def markdown(models: list[ModelResult], settings: dict[str, Any]) -> str:
+    cols = columns(models)
+    lines = ["# exgrpo eval", "",
+             "Scores in %; " + ", ".join(f"{k}={v}" for k, v in settings.items()), "",
+             "| Model | " + " | ".join(f"{h} ({m})" for _, h, m in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for m in models:
+        lines.append(f"| {m.label} | " + " | ".join(_cell(m, key) for key, _, _ in cols) + " |")
+    lines += ["", "## Details", "",
+              "| Model | Benchmark | Questions | Samples/question | Metric | Score | pass@k | "
+              "No answer | Seconds | Source |",
+              "|---|---|---:|---:|---|---:|---:|---:|---:|---|"]
+    for m in models:
+        for b in m.benchmarks:
+            pk = "-" if b.pass_at_k is None or b.k == 1 else f"pass@{b.k} {100 * b.pass_at_k:.1f}"
+            lines.append(f"| {m.label} | {b.title} | {b.questions} | {b.samples_per_question} | {b.metric} | "
+                         f"{100 * b.score:.1f} | {pk} | {100 * b.no_answer:.1f}% | {b.seconds:.0f} | "
+                         f"{b.source} |")
+    return "\n".join(lines) + "\n"
+
+
+def results_dict(models: list[ModelResult], suite: str, settings: dict[str, Any]) -> dict[str, Any]:
+    out_models = []
+    for m in models:
+        benches = {}
+        for b in m.benchmarks:
+            d = asdict(b)
+            benches[d.pop("name")] = d
+        out_models.append({"label": m.label, "path": m.path, "benchmarks": benches,
+                           "averages": m.averages()})
+    return {"suite": suite, "settings": settings, "models": out_models}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_reports(out_dir: Path, models: list[ModelResult], suite: str, settings: dict[str, Any]
+                  ) -> dict[str, Any]:
+    """Write results.json and results.md into `out_dir`; returns the results dict."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = results_dict(models, suite, settings)
+    _atomic_write(out_dir / "results.json", json.dumps(results, indent=2) + "\n")
+    _atomic_write(out_dir / "results.md", markdown(models, settings))
+    return results
+
+
+def print_table(models: list[ModelResult], console: Console | None = None,
+                title: str = "exgrpo eval") -> None:
+    if console is None:
+        # rich lays a pipe or a log file out 80 columns wide: too narrow for the paper's 12 columns
+        console = Console() if Console().is_terminal else Console(width=200)
+    console.print(rich_table(models, title))

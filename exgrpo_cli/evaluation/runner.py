@@ -1,0 +1,328 @@
+"""Running an eval suite: load the benchmarks, then per model sample, grade, save and score.
+
+Where it sits: behind `exgrpo eval` (commands/eval.py). The order matters for the user: the
+benchmark data and the model paths are checked first, so that a missing file stops the run before
+minutes of model loading. Then, per model (`eval.compare` evaluates several with the same seeds,
+so their samples are paired) and per benchmark, `sample_and_grade` draws n responses per question
+with the rollout engine and grades them with the reward module; every sample goes to
+generations.jsonl as soon as its benchmark is done, and `eval.regrade=<generations.jsonl>` grades
+such a file again, without a model, into a new run dir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import logging
+import os
+import time
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.data.templates import Template, get_template
+from exgrpo_cli.evaluation.benchmarks import REGISTRY, Benchmark, LoadedBenchmark, load_suite
+from exgrpo_cli.evaluation.report import BenchmarkResult, ModelResult, print_table, write_reports
+from exgrpo_cli.evaluation.scoring import avg_at_n, mean_pass_at_k, metric_name
+
+log = logging.getLogger(__name__)
+
+GENERATIONS = "generations.jsonl"
+# HF `generate` refuses temperature 0; a temperature this small samples the argmax token (greedy).
+GREEDY_TEMPERATURE = 1e-4
+
+
+def output_dir(cfg: ExgrpoConfig) -> Path:
+    return Path(cfg.eval.output_dir or cfg.trainer.output_dir)
+
+
+def resolve_model_path(path: str) -> str:
+    """A model folder, a training checkpoint (its model/ folder), a run dir (its latest
+    checkpoint), a HF id or builtin:tiny. Raises ConfigError for a local path that holds no model."""
+    if path.startswith("builtin:"):
+        return path
+    p = Path(path).expanduser()
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return str(p)
+        if (p / "model" / "config.json").is_file():
+            return str(p / "model")
+        from exgrpo_cli.policy.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(p / "checkpoints")
+        if ckpt is not None:
+            return str(ckpt / "model")
+        raise ConfigError(f"invalid model path {path!r}: the folder holds no model (config.json), "
+                          "checkpoint (model/) or run (checkpoints/)")
+    if path.startswith(("/", ".", "~")):
+        raise ConfigError(f"invalid model path {path!r}: no such folder")
+    return path  # a Hugging Face id
+
+
+def models_to_run(cfg: ExgrpoConfig) -> list[tuple[str, str]]:
+    """(label, resolved path) per model: eval.compare when given, else model.path. Labels key the
+    results and the generation rows, so a repeated entry gets a #2, #3 suffix."""
+    names = list(cfg.eval.compare) or [cfg.model.path]
+    out, seen = [], set()
+    for name in names:
+        label, i = name, 1
+        while label in seen:
+            i += 1
+            label = f"{name}#{i}"
+        seen.add(label)
+        out.append((label, resolve_model_path(name)))
+    return out
+
+
+def settings(cfg: ExgrpoConfig) -> dict[str, Any]:
+    e = cfg.eval
+    return {"temperature": e.temperature, "top_p": e.top_p,
+            "max_new_tokens": e.max_new_tokens or cfg.model.max_response_tokens,
+            "n": e.n or "paper default", "k": e.k, "limit": e.limit or "all",
+            "template": cfg.model.template, "engine": cfg.rollout.engine, "seed": cfg.trainer.seed}
+
+
+def benchmark_seed(seed: int, name: str) -> int:
+    """The same seed for a benchmark in every model of a comparison (paired samples), whatever
+    the order or the subset of benchmarks run."""
+    return seed * 1_000_003 + zlib.crc32(name.encode())
+
+
+def summarize(bench: Benchmark, source: str, correct: list[list[float]], extracted: list[list[Any]],
+              k: int, seconds: float = 0.0, timeouts: int = 0, errors: int = 0) -> BenchmarkResult:
+    samples = max((len(r) for r in correct), default=0)
+    flat = [x for row in extracted for x in row]
+    return BenchmarkResult(
+        name=bench.name, title=bench.title, group=bench.group, kind=bench.kind, source=source,
+        questions=len(correct), samples_per_question=samples, metric=metric_name(samples),
+        score=avg_at_n(correct), pass_at_k=mean_pass_at_k(correct, k), k=k,
+        no_answer=sum(x is None for x in flat) / max(len(flat), 1),
+        timeouts=timeouts, errors=errors, seconds=seconds)
+
+
+def _rows(label: str, lb: LoadedBenchmark, res, requires_think: bool) -> Iterable[dict]:  # noqa: ANN001
+    b = lb.bench
+    kinds = lb.kinds()
+    for i, q in enumerate(res.questions):
+        for j, response in enumerate(res.responses[i]):
+            yield {"model": label, "benchmark": b.name, "title": b.title, "group": b.group,
+                   "question_id": q.uid, "sample": j, "prompt": res.prompts[i], "response": response,
+                   "extracted": res.extracted[i][j], "gold": q.answer, "kind": kinds[i],
+                   "requires_think": requires_think, "correct": res.correct[i][j] > 0.5}
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+def evaluate_model(cfg: ExgrpoConfig, label: str, path: str, suite: list[LoadedBenchmark],
+                   template: Template, scorer, gen_fh, console: Console) -> ModelResult:  # noqa: ANN001
+    """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
+    import torch
+
+    from exgrpo_cli.evaluation.validate import sample_and_grade
+    from exgrpo_cli.policy.model import load_model, load_tokenizer, pick_device
+    from exgrpo_cli.rollout import build_engine
+    from exgrpo_cli.rollout.base import SamplingSpec
+
+    same = path == cfg.model.path
+    model_cfg = dataclasses.replace(cfg.model, path=path, gguf_file=cfg.model.gguf_file if same else "")
+    run_cfg = dataclasses.replace(cfg, model=model_cfg)
+    device = pick_device(cfg.trainer.device)
+    tokenizer = load_tokenizer(model_cfg)
+    # vLLM loads the weights itself: an HF copy would only take memory
+    model = load_model(model_cfg, device) if cfg.rollout.engine == "hf" else None
+    engine = build_engine(run_cfg, model, tokenizer)
+    e = cfg.eval
+    temperature = e.temperature if e.temperature > 0 or cfg.rollout.engine != "hf" else GREEDY_TEMPERATURE
+    result = ModelResult(label, path)
+    try:
+        for lb in suite:
+            n = lb.samples_per_question(e.n)
+            spec = SamplingSpec(temperature, e.top_p, e.max_new_tokens or cfg.model.max_response_tokens,
+                                seed=benchmark_seed(cfg.trainer.seed, lb.bench.name))
+            t0 = time.time()
+            with _Progress(console, f"{label} {lb.bench.title}", len(lb.questions)) as tick:
+                res = sample_and_grade(engine, tokenizer, template, lb.questions, scorer, n=n, spec=spec,
+                                       kinds=lb.kinds(),
+                                       chunk=max(1, e.batch_size) * n, progress=tick)
+            for row in _rows(label, lb, res, template.requires_think):
+                gen_fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            gen_fh.flush()
+            br = summarize(lb.bench, lb.source, res.correct, res.extracted, e.k, time.time() - t0,
+                           res.timeouts, res.errors)
+            result.benchmarks.append(br)
+            console.print(f"{label}  {br.title}: {br.questions} question(s) x {n}  {br.metric} "
+                          f"{100 * br.score:.1f}  ({br.seconds:.0f}s)", highlight=False)
+    finally:
+        engine.close()
+        del engine, model
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return result
+
+
+class _Progress:
+    """A transient rich progress bar on a terminal; nothing otherwise (logs get one line per
+    benchmark from the caller)."""
+
+    def __init__(self, console: Console, what: str, total: int) -> None:
+        self.console, self.what, self.total, self.bar = console, what, total, None
+
+    def __enter__(self):  # noqa: ANN204
+        if self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn(self.what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(self.what, total=self.total)
+        return self.tick
+
+    def tick(self, done: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def run_eval(cfg: ExgrpoConfig) -> dict[str, Any]:
+    """The whole `exgrpo eval` run (or a regrade); returns the results.json content."""
+    out = output_dir(cfg)
+    console = Console(stderr=True)
+    if cfg.eval.regrade:
+        return regrade(cfg, cfg.eval.regrade, out)
+    suite = load_suite(cfg)  # a missing file stops here, before any model is loaded
+    models = models_to_run(cfg)
+    if cfg.trainer.threads:
+        import torch
+
+        torch.set_num_threads(cfg.trainer.threads)
+    from exgrpo_cli.reward import RewardScorer
+
+    template = get_template(cfg.model.template)
+    out.mkdir(parents=True, exist_ok=True)
+    scorer = RewardScorer(requires_think=template.requires_think, workers=min(4, os.cpu_count() or 1))
+    results: list[ModelResult] = []
+    try:
+        with (out / GENERATIONS).open("w", encoding="utf-8") as fh:
+            for label, path in models:
+                results.append(evaluate_model(cfg, label, path, suite, template, scorer, fh, console))
+    finally:
+        scorer.close()
+    return finish(cfg, out, results, cfg.eval.suite, settings(cfg))
+
+
+def finish(cfg: ExgrpoConfig, out: Path, results: list[ModelResult], suite: str,
+           run_settings: dict[str, Any]) -> dict[str, Any]:
+    written = write_reports(out, results, suite, run_settings)
+    print_table(results, title=f"exgrpo eval: {suite}")
+    Console(stderr=True).print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / GENERATIONS}",
+                               highlight=False)
+    _log_wandb(cfg, out, results)
+    return written
+
+
+def _log_wandb(cfg: ExgrpoConfig, out: Path, results: list[ModelResult]) -> None:
+    """Scores to W&B as eval/<benchmark>[/<model>], only when W&B is on: an explicit mode, or
+    `auto` with a login (an eval nobody asked to track should leave no offline run behind)."""
+    from exgrpo_cli.metrics.logger import MetricLogger, wandb_mode
+
+    mode = wandb_mode(cfg.logger.wandb.mode)
+    if mode == "disabled" or (cfg.logger.wandb.mode == "auto" and mode == "offline"):
+        return
+    metrics: dict[str, float] = {}
+    for m in results:
+        suffix = f"/{m.label}" if len(results) > 1 else ""
+        for b in m.benchmarks:
+            metrics[f"eval/{b.name}{suffix}"] = b.score
+        for group, value in m.averages().items():
+            if value is not None:
+                metrics[f"eval/avg_{group}{suffix}"] = value
+    logger = MetricLogger(str(out), dataclasses.replace(cfg.logger, console=False), dataclasses.asdict(cfg),
+                          total_steps=1, job_type="eval")
+    try:
+        logger.log(0, metrics)
+    finally:
+        logger.close()
+
+
+# ----------------------------------------------------------------------------- regrade
+
+
+def read_generations(path: str) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ConfigError(f"invalid eval.regrade={path!r}: line {n} is not JSON "
+                                      f"({err.msg})") from None
+    need = {"model", "benchmark", "question_id", "sample", "response", "gold", "kind"}
+    bad = next((i for i, r in enumerate(rows) if not need <= set(r)), None)
+    if bad is not None:
+        missing = sorted(need - set(rows[bad]))
+        raise ConfigError(f"invalid eval.regrade={path!r}: row {bad + 1} lacks {missing}")
+    return rows
+
+
+def regrade_rows(rows: list[dict], timeout_s: float = 5.0) -> list[dict]:
+    """Grade every row again (its stored kind and think-tag rule); returns updated copies."""
+    from exgrpo_cli.reward import RewardScorer
+
+    out = [dict(r) for r in rows]
+    workers = min(4, os.cpu_count() or 1)
+    for think in sorted({bool(r.get("requires_think", False)) for r in out}):
+        idx = [i for i, r in enumerate(out) if bool(r.get("requires_think", False)) == think]
+        with RewardScorer(requires_think=think, workers=workers, timeout_s=timeout_s) as sc:
+            res = sc.score([out[i]["response"] for i in idx], [str(out[i]["gold"]) for i in idx],
+                           kinds=[out[i]["kind"] for i in idx])
+        for i, reward, ext in zip(idx, res.rewards, res.extracted):
+            out[i]["extracted"], out[i]["correct"] = ext, reward > 0.5
+    return out
+
+
+def results_from_rows(rows: list[dict], k: int, source: str) -> list[ModelResult]:
+    """Per model and benchmark (first-seen order), the scores of graded generation rows."""
+    grouped: dict[str, dict[str, dict[str, list[dict]]]] = {}
+    for r in rows:
+        qs = grouped.setdefault(r["model"], {}).setdefault(r["benchmark"], {})
+        qs.setdefault(str(r["question_id"]), []).append(r)
+    models = []
+    for label, benches in grouped.items():
+        m = ModelResult(label, label)
+        for name, questions in benches.items():
+            first = next(iter(questions.values()))[0]
+            known = REGISTRY.get(name)
+            any_choice = any(r["kind"] == "choice" for q in questions.values() for r in q)
+            bench = Benchmark(name, first.get("title") or (known.title if known else name),
+                              first.get("group") or (known.group if known else "other"),
+                              kind=known.kind if known else ("choice" if any_choice else "math"))
+            ordered = [sorted(q, key=lambda r: r["sample"]) for q in questions.values()]
+            correct = [[float(bool(r["correct"])) for r in q] for q in ordered]
+            extracted = [[r.get("extracted") for r in q] for q in ordered]
+            m.benchmarks.append(summarize(bench, source, correct, extracted, k))
+        models.append(m)
+    return models
+
+
+def regrade(cfg: ExgrpoConfig, path: str, out: Path) -> dict[str, Any]:
+    """Grade a generations.jsonl again and write generations.jsonl + results into `out`."""
+    rows = regrade_rows(read_generations(path))
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (GENERATIONS + ".tmp")  # `out` may be the folder the input came from
+    with tmp.open("w", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+    os.replace(tmp, out / GENERATIONS)
+    results = results_from_rows(rows, cfg.eval.k, f"regrade of {path}")
+    return finish(cfg, out, results, "regrade", {"regraded": path, "k": cfg.eval.k})

@@ -1,0 +1,115 @@
+"""Reports and regrading without a model: table columns in the paper's order, results.json fields,
+results.md, and grading a generations file again with the real reward module."""
+
+import json
+
+import pytest
+
+from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.evaluation import report as R
+from exgrpo_cli.evaluation import runner
+from exgrpo_cli.evaluation.benchmarks import REGISTRY
+
+
+def bench(name: str, score: float, samples: int = 1) -> R.BenchmarkResult:
+    b = REGISTRY[name]
+    return R.BenchmarkResult(name, b.title, b.group, b.kind, "test", questions=2,
+                             samples_per_question=samples,
+                             metric="pass@1" if samples == 1 else f"avg@{samples}", score=score)
+
+
+def models() -> list[R.ModelResult]:
+    a = [bench("aime24", 0.25, 32), bench("math500", 0.75), bench("gpqa", 0.5)]
+    b = [bench("aime24", 0.5, 32), bench("math500", 0.5), bench("gpqa", 1.0)]
+    return [R.ModelResult("base", "p/base", a), R.ModelResult("exgrpo", "p/rl", b)]
+
+
+def test_columns_put_each_average_after_its_group():
+    keys = [(k, h) for k, h, _ in R.columns(models())]
+    assert keys == [("aime24", "AIME24"), ("math500", "MATH-500"), ("avg:id", "ID avg"), ("gpqa", "GPQA-D"),
+                    ("avg:all", "All avg")]  # no OOD average over a single OOD benchmark
+    assert R.columns([R.ModelResult("m", "m", [bench("aime24", 0.1)])]) == [("aime24", "AIME24", "pass@1")]
+    paper = R.ModelResult("m", "m", [bench(n, 0.1) for n in ("aime24", "amc", "arc_c", "gpqa", "mmlu_pro")])
+    assert [k for k, _, _ in R.columns([paper])] == ["aime24", "amc", "avg:id", "arc_c", "gpqa", "mmlu_pro",
+                                                     "avg:ood", "avg:all"]
+
+
+def test_results_json_and_markdown(tmp_path):
+    settings = {"temperature": 0.6, "k": 1}
+    res = R.write_reports(tmp_path, models(), "paper", settings)
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk == json.loads(json.dumps(res))
+    assert on_disk["suite"] == "paper" and on_disk["settings"] == settings
+    first = on_disk["models"][0]
+    assert first["label"] == "base" and list(first["benchmarks"]) == ["aime24", "math500", "gpqa"]
+    aime = first["benchmarks"]["aime24"]
+    assert {"questions", "samples_per_question", "metric", "score", "group", "title"} <= set(aime)
+    assert (aime["questions"], aime["samples_per_question"], aime["metric"]) == (2, 32, "avg@32")
+    assert first["averages"] == {"id": pytest.approx(0.5), "ood": 0.5, "all": pytest.approx(0.5)}
+    md = (tmp_path / "results.md").read_text()
+    assert "| Model | AIME24 (avg@32) | MATH-500 (pass@1) | ID avg (mean) | GPQA-D (pass@1) | All avg" in md
+    assert "| exgrpo | 50.0 | 50.0 | 50.0 | 100.0 | 66.7 |" in md
+
+
+def test_console_table_has_a_row_per_model():
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    R.print_table(models(), console)
+    text = console.export_text()
+    assert "AIME24" in text and "ID avg" in text and "exgrpo" in text and "66.7" in text
+
+
+def gen_row(model, name, qid, sample, response, gold, kind="math", think=True):
+    return {"model": model, "benchmark": name, "title": REGISTRY[name].title, "group": REGISTRY[name].group,
+            "question_id": qid, "sample": sample, "prompt": "p", "response": response, "extracted": None,
+            "gold": gold, "kind": kind, "requires_think": think, "correct": False}
+
+
+def test_regrade_rows_and_results_from_rows():
+    rows = [gen_row("m", "aime24", "q0", 0, "<think>a</think>\\boxed{12}", "12"),
+            gen_row("m", "aime24", "q0", 1, "\\boxed{12}", "12"),  # no </think>: no answer with think tags
+            gen_row("m", "aime24", "q1", 0, "<think>a</think>\\boxed{\\frac{1}{2}}", "0.5"),  # math-verify
+            gen_row("m", "aime24", "q1", 1, "<think>a</think>\\boxed{3}", "0.5"),
+            gen_row("m", "arc_c", "q0", 0, "<think>a</think>\\boxed{C}", "C", kind="choice"),
+            gen_row("m", "arc_c", "q1", 0, "\\boxed{B}", "A", kind="choice", think=False)]
+    graded = runner.regrade_rows(rows)
+    assert [r["correct"] for r in graded] == [True, False, True, False, True, False]
+    assert [r["extracted"] for r in graded] == ["12", None, "\\frac{1}{2}", "3", "C", "B"]
+    (m,) = runner.results_from_rows(graded, k=2, source="s")
+    aime, arc = m.benchmarks
+    assert (aime.name, aime.questions, aime.samples_per_question, aime.metric) == ("aime24", 2, 2, "avg@2")
+    assert aime.score == 0.5 and aime.pass_at_k == 1.0 and aime.no_answer == 0.25
+    assert (arc.metric, arc.score, arc.pass_at_k, arc.kind) == ("pass@1", 0.5, None, "choice")
+
+
+def test_read_generations_refuses_incomplete_rows(tmp_path):
+    from exgrpo_cli.config import ConfigError
+
+    path = tmp_path / "g.jsonl"
+    path.write_text(json.dumps({"model": "m", "benchmark": "x"}) + "\n")
+    with pytest.raises(ConfigError, match="lacks"):
+        runner.read_generations(str(path))
+
+
+def test_models_to_run_labels_and_paths(tmp_path):
+    cfg = ExgrpoConfig()
+    cfg.eval.compare = ["builtin:tiny", "Qwen/Qwen2.5-Math-7B", "builtin:tiny"]
+    assert runner.models_to_run(cfg) == [("builtin:tiny", "builtin:tiny"), ("Qwen/Qwen2.5-Math-7B",
+                                         "Qwen/Qwen2.5-Math-7B"), ("builtin:tiny#2", "builtin:tiny")]
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000010"
+    (ckpt / "model").mkdir(parents=True)
+    (ckpt / "model" / "config.json").write_text("{}")
+    (ckpt / "COMPLETE").write_text("")
+    assert runner.resolve_model_path(str(tmp_path / "run")) == str(ckpt / "model")
+    assert runner.resolve_model_path(str(ckpt)) == str(ckpt / "model")
+    from exgrpo_cli.config import ConfigError
+
+    with pytest.raises(ConfigError, match="no such folder"):
+        runner.resolve_model_path(str(tmp_path / "nope"))
+
+
+def test_benchmark_seeds_do_not_depend_on_order():
+    assert runner.benchmark_seed(0, "aime24") == runner.benchmark_seed(0, "aime24")
+    assert runner.benchmark_seed(0, "aime24") != runner.benchmark_seed(0, "aime25")
+    assert runner.benchmark_seed(1, "aime24") != runner.benchmark_seed(0, "aime24")
