@@ -1,0 +1,251 @@
+"""Data-parallel training with FSDP2: process group, sharding, and gathering the full weights.
+
+Where it sits in the step: `init_distributed` runs once before the model is loaded and
+`wrap_fsdp2` once after it; every rank then runs the same train step on its own share of the
+questions, and FSDP2 averages the gradients over ranks inside `backward()`. After the optimizer
+step, `full_state_dict` gathers the sharded weights for the vLLM weight sync and the checkpoint
+(rank 0 receives them, the other ranks an empty dict), and the `all_reduce_*` helpers turn the
+per-rank metrics into run-wide ones before rank 0 logs them.
+
+Launch with `torchrun --nproc_per_node N -m exgrpo_cli train ...`; without torchrun the world has
+one rank, no process group is created and every helper here is a cheap no-op. On a CPU the
+backend is gloo (FSDP2 works there; FSDP1's offloaded full-state-dict gather segfaults, so it is
+not offered). Mixed precision is only applied on CUDA: bf16 matmuls are ~100x slower on a CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+log = logging.getLogger(__name__)
+
+MIXED_PRECISION = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+                   "fp16": torch.float16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DistInfo:
+    """Join the torchrun process group (nccl on CUDA, gloo on a CPU) and pick this rank's device.
+
+    The timeout is always passed on: a rank that skips a collective (e.g. a rank-0-only branch
+    that gathers) would otherwise hang the whole job for the backend's default, up to hours.
+    """
+    import torch.distributed as tdist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda, but no CUDA device is visible")
+    if use_cuda:
+        dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    info = DistInfo(rank, world, local_rank, dev)
+    if world == 1 or (tdist.is_available() and tdist.is_initialized()):
+        return info
+    if not tdist.is_available():
+        raise RuntimeError("WORLD_SIZE > 1 but this torch build has no torch.distributed")
+    backend = "nccl" if use_cuda else "gloo"
+    kwargs = {"device_id": dev} if use_cuda else {}
+    tdist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
+    return info
+
+
+def close_distributed() -> None:
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:  # noqa: ANN001 - an HF causal LM
+    """The transformer blocks, each its own FSDP unit (HF Qwen2/Llama/Mistral: model.model.layers)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"{type(model).__name__} has no model.layers: cannot shard it layer by layer")
+    return layers
+
+
+def wrap_fsdp2(model, dist: DistInfo, *, mixed_precision: str | None = None,  # noqa: ANN001, ANN201
+               reshard_after_forward: bool = True):
+    """Shard `model` in place over all ranks: each decoder layer, then the root (embeddings, norm,
+    lm_head). Returns the same module, now an FSDPModule whose parameters are DTensors.
+
+    One rank: returned untouched, so single-process code paths stay plain PyTorch. Every rank
+    must hold the same initial weights (load them identically) since each keeps its own shard.
+    """
+    if not dist.distributed:
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy()
+    if mixed_precision:
+        if mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"mixed_precision={mixed_precision!r}: use one of {sorted(MIXED_PRECISION)}")
+        if dist.device.type == "cuda":
+            # reduce in fp32: averaging bf16 gradients over ranks loses the small ones
+            mp = MixedPrecisionPolicy(param_dtype=MIXED_PRECISION[mixed_precision],
+                                      reduce_dtype=torch.float32)
+        else:
+            log.warning("FSDP mixed precision %s ignored on a CPU (bf16 is ~100x slower there)",
+                        mixed_precision)
+    mesh = init_device_mesh(dist.device.type, (dist.world_size,))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    # the root's parameters (embeddings, lm_head) are needed again right at the start of backward:
+    # keeping them unsharded after forward saves one all-gather per step
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    return model
+
+
+def full_state_dict(model, dist: DistInfo) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    """The full, unsharded weights as plain CPU tensors under the HF names, on rank 0 only.
+
+    Collective under FSDP: every rank must call it, and ranks other than 0 get `{}` (never index
+    into it there). Tied models keep both `embed_tokens.weight` and `lm_head.weight`, which the
+    vLLM reload needs. One rank: the model's own state_dict (no copy on a CPU).
+    """
+    if not dist.distributed:
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    sd = get_model_state_dict(model, options=opts)
+    return sd if dist.is_main else {}
+
+
+def load_full_state_dict(model, state: dict[str, torch.Tensor], dist: DistInfo) -> None:  # noqa: ANN001
+    """Inverse of `full_state_dict`: rank 0's full weights are broadcast into every rank's shards."""
+    if not dist.distributed:
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    # a copy: the broadcast replaces the dict's values with this rank's DTensor shards in place
+    set_model_state_dict(model, dict(state) if dist.is_main else {}, options=opts)
+
+
+def _fqn_order(model, optimizer: torch.optim.Optimizer) -> list[str]:  # noqa: ANN001
+    """Parameter names in the optimizer's own order: torch numbers them 0.. in this order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def full_optimizer_state_dict(model, optimizer: torch.optim.Optimizer, dist: DistInfo) -> dict:  # noqa: ANN001
+    """The optimizer state in the plain `optimizer.state_dict()` layout (integer parameter ids), full
+    and on CPU, on rank 0 (`{}` elsewhere). The same layout as a one-process run, so
+    `checkpoint.optimizer_to_files` needs no change and a run may resume on another world size."""
+    if not dist.distributed:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    sd = get_optimizer_state_dict(model, optimizer, options=opts)
+    if not dist.is_main:
+        return {}
+    index = {n: i for i, n in enumerate(_fqn_order(model, optimizer))}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in sd["param_groups"]]
+    return {"state": {index[n]: st for n, st in sd["state"].items()}, "param_groups": groups}
+
+
+def load_full_optimizer_state_dict(model, optimizer: torch.optim.Optimizer, state: dict,  # noqa: ANN001
+                                   dist: DistInfo) -> None:
+    """Inverse of `full_optimizer_state_dict` (rank 0 passes the state, the others anything)."""
+    if not dist.distributed:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    sd: dict = {}
+    if dist.is_main:
+        names = _fqn_order(model, optimizer)
+        groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
+        # copies all the way down: the broadcast swaps the values for DTensor shards in place
+        sd = {"state": {names[int(i)]: dict(st) for i, st in state["state"].items()}, "param_groups": groups}
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_optimizer_state_dict(model, optimizer, sd, options=opts)
+
+
+# ------------------------------------------------------------------ small collectives
+
+def is_main(dist: DistInfo) -> bool:
+    return dist.is_main
+
+
+def barrier(dist: DistInfo) -> None:
+    if dist.distributed:
+        torch.distributed.barrier()
+
+
+def broadcast_object(obj, dist: DistInfo, src: int = 0):  # noqa: ANN001, ANN201
+    """`obj` as rank `src` holds it, on every rank (pickled: keep it small, e.g. a question list)."""
+    if not dist.distributed:
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_object(obj, dist: DistInfo) -> list:  # noqa: ANN001
+    """Every rank's `obj`, in rank order, on every rank (pickled: e.g. this rank's scored groups)."""
+    if not dist.distributed:
+        return [obj]
+    out: list = [None] * dist.world_size
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_mean(value: float, dist: DistInfo) -> float:
+    return all_reduce_dict(dict(v=value), dist, op="mean")["v"]
+
+
+def all_reduce_dict(values: dict[str, float], dist: DistInfo, op: str = "mean") -> dict[str, float]:
+    """Reduce many scalars in one collective (op: mean | sum | max | min).
+
+    Every rank must pass the same keys; the key count travels along so that a mismatch fails
+    loudly here instead of silently mixing up metrics.
+    """
+    if not dist.distributed:
+        return dict(values)
+    import torch.distributed as tdist
+
+    keys = sorted(values)
+    ops = {"mean": tdist.ReduceOp.SUM, "sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX,
+           "min": tdist.ReduceOp.MIN}
+    buf = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=dist.device)
+    # max of (n, -n) over ranks: n_max and -n_min in one collective
+    count = torch.tensor([len(keys), -len(keys)], dtype=torch.float64, device=dist.device)
+    tdist.all_reduce(count, op=tdist.ReduceOp.MAX)
+    if count[0].item() != -count[1].item():
+        raise RuntimeError(f"all_reduce_dict: ranks passed different metric sets (this rank: {keys})")
+    tdist.all_reduce(buf, op=ops[op])
+    if op == "mean":
+        buf /= dist.world_size
+    return dict(zip(keys, buf.tolist()))

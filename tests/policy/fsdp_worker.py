@@ -1,0 +1,133 @@
+"""One rank of the FSDP2 check, launched by tests/policy/test_fsdp.py under torchrun (gloo, CPU).
+
+Every rank builds the same random Qwen2 twice: an FSDP2-sharded copy trained on this rank's own
+slice of the batch, and a plain reference trained on the whole batch (the concatenation of every
+rank's slice). The sharded run must reproduce the reference: its gradients (averaged over ranks by
+FSDP) equal the gradient of the mean loss over the whole batch, and its weights track the
+reference's through AdamW. Rank 0 writes what it measured as JSON to argv[1]; any failed check
+raises, so the job exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.rollout.vllm_engine import _named_tensors
+
+STEPS, ROWS_PER_RANK, SEQ, LR = 2, 4, 24, 1e-3
+
+
+def build():  # noqa: ANN201
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=True)
+    torch.manual_seed(0)  # the same initial weights on every rank, as FSDP requires
+    return Qwen2ForCausalLM(cfg).float()
+
+
+def mean_token_nll(model, ids: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    # every row has the same length, so each rank's mean is over the same token count and the mean
+    # over ranks of the per-rank means is the mean over the concatenated batch
+    logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def main(out_path: str) -> None:
+    torch.set_num_threads(1)
+    dist = D.init_distributed(timeout_s=60)
+    assert dist.distributed and dist.device.type == "cpu", dist
+    gen = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 512, (dist.world_size * ROWS_PER_RANK, SEQ), generator=gen)
+    mine = data[dist.rank * ROWS_PER_RANK:(dist.rank + 1) * ROWS_PER_RANK]  # each rank: different rows
+
+    ref = build()
+    model = D.wrap_fsdp2(build(), dist)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    names = [n for n, _ in model.named_parameters()]
+    assert names == [n for n, _ in ref.named_parameters()], "FSDP2 must keep the HF parameter names"
+
+    report: dict = {"grad_diff": [], "weight_diff": [], "grad_norm": [], "ref_grad_norm": [], "loss": []}
+    for _ in range(STEPS):
+        for o in (opt, ref_opt):
+            o.zero_grad(set_to_none=True)
+        loss = mean_token_nll(model, mine)
+        loss.backward()
+        mean_token_nll(ref, data).backward()
+        grad_diff = max(float((full(p.grad) - r.grad).abs().max())
+                        for p, r in zip(model.parameters(), ref.parameters()))
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        ref_norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0))
+        opt.step()
+        ref_opt.step()
+        norms = D.all_reduce_dict({"max": norm, "min": -norm}, dist, op="max")
+        assert norms["max"] == -norms["min"], f"ranks disagree on the grad norm: {norms}"
+        weight_diff = max(float((full(p.detach()) - r.detach()).abs().max())
+                          for p, r in zip(model.parameters(), ref.parameters()))
+        report["grad_diff"].append(grad_diff)
+        report["weight_diff"].append(weight_diff)
+        report["grad_norm"].append(norm)
+        report["ref_grad_norm"].append(ref_norm)
+        report["loss"].append(D.all_reduce_mean(float(loss.detach()), dist))
+        assert D.all_gather_object(float(loss.detach()), dist)[dist.rank] == float(loss.detach())
+        assert grad_diff < 1e-5, f"FSDP grad differs from the single-process grad by {grad_diff}"
+        assert abs(norm - ref_norm) < 1e-5 * max(1.0, ref_norm), (norm, ref_norm)
+        # AdamW divides by sqrt(v): parameters with near-zero gradients amplify the ~1e-8 gradient
+        # noise, hence a looser bound on the weights than on the gradients
+        assert weight_diff < 1e-4, f"weights after the step differ by {weight_diff}"
+
+    sd = D.full_state_dict(model, dist)
+    osd = D.full_optimizer_state_dict(model, opt, dist)
+    # what VLLMEngine.sync_weights streams from an FSDP2 module: one all-gather per parameter, on
+    # every rank (so that each rank may feed its own colocated vLLM)
+    streamed = dict(_named_tensors(model))
+    assert all(type(v) is torch.Tensor for v in streamed.values())
+    if dist.is_main:
+        assert set(streamed) == set(sd) and all(torch.equal(streamed[k], sd[k]) for k in sd)
+        plain = build()
+        res = plain.load_state_dict(sd, strict=True)
+        assert not res.missing_keys and not res.unexpected_keys, res
+        assert set(sd) == set(ref.state_dict()), set(sd) ^ set(ref.state_dict())
+        assert all(type(v) is torch.Tensor and v.device.type == "cpu" for v in sd.values())
+        report["state_dict_keys"] = len(sd)
+        report["state_dict_diff"] = max(float((plain.state_dict()[k] - v).abs().max())
+                                        for k, v in ref.state_dict().items())
+        assert report["state_dict_diff"] < 1e-4
+        # same layout as a one-process optimizer: ids 0..P-1 in parameter order
+        ref_osd = ref_opt.state_dict()
+        assert sorted(osd["state"]) == sorted(ref_osd["state"])
+        report["optimizer_diff"] = max(float((osd["state"][i][k] - ref_osd["state"][i][k]).abs().max())
+                                       for i in ref_osd["state"] for k in ("exp_avg", "exp_avg_sq"))
+        assert report["optimizer_diff"] < 1e-5
+    else:
+        assert sd == {} and osd == {}, "only rank 0 receives the gathered state"
+
+    # resume path: a fresh sharded model + optimizer loaded from rank 0's full dicts
+    model2 = D.wrap_fsdp2(build(), dist)
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=LR)
+    D.load_full_state_dict(model2, sd, dist)
+    D.load_full_optimizer_state_dict(model2, opt2, osd, dist)
+    sd2, osd2 = D.full_state_dict(model2, dist), D.full_optimizer_state_dict(model2, opt2, dist)
+    if dist.is_main:
+        assert all(torch.equal(sd2[k], sd[k]) for k in sd)
+        assert all(torch.equal(osd2["state"][i][k], osd["state"][i][k])
+                   for i in osd["state"] for k in osd["state"][i])
+        report["world_size"] = dist.world_size
+        with open(out_path, "w") as fh:
+            json.dump(report, fh)
+    D.barrier(dist)
+    D.close_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

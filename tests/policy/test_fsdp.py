@@ -1,0 +1,68 @@
+"""FSDP2 on CPU/gloo with two ranks against a one-process reference (see fsdp_worker.py), and the
+one-rank fallbacks of exgrpo_cli.policy.distributed."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from exgrpo_cli.policy import distributed as D
+
+WORKER = Path(__file__).resolve().parent / "fsdp_worker.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_fsdp2_two_ranks_match_single_process(tmp_path: Path) -> None:
+    if not torch.distributed.is_available():
+        pytest.skip("torch built without torch.distributed")
+    out = tmp_path / "report.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 2
+    assert max(report["grad_diff"]) < 1e-5
+    assert max(report["weight_diff"]) < 1e-4
+    assert report["state_dict_keys"] == 27  # 2 layers x 12 + norm + embed_tokens + (tied) lm_head
+    assert report["loss"][1] < report["loss"][0]
+
+
+def test_single_rank_is_plain_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    dist = D.init_distributed(timeout_s=5, device="cpu")
+    assert (dist.rank, dist.world_size, dist.distributed, dist.is_main) == (0, 1, False, True)
+    assert not torch.distributed.is_initialized()
+    model = torch.nn.Linear(3, 2)
+    assert D.wrap_fsdp2(model, dist, mixed_precision="bf16") is model
+    sd = D.full_state_dict(model, dist)
+    assert set(sd) == {"weight", "bias"} and torch.equal(sd["weight"], model.weight)
+    assert D.all_reduce_mean(2.5, dist) == 2.5
+    assert D.all_reduce_dict({"a": 1.0, "b": 2.0}, dist, op="sum") == {"a": 1.0, "b": 2.0}
+    assert D.broadcast_object({"x": 1}, dist) == {"x": 1}
+    assert D.all_gather_object("me", dist) == ["me"]
+    D.barrier(dist)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    osd = D.full_optimizer_state_dict(model, opt, dist)
+    D.load_full_optimizer_state_dict(model, opt, osd, dist)
+
+
+def test_decoder_layers_refuses_unknown_models() -> None:
+    with pytest.raises(ValueError, match="model.layers"):
+        D.decoder_layers(torch.nn.Linear(2, 2))
