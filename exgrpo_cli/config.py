@@ -132,6 +132,8 @@ class TrainerConfig:
     max_skipped_steps: int = 5
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch CPU threads (0: all cores)
+    dist_timeout_s: int = 1800  # torchrun runs: a collective waiting longer than this fails the run
+    fsdp_mixed_precision: str = ""  # torchrun runs on CUDA: "" (the model dtype) | bf16
 
 
 @dataclass
@@ -155,8 +157,12 @@ class EvalConfig:
 @dataclass
 class AblationConfig:
     name: str = ""
-    seeds: int = 3
-    variants: dict[str, Any] = field(default_factory=dict)
+    seeds: int = 3  # runs per variant, with trainer.seed, trainer.seed+1, ...
+    variants: dict[str, Any] = field(default_factory=dict)  # name -> list of overrides (first: baseline)
+    base: list[str] = field(default_factory=list)  # overrides of every run (the command line's win)
+    baseline: str = ""  # the variant the differences are taken against ("": the first)
+    sweep_dir: str = ""  # where the runs go ("": this command's run dir); finished runs are kept
+    dry_run: bool = False  # print the runs' `exgrpo train` commands and stop
     summarize: str = ""  # a sweep dir: only redo the summary
 
 

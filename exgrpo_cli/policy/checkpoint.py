@@ -48,7 +48,11 @@ def read_json(path: Path):  # noqa: ANN201
 
 
 def optimizer_to_files(optimizer: torch.optim.Optimizer, folder: Path) -> None:
-    sd = optimizer.state_dict()
+    optimizer_state_to_files(optimizer.state_dict(), folder)
+
+
+def optimizer_state_to_files(sd: dict, folder: Path) -> None:
+    """An `optimizer.state_dict()`-layout dict (e.g. FSDP's gathered full state) to files."""
     tensors, layout = {}, {}
     for pid, st in sd["state"].items():
         layout[str(pid)] = {}
@@ -64,13 +68,17 @@ def optimizer_to_files(optimizer: torch.optim.Optimizer, folder: Path) -> None:
 
 
 def optimizer_from_files(optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    optimizer.load_state_dict(optimizer_state_from_files(folder))
+
+
+def optimizer_state_from_files(folder: Path) -> dict:
     meta = read_json(folder / "optimizer.json")
     tensors = load_file(str(folder / "optimizer.safetensors"))
     state = {}
     for pid, entries in meta["state"].items():
         state[int(pid)] = {n: tensors[e["tensor"]] if "tensor" in e else e["value"]
                            for n, e in entries.items()}
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return {"state": state, "param_groups": meta["param_groups"]}
 
 
 def save_checkpoint(ckpt_root: Path, step: int, write: Callable[[Path], None], keep: int) -> Path:

@@ -17,5 +17,6 @@ def build_engine(cfg, model, tokenizer) -> RolloutEngine:  # noqa: ANN001 - Exgr
     if cfg.rollout.engine == "vllm":
         from exgrpo_cli.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine.from_config(cfg, tokenizer)
+        # with the trainer's model, vLLM starts from its weights (resumed, GGUF, sharded) at once
+        return VLLMEngine.from_config(cfg, tokenizer, model=model)
     raise ValueError(f"unknown rollout.engine {cfg.rollout.engine!r}")

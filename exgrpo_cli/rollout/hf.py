@@ -34,17 +34,28 @@ class HFEngine:
         out: list[Rollout] = []
         was_training = self.model.training
         self.model.eval()
+        starts = list(range(0, len(flat), self.max_batch))
+        synced = _world_size() > 1  # an FSDP-sharded model: every forward is a collective
+        if synced:  # ... so every rank makes as many generate calls (an idle rank feeds a dummy row)
+            from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
+
+            dist = DistInfo(world_size=_world_size(), device=next(self.model.parameters()).device)
+            calls = all_reduce_dict({"n": len(starts)}, dist, op="max")["n"]
+            starts += [None] * (int(calls) - len(starts))
         try:
-            for start in range(0, len(flat), self.max_batch):
-                chunk = flat[start:start + self.max_batch]
+            for start in starts:
+                chunk = flat[start:start + self.max_batch] if start is not None else [(-1, [self.pad_id])]
                 # HF sampling draws from the global RNG: seed it from our own generator per chunk
                 torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
-                out.extend(self._generate_chunk(chunk, spec))
+                res = self._generate_chunk(chunk, spec, synced)
+                if start is not None:
+                    out.extend(res)
         finally:
             self.model.train(was_training)
         return out
 
-    def _generate_chunk(self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec) -> list[Rollout]:
+    def _generate_chunk(self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec,
+                        synced: bool = False) -> list[Rollout]:
         device = next(self.model.parameters()).device
         width = max(len(ids) for _, ids in chunk)
         input_ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
@@ -57,6 +68,7 @@ class HFEngine:
             do_sample=True, temperature=spec.temperature, top_p=spec.top_p, top_k=0,
             max_new_tokens=spec.max_new_tokens, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
             return_dict_in_generate=True, output_logits=True,
+            synced_gpus=synced,  # keep stepping until every rank is done (FSDP collectives)
         )
         new = res.sequences[:, width:].cpu()
         # raw logits of each generated position: [steps, B, V] -> log-probs of the drawn tokens
@@ -73,6 +85,12 @@ class HFEngine:
             rollouts.append(Rollout(prompt_index=pidx, response_ids=toks[:length],
                                     logprobs=logp[row, :length].tolist(), finished=finished))
         return rollouts
+
+
+def _world_size() -> int:
+    import torch.distributed as tdist
+
+    return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
 
 
 def _eos_ids(model, tokenizer) -> list[int]:  # noqa: ANN001

@@ -22,6 +22,7 @@ from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
+from exgrpo_cli.policy.distributed import DistInfo, all_gather_object
 from exgrpo_cli.replay.buffer import Experience, ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
 from exgrpo_cli.replay.schedule import DelayedStart
@@ -58,6 +59,9 @@ class Trainer:
     switch: DelayedStart
     questions: dict[str, Question] = field(default_factory=dict)  # uid -> question, for replay prompts
     skipped_in_a_row: int = 0
+    # data parallel: every rank draws the same questions and holds the same buffer; rank r
+    # generates groups r, r+W, ... and trains on them; the rollouts are all-gathered in between
+    dist: DistInfo = field(default_factory=DistInfo)
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -92,11 +96,12 @@ class Trainer:
             self.switch.update(step, fresh_acc)
             with t("buffer"):
                 self.observe(groups, step)
-        batch = build_mixed_batch(groups)
+        W, r = self.dist.world_size, self.dist.rank
+        batch = build_mixed_batch(groups[r::W])  # group-relative advantages: a slice by group is exact
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
         with t("update"):
             result = policy_update(self.model, self.optimizer, batch, advantages, self.update_settings(),
-                                   self.pad_id)
+                                   self.pad_id, self.dist)
         with t("sync"):
             self.engine.sync_weights(self.model)
         if self.replay_enabled:
@@ -170,8 +175,15 @@ class Trainer:
         prompts = [self.prompt_ids(q) for q in questions]
         seed = int(step_rng(self.cfg.trainer.seed, step, 1).integers(2**62))
         r = self.cfg.rollout
-        spec = SamplingSpec(r.temperature, r.top_p, self.cfg.model.max_response_tokens, seed)
-        outs = self.engine.generate(prompts, counts, spec)
+        W, rank = self.dist.world_size, self.dist.rank
+        spec = SamplingSpec(r.temperature, r.top_p, self.cfg.model.max_response_tokens, seed + rank)
+        mine = list(range(rank, len(questions), W))
+        outs = self.engine.generate([prompts[i] for i in mine], [counts[i] for i in mine], spec)
+        for o in outs:
+            o.prompt_index = mine[o.prompt_index]
+        if W > 1:  # every rank scores and stores every group: buffers stay identical across ranks
+            outs = [o for part in all_gather_object(outs, self.dist) for o in part]
+            outs.sort(key=lambda o: o.prompt_index)  # stable: a prompt's samples keep their order
         groups = [Group(q, p, from_buffer=i >= len(fresh))
                   for i, (q, p) in enumerate(zip(questions, prompts))]
         for o in outs:

@@ -27,6 +27,7 @@ from exgrpo_cli.data.templates import get_template
 from exgrpo_cli.evaluation.validate import sample_and_grade
 from exgrpo_cli.metrics import MetricLogger
 from exgrpo_cli.policy import checkpoint as ckpt
+from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_model, load_tokenizer, pick_device
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
@@ -89,14 +90,42 @@ def make_optimizer(cfg: ExgrpoConfig, model) -> torch.optim.Optimizer:  # noqa: 
                              weight_decay=a.weight_decay, betas=tuple(a.betas))
 
 
+class _NoLogger:
+    """What ranks other than 0 log to: nothing (rank 0 logs the all-reduced metrics)."""
+
+    wandb_id = None
+
+    def print(self, msg: str) -> None:
+        log.info(msg)
+
+    def log(self, step: int, metrics: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     t0 = time.time()
+    # torchrun: one process per device, all running this function; without torchrun: one rank
+    dist = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
+    if dist.distributed and cfg.algo.questions_per_step % dist.world_size:
+        raise SystemExit(f"exgrpo train: algo.questions_per_step={cfg.algo.questions_per_step} must be a "
+                         f"multiple of the {dist.world_size} ranks (each trains on an equal share)")
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    resume_from = resolve_resume(cfg)
+    resume_from, refusal = None, None
+    if dist.is_main:  # rank 0 alone may delete stale checkpoints; the others learn its decision
+        try:
+            resume_from = resolve_resume(cfg)
+        except SystemExit as err:
+            refusal = str(err)
+    resume_from, refusal = D.broadcast_object((resume_from, refusal), dist)
+    if refusal:
+        raise SystemExit(refusal)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    device = pick_device(cfg.trainer.device)
+    device = dist.device if dist.distributed else pick_device(cfg.trainer.device)
     random.seed(cfg.trainer.seed)
     np.random.seed(cfg.trainer.seed % 2**32)
     torch.manual_seed(cfg.trainer.seed)
@@ -109,6 +138,8 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
         model_cfg = dataclasses.replace(cfg.model, path=str(resume_from / "model"), gguf_file="")
     tokenizer = load_tokenizer(model_cfg)
     model = load_model(model_cfg, device)
+    # shard before the optimizer is built: fully_shard swaps the parameters for DTensors
+    model = D.wrap_fsdp2(model, dist, mixed_precision=cfg.trainer.fsdp_mixed_precision or None)
     template = get_template(cfg.model.template)
     train_qs = _filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
     optimizer = make_optimizer(cfg, model)
@@ -118,7 +149,11 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     start_step, wandb_id = 0, None
     if resume_from is not None:
         state = ckpt.read_json(resume_from / "trainer_state.json")
-        ckpt.optimizer_from_files(optimizer, resume_from)
+        if dist.distributed:  # the files hold the full state; each rank keeps its shard of it
+            D.load_full_optimizer_state_dict(model, optimizer, ckpt.optimizer_state_from_files(resume_from)
+                                             if dist.is_main else {}, dist)
+        else:
+            ckpt.optimizer_from_files(optimizer, resume_from)
         sampler.load_state_dict(state["sampler"])
         switch.load_state_dict(state["delayed_start"])
         buffer = ExperienceBuffer.load(str(resume_from / "replay"))
@@ -128,13 +163,15 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     engine = build_engine(cfg, model, tokenizer)
     scorer = RewardScorer(requires_think=template.requires_think, workers=1)
     logger = MetricLogger(str(out), cfg.logger, dataclasses.asdict(cfg), cfg.trainer.steps,
-                          start_step=start_step, wandb_id=wandb_id)
-    trainer = Trainer(cfg, model, tokenizer, template, engine, scorer, optimizer, sampler, buffer, switch)
+                          start_step=start_step, wandb_id=wandb_id) if dist.is_main else _NoLogger()
+    trainer = Trainer(cfg, model, tokenizer, template, engine, scorer, optimizer, sampler, buffer, switch,
+                      dist=dist)
     if resume_from is not None:
         trainer.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
         logger.print(f"resumed from {resume_from} (step {start_step})")
     logger.print(f"model {cfg.model.preset} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params) "
-                 f"on {device}; {len(train_qs)} training / {len(val_qs)} held-out questions; "
+                 f"on {device} x{dist.world_size}; {len(train_qs)} training / {len(val_qs)} held-out "
+                 "questions; "
                  f"replay.ratio={cfg.replay.ratio}; output {out}")
 
     def validate(step: int) -> dict[str, float]:
@@ -144,11 +181,18 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
                                spec=spec)
         return {"val/accuracy": res.accuracy, f"val/pass@{cfg.trainer.val_samples}": res.pass_at_n}
 
-    def save(step: int) -> Path:
+    def save(step: int) -> Path | None:
+        # collectives first, on every rank; then rank 0 alone writes
+        weights = D.full_state_dict(model, dist) if dist.distributed else None
+        optim_state = D.full_optimizer_state_dict(model, optimizer, dist)
+        if not dist.is_main:
+            D.barrier(dist)
+            return None
+
         def write(tmp: Path) -> None:
-            model.save_pretrained(tmp / "model", safe_serialization=True)
+            model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=weights)
             tokenizer.save_pretrained(tmp / "model")
-            ckpt.optimizer_to_files(optimizer, tmp)
+            ckpt.optimizer_state_to_files(optim_state, tmp)
             buffer.save(str(tmp / "replay"))
             save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
             ckpt.write_json(tmp / "trainer_state.json", {
@@ -156,7 +200,9 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
                 "wandb_id": logger.wandb_id, "python_random": _py_rng_state(),
                 "numpy_random": _np_rng_state(), "seed": cfg.trainer.seed,
                 "skipped_in_a_row": trainer.skipped_in_a_row})
-        return ckpt.save_checkpoint(out / "checkpoints", step, write, cfg.trainer.keep_checkpoints)
+        path = ckpt.save_checkpoint(out / "checkpoints", step, write, cfg.trainer.keep_checkpoints)
+        D.barrier(dist)  # nobody reads or deletes checkpoints while rank 0 writes one
+        return path
 
     final: dict[str, float] = {}
     try:
@@ -166,7 +212,7 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
             final["val/accuracy@0"] = first["val/accuracy"]
         with StopRequested() as stop:
             for step in range(start_step + 1, cfg.trainer.steps + 1):
-                metrics = trainer.train_step(step)
+                metrics = D.all_reduce_dict(trainer.train_step(step), dist)  # run-wide means
                 last = step == cfg.trainer.steps
                 e = cfg.trainer.eval_every
                 if val_qs and (last or (e and step % e == 0)):
@@ -174,6 +220,8 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
                 logger.log(step, metrics)
                 final.update({k: v for k, v in metrics.items() if k.startswith("val/")})
                 give_up = trainer.skipped_in_a_row >= cfg.trainer.max_skipped_steps
+                # a signal may reach one rank only: all ranks stop at the same step
+                stop.flag = bool(D.all_reduce_dict({"stop": float(stop.flag)}, dist, op="max")["stop"])
                 se = cfg.trainer.save_every
                 if last or stop.flag or give_up or (se and step % se == 0):
                     save(step)
@@ -187,6 +235,7 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
         logger.close()
         scorer.close()
         engine.close()
+        D.close_distributed()
     final["time/total_s"] = time.time() - t0
     return final
 

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from exgrpo_cli.algo.losses import LossStats, exgrpo_token_losses, loss_stats
+from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
 from exgrpo_cli.policy.forward import forward_logprobs, micro_batches, pack, pad_rows
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
 
@@ -48,21 +49,38 @@ def _rows_of(batch: MixedBatch, groups: list[int]) -> list[int]:
     return [i for i, g in enumerate(batch.group_index.tolist()) if g in wanted]
 
 
+def _synced_chunks(chunks: list[list[int]], dist: DistInfo) -> list[list[int] | None]:
+    """Under FSDP every forward/backward is a collective: all ranks must run as many micro-batches.
+    A rank with fewer gets `None` entries, run as zero-weight passes on one row."""
+    if not dist.distributed:
+        return list(chunks)
+    most = int(all_reduce_dict({"n": len(chunks)}, dist, op="max")["n"])
+    return list(chunks) + [None] * (most - len(chunks))
+
+
 def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, advantages: Tensor,
-                  s: UpdateSettings, pad_id: int) -> UpdateResult:
+                  s: UpdateSettings, pad_id: int, dist: DistInfo | None = None) -> UpdateResult:
+    dist = dist or DistInfo()
     device = next(model.parameters()).device
     num_groups = int(batch.group_index.max()) + 1
     minibatches = [_rows_of(batch, gs) for gs in split_groups(num_groups, s.updates)]
     prompt_lens = [len(p) for p in batch.prompt_ids]
-    old = _old_logprobs(model, batch, minibatches[1:], s, pad_id, device) if len(minibatches) > 1 else {}
+    old = _old_logprobs(model, batch, minibatches[1:], s, pad_id, device, dist) \
+        if len(minibatches) > 1 else {}
     res = UpdateResult(stats=LossStats(), grad_norms=[])
     params = [p for p in model.parameters() if p.requires_grad]
     for rows in minibatches:
         optimizer.zero_grad(set_to_none=True)
-        normalizer = float(len(rows) * s.max_response_tokens)
+        # FSDP averages gradients over ranks: normalise by the ranks' mean row count so that the
+        # result is the gradient of the whole step's loss even when the ranks' shares differ
+        rows_mean = all_reduce_dict({"rows": len(rows)}, dist)["rows"]
+        normalizer = float(rows_mean * s.max_response_tokens)
         n_tokens = sum(len(batch.response_ids[i]) for i in rows)
         lengths = [prompt_lens[i] + len(batch.response_ids[i]) for i in rows]
-        for chunk in micro_batches(lengths, s.micro_batch_tokens):
+        for chunk in _synced_chunks(micro_batches(lengths, s.micro_batch_tokens), dist):
+            if chunk is None:
+                _idle_pass(model, batch, rows[:1] or [0], pad_id, device, backward=True)
+                continue
             sb = pack(batch.prompt_ids, batch.response_ids, [rows[c] for c in chunk], pad_id, device)
             logp, ent = forward_logprobs(model, sb, with_entropy=s.entropy_coef > 0)
             mask = sb.response_mask
@@ -79,9 +97,11 @@ def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, ad
             res.loss_total += float(loss.detach())
             res.stats += loss_stats(losses, logp, behaviour, mask, rmask, clip_hit, normalizer)
             res.logprob_diff_sum += _rollout_diff(logp, sb, batch, rmask, prompt_lens)
-        norm = float(torch.nn.utils.clip_grad_norm_(params, s.grad_clip))
+        norm = float(torch.nn.utils.clip_grad_norm_(params, s.grad_clip))  # global under FSDP
         res.grad_norms.append(norm)
-        if not math.isfinite(norm) or norm > s.skip_grad_norm_above or not math.isfinite(res.loss_total):
+        # every rank must take the same decision, and a non-finite loss may be on one rank only
+        bad_loss = all_reduce_dict({"bad": float(not math.isfinite(res.loss_total))}, dist, op="max")["bad"]
+        if not math.isfinite(norm) or norm > s.skip_grad_norm_above or bad_loss:
             optimizer.zero_grad(set_to_none=True)  # skip-on-non-finite (and on huge norms, as the paper)
             res.skipped += 1
         else:
@@ -101,14 +121,27 @@ def _behaviour(logp: Tensor, sb, batch: MixedBatch, old: dict[int, list[float]],
     return torch.where(rmask.unsqueeze(-1), stored.to(cur.device), fresh_old)
 
 
+def _idle_pass(model, batch: MixedBatch, rows: list[int], pad_id: int, device: torch.device,  # noqa: ANN001
+               backward: bool) -> None:
+    """A forward (and zero-weight backward) that only takes part in FSDP's collectives."""
+    sb = pack(batch.prompt_ids, batch.response_ids, rows, pad_id, device)
+    logp, _ = forward_logprobs(model, sb)
+    if backward:
+        (logp.sum() * 0.0).backward()
+
+
 @torch.no_grad()
 def _old_logprobs(model, batch: MixedBatch, minibatches: list[list[int]], s: UpdateSettings,  # noqa: ANN001
-                  pad_id: int, device: torch.device) -> dict[int, list[float]]:
+                  pad_id: int, device: torch.device, dist: DistInfo | None = None) -> dict[int, list[float]]:
+    dist = dist or DistInfo()
     out: dict[int, list[float]] = {}
     prompt_lens = [len(p) for p in batch.prompt_ids]
     for rows in minibatches:
         lengths = [prompt_lens[i] + len(batch.response_ids[i]) for i in rows]
-        for chunk in micro_batches(lengths, s.micro_batch_tokens):
+        for chunk in _synced_chunks(micro_batches(lengths, s.micro_batch_tokens), dist):
+            if chunk is None:
+                _idle_pass(model, batch, rows[:1] or [0], pad_id, device, backward=False)
+                continue
             sb = pack(batch.prompt_ids, batch.response_ids, [rows[c] for c in chunk], pad_id, device)
             logp, _ = forward_logprobs(model, sb)
             for r, i in enumerate(sb.rows):
