@@ -1,0 +1,8 @@
+"""`exgrpo ablate`: the paper's ablations (ALGORITHM.md 6) as sweeps of `exgrpo train` runs.
+
+sweep.py    a preset's variants x seeds -> one job (override list, run dir) per run; done markers
+summary.py  pure maths of the summary table over seeds (metrics.jsonl -> rows), md/csv writers
+plot.py     curves.png: validation accuracy against fresh rollouts, mean and band over seeds
+
+The command itself (commands/ablate.py) only runs the jobs and calls these.
+"""

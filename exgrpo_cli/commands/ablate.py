@@ -1,0 +1,266 @@
+"""`exgrpo ablate ablation=<sweep>`: run a sweep of `exgrpo train` runs, then summarise it.
+
+How the runs are launched:
+- by default one after another, each as its own `python -m exgrpo_cli train <overrides>
+  hydra.run.dir=<sweep>/<variant>/seed<k>` subprocess: a crash, an out-of-memory kill or a leaked
+  thread in one run cannot affect the next, and each run dir is an ordinary train run dir (its
+  .hydra/ config, log, metrics.jsonl, checkpoints) that `exgrpo train` itself can resume;
+- with a Hydra launcher plugin chosen on the ablate command line (`hydra/launcher=joblib`, plus
+  any `hydra.launcher.*` settings), each variant becomes one `exgrpo train -m` multirun over its
+  seeds, launched by that plugin into the same dirs (wall times are then estimated from file times);
+- `ablation.dry_run=true` prints the commands instead, to run elsewhere.
+
+Restarts: runs whose training finished (final checkpoint at the configured last step, recorded in
+`ablate.json`) are skipped when the same sweep dir is given again (`ablation.sweep_dir=<dir>`, or
+`hydra.run.dir=<dir>`, which is the default sweep dir); an interrupted run resumes from its last
+checkpoint. `ablation.summarize=<dir>` only redoes summary.md, summary.csv and curves.png.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from exgrpo_cli.ablation import sweep as sw
+from exgrpo_cli.config import ExgrpoConfig
+
+
+def _fail(msg: str, code: int = 2) -> NoReturn:
+    print(f"exgrpo ablate: {msg}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def _presets() -> str:
+    from exgrpo_cli.cli import config_dir
+
+    names = sorted(p.stem for p in (Path(config_dir()) / "ablation").glob("*.yaml") if p.stem != "none")
+    return ", ".join(names)
+
+
+def _check_variants(jobs: list[sw.Job]) -> None:
+    """Compose and validate each variant's config now, not an hour into the sweep."""
+    from hydra import compose
+    from omegaconf import OmegaConf
+
+    from exgrpo_cli.config import ConfigError, validate
+
+    for job in {j.variant.name: j for j in jobs}.values():
+        try:
+            composed = compose(config_name="config", overrides=list(job.overrides))
+            validate(OmegaConf.to_object(composed), "train")
+        except ConfigError as err:
+            _fail(f"variant {job.variant.name!r}: {err}")
+        except Exception as err:  # Hydra's own errors: unknown key, bad override syntax
+            _fail(f"variant {job.variant.name!r}: {type(err).__name__}: {err}")
+
+
+def run(cfg: ExgrpoConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from rich.console import Console
+
+    a, console = cfg.ablation, Console()
+    if a.summarize:
+        summarize_dir(Path(a.summarize).expanduser(), a.baseline, console)
+        return
+    hc = HydraConfig.get()
+    try:
+        variants = sw.parse_variants(a.variants)
+        baseline = sw.pick_baseline([v.name for v in variants], a.baseline)
+        sweep = Path(a.sweep_dir).expanduser().resolve() if a.sweep_dir else Path(hc.runtime.output_dir)
+        seeds = [cfg.trainer.seed + i for i in range(a.seeds)]
+        inherited = sw.passthrough(hc.overrides.task)
+        group = sw.slugify(a.name) if a.name else ""
+        jobs = sw.plan_jobs(variants, seeds, sweep, list(a.base), inherited, group)
+    except sw.SweepError as err:
+        hint = f" (presets: {_presets()})" if not a.variants else ""
+        _fail(f"{err}{hint}")
+    launcher = hc.runtime.choices.get("hydra/launcher") or "basic"
+    launcher_overrides = [o for o in hc.overrides.hydra if sw.override_key(o).startswith("hydra.launcher.")]
+    if a.dry_run:
+        _print_commands(jobs, variants, launcher, launcher_overrides)
+        return
+    _check_variants(jobs)
+    sw.write_plan(sweep, a.name or sweep.name, variants, seeds, baseline, list(a.base), inherited)
+    done = [j for j in jobs if sw.is_finished(j.run_dir)]
+    _warn_changed(done, console)
+    todo = [j for j in jobs if j not in done]
+    partial = sum(sw.completed_step(j.run_dir) is not None for j in todo)
+    console.print(f"[bold]exgrpo ablate {a.name}[/]: {len(variants)} variants x {len(seeds)} seeds = "
+                  f"{len(jobs)} runs ({len(done)} finished already"
+                  + (f", {partial} to resume" if partial else "") + f"); sweep dir {sweep}\n"
+                  f"restart with ablation.sweep_dir={sweep} to keep finished runs", highlight=False,
+                  soft_wrap=True)
+    try:
+        if launcher == "basic":
+            failed = _run_sequential(todo, console)
+        else:
+            failed = _run_with_launcher(todo, variants, launcher, launcher_overrides, console)
+    except KeyboardInterrupt:
+        _fail(f"interrupted; to continue, rerun the same command with ablation.sweep_dir={sweep}", 130)
+    summarize_dir(sweep, a.baseline, console)
+    if failed:
+        _fail(f"{len(failed)} run(s) failed: " + ", ".join(j.label for j in failed)
+              + f"; rerun with ablation.sweep_dir={sweep} to retry only those", 1)
+
+
+def _print_commands(jobs, variants, launcher: str, launcher_overrides: list[str]) -> None:  # noqa: ANN001
+    if launcher == "basic":
+        for j in jobs:
+            print(sw.shell_command(sw.train_argv(j)))
+        return
+    for v in variants:
+        print(sw.shell_command(sw.multirun_argv([j for j in jobs if j.variant == v], launcher,
+                                                launcher_overrides)))
+
+
+def _warn_changed(done: list[sw.Job], console) -> None:  # noqa: ANN001
+    for j in done:
+        marker = sw.read_json(j.run_dir / sw.MARKER) or {}
+        if marker.get("overrides") is not None and marker["overrides"] != list(j.overrides):
+            console.print(f"[yellow]warning[/]: {j.label} finished with other overrides "
+                          f"({' '.join(marker['overrides'])}); kept (delete {j.run_dir} to rerun it)",
+                          highlight=False)
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _start(argv: list[str], log) -> subprocess.Popen:  # noqa: ANN001 - an open file
+    # Its own session: a Ctrl-C in the terminal reaches only this process, which passes exactly one
+    # signal on (see _wait); the run would otherwise get two and abort instead of saving.
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait(proc: subprocess.Popen) -> int:
+    """Wait for a run. SIGINT/SIGTERM are passed on to it (it saves a checkpoint and exits; a
+    second signal aborts it), then the sweep stops with KeyboardInterrupt once it has exited."""
+    caught: list[int] = []
+
+    def forward(signum: int, frame) -> None:  # noqa: ANN001
+        caught.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if caught:
+        raise KeyboardInterrupt
+    return rc
+
+
+def _run_sequential(todo: list[sw.Job], console) -> list[sw.Job]:  # noqa: ANN001
+    from exgrpo_cli.ablation.summary import read_metrics, run_result
+
+    failed, spent = [], []
+    for i, job in enumerate(todo, 1):
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        log = job.run_dir / sw.TRAIN_LOG
+        argv = sw.train_argv(job)
+        console.print(f"[{i}/{len(todo)}] {job.label} -> {job.run_dir}", highlight=False)
+        t0 = time.time()
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"$ {sw.shell_command(argv)}\n")
+            fh.flush()
+            proc = _start(argv, fh)
+            try:
+                rc = _wait(proc)
+            except KeyboardInterrupt:
+                sw.write_marker(job, sw.training_finished(job.run_dir), time.time() - t0, None)
+                raise
+        wall = time.time() - t0
+        finished = rc == 0 and sw.training_finished(job.run_dir)
+        sw.write_marker(job, finished, wall, rc)
+        spent.append(wall)
+        if not finished:
+            failed.append(job)
+            console.print(f"  [red]failed[/] (exit {rc}) after {wall:.0f} s; last lines of {log}:\n"
+                          f"{_tail(log)}", highlight=False, markup=False)
+            continue
+        final = run_result(read_metrics(job.run_dir / "metrics.jsonl")).final
+        eta = sum(spent) / len(spent) * (len(todo) - i)
+        left = f"{eta:.0f} s" if eta < 90 else f"{eta / 60:.0f} min"
+        console.print(f"  done in {wall:.0f} s: final val/accuracy {final:.3f}"
+                      + (f"; about {left} to go" if i < len(todo) else ""), highlight=False)
+    return failed
+
+
+def _run_with_launcher(todo: list[sw.Job], variants, launcher: str, launcher_overrides: list[str],
+                       console) -> list[sw.Job]:  # noqa: ANN001
+    failed = []
+    for v in variants:
+        jobs = [j for j in todo if j.variant == v]
+        if not jobs:
+            continue
+        argv = sw.multirun_argv(jobs, launcher, launcher_overrides)
+        vdir = jobs[0].run_dir.parent
+        vdir.mkdir(parents=True, exist_ok=True)
+        console.print(f"{v.name}: seeds {', '.join(str(j.seed) for j in jobs)} via hydra/launcher={launcher}",
+                      highlight=False)
+        with open(vdir / sw.TRAIN_LOG, "a", encoding="utf-8") as fh:
+            fh.write(f"$ {sw.shell_command(argv)}\n")
+            fh.flush()
+            rc = _wait(_start(argv, fh))
+        for j in jobs:
+            finished = sw.training_finished(j.run_dir)
+            sw.write_marker(j, finished, sw.wall_from_files(j.run_dir) if finished else None, rc)
+            if not finished:
+                failed.append(j)
+                console.print(f"  [red]failed[/]: {j.label} (see {vdir / sw.TRAIN_LOG})", highlight=False)
+    return failed
+
+
+def summarize_dir(sweep: Path, baseline: str, console) -> None:  # noqa: ANN001
+    """Write summary.md, summary.csv and curves.png into the sweep dir and print the table."""
+    from rich.console import Console
+
+    from exgrpo_cli.ablation import summary as sm
+    from exgrpo_cli.ablation.plot import plot_curves
+
+    try:
+        plan = sw.read_plan(sweep)
+        names = [v["name"] for v in plan["variants"]]
+        base = sw.pick_baseline(names, baseline or plan.get("baseline") or "")
+    except sw.SweepError as err:
+        _fail(str(err))
+    groups, notes = [], []
+    for v in plan["variants"]:
+        vdir = sweep / v["dir"]
+        dirs = [vdir / f"seed{s}" for s in plan["seeds"]] if plan.get("seeds") else sorted(vdir.glob("seed*"))
+        runs = []
+        for d in dirs:
+            if not ((d / "metrics.jsonl").is_file() and sw.is_finished(d)):
+                notes.append(f"{v['name']}: {d.name} not finished, left out")
+                continue
+            marker = sw.read_json(d / sw.MARKER) or {}
+            wall = marker.get("wall_s")
+            try:
+                runs.append(sm.run_result(sm.read_metrics(d / "metrics.jsonl"),
+                                          sm.NAN if wall is None else float(wall), marker.get("seed")))
+            except ValueError as err:
+                notes.append(f"{v['name']}: {d.name} left out ({err})")
+        groups.append((v["name"], runs))
+    rows = sm.summarize(groups, base)
+    title = f"exgrpo ablate {plan.get('name') or sweep.name}"
+    notes += [f"{v['name']}: {' '.join(v['overrides']) or '(defaults)'}" for v in plan["variants"]]
+    shared = sw.merge_overrides(plan.get("base", []), plan.get("inherited", []))
+    if shared:
+        notes.append("every run: " + " ".join(shared))
+    sm.write_csv(rows, sweep / "summary.csv")
+    (sweep / "summary.md").write_text(sm.to_markdown(rows, title, notes), encoding="utf-8")
+    plot_curves(groups, sweep / "curves.png", title, base)
+    # Off a terminal (a log, CI) rich would fold the table into 80 columns.
+    wide = console if console.is_terminal else Console(file=console.file, width=max(console.width, 110))
+    wide.print(sm.rich_table(rows, title))
+    console.print(f"wrote {sweep / 'summary.md'}, summary.csv and curves.png", highlight=False)

@@ -1,0 +1,76 @@
+"""`exgrpo inspect-buffer <run dir | checkpoint dir>`: what a run's replay buffer holds.
+
+A run dir means its latest complete checkpoint. Reads only the checkpoint's files
+(`replay/`, `trainer_state.json`, and `model/` for inspect.show / inspect.score); writes nothing
+except `buffer.png` with `inspect.plot=true`: into the run dir that holds the checkpoint, or into
+the current directory for a checkpoint kept elsewhere. (Hydra still makes its usual small run dir
+under outputs/inspect_buffer/ with the command's config and log.)
+
+Output: rich text on stdout, or with `--json` (inspect.format=json) one JSON object on stdout and
+nothing else there; messages go to stderr. Exit code 1 when the target or the question is not found.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from exgrpo_cli.config import ExgrpoConfig
+
+
+def _fail(msg: str) -> NoReturn:
+    print(f"exgrpo inspect-buffer: {msg}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def run(cfg: ExgrpoConfig) -> None:
+    from rich.console import Console
+
+    from exgrpo_cli.inspection.report import TargetError, buffer_report, resolve_checkpoint, run_dir_of
+    from exgrpo_cli.replay.buffer import ExperienceBuffer
+
+    opts = cfg.inspect
+    t0 = time.perf_counter()
+    try:
+        ckpt = resolve_checkpoint(opts.target)
+    except TargetError as err:
+        _fail(str(err))
+    state_file = ckpt / "trainer_state.json"
+    trainer_state = json.loads(state_file.read_text()) if state_file.is_file() else None
+    if not (ckpt / "replay" / "index.json").is_file():
+        _fail(f"{ckpt} has no replay buffer (replay/index.json)")
+    buf = ExperienceBuffer.load(str(ckpt / "replay"))
+    rep = {"checkpoint": str(ckpt), **buffer_report(buf, trainer_state)}
+    rep["seconds"] = round(time.perf_counter() - t0, 3)
+    err_console = Console(stderr=True)
+    if opts.plot:
+        from exgrpo_cli.inspection.plot import plot_report
+
+        run = run_dir_of(ckpt)
+        rep["plot"] = str(plot_report(rep, (run if run is not None else Path.cwd()) / "buffer.png"))
+    if opts.show:
+        from exgrpo_cli.inspection.show import show_question
+
+        try:
+            rep["show"] = show_question(ckpt, buf, opts.show, cfg, opts.score)
+        except KeyError as err:
+            _fail(err.args[0])
+    elif opts.score:
+        err_console.print("inspect.score=true needs inspect.show=<question id>; ignored")
+    if opts.format == "json":
+        print(json.dumps(rep, indent=1))
+        return
+    console = Console()
+    from exgrpo_cli.inspection.render import print_report
+
+    print_report(rep, console)
+    if "plot" in rep:
+        console.print(f"wrote {rep['plot']}")
+    if "show" in rep:
+        from exgrpo_cli.inspection.show import print_show
+
+        console.print()
+        print_show(rep["show"], console)

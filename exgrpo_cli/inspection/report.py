@@ -1,0 +1,145 @@
+"""Statistics of a replay buffer as a checkpoint holds it: pure functions, a JSON-able result.
+
+Place: `exgrpo inspect-buffer` loads `<checkpoint>/replay/` with `ExperienceBuffer.load`, reads
+`trainer_state.json`, and calls `buffer_report`; render.py, plot.py and `--json` only format the
+dict it returns. Everything is computed from the buffer's flat arrays (`state_dict()`) with numpy
+so that a buffer of 100k experiences is described in well under a second: no per-experience
+Python objects are built.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exgrpo_cli.replay.buffer import ExperienceBuffer
+
+# Columns of the buffer's meta array (see replay/buffer.py: length, collection step, hash, seq).
+_LEN, _STEP = 0, 1
+
+
+class TargetError(ValueError):
+    """The path given to inspect-buffer is not a run dir or a checkpoint dir."""
+
+
+def resolve_checkpoint(target: str) -> Path:
+    """A checkpoint dir given itself, a run dir (its latest checkpoint) or a run's checkpoints/ dir."""
+    from exgrpo_cli.policy.checkpoint import latest_checkpoint
+
+    if not target:
+        raise TargetError("give a run dir or a checkpoint dir: exgrpo inspect-buffer <path>")
+    path = Path(target).expanduser()
+    if not path.exists():
+        raise TargetError(f"{path} does not exist")
+    if (path / "replay").is_dir() and (path / "trainer_state.json").is_file():
+        return path
+    for root in (path / "checkpoints", path):
+        if root.is_dir():
+            found = latest_checkpoint(root)
+            if found is not None:
+                return found
+    if (path / "checkpoints").is_dir() or path.name == "checkpoints":
+        raise TargetError(f"{path} holds no complete checkpoint yet")
+    raise TargetError(f"{path} is neither a run dir (with checkpoints/) nor a checkpoint dir "
+                      "(with replay/ and trainer_state.json)")
+
+
+def run_dir_of(checkpoint: Path) -> Path | None:
+    """`<run>/checkpoints/step_N` -> `<run>`; None for a checkpoint kept elsewhere."""
+    parent = checkpoint.resolve().parent
+    return parent.parent if parent.name == "checkpoints" else None
+
+
+def histogram(values: np.ndarray, bins: int = 10, integer: bool = False) -> dict[str, list]:
+    """Counts over equal-width bins spanning [min, max]; integer data gets integer-aligned edges.
+
+    Returns {"edges": bins+1 floats, "counts": bins ints}; empty input gives empty lists.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return {"edges": [], "counts": []}
+    lo, hi = float(v.min()), float(v.max())
+    if integer:
+        # One bin per value while the range is small, else widths rounded up to whole numbers, so
+        # that a length is never split across two bins.
+        width = max(1, math.ceil((hi - lo + 1) / bins))
+        n = math.ceil((hi - lo + 1) / width)
+        edges = lo + width * np.arange(n + 1, dtype=np.float64)
+    else:
+        if hi == lo:
+            lo, hi = lo - 0.5, hi + 0.5
+        edges = np.linspace(lo, hi, bins + 1)
+    counts, _ = np.histogram(v, bins=edges)
+    return {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
+
+
+def distribution(values: np.ndarray, bins: int = 10, integer: bool = False) -> dict[str, Any]:
+    """count, mean, min, p10, median, p90, max and a histogram of `values` (None when empty)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return {"count": 0, "mean": None, "min": None, "p10": None, "median": None, "p90": None,
+                "max": None, "histogram": histogram(v)}
+    p10, p50, p90 = np.percentile(v, [10, 50, 90])
+    return {"count": int(v.size), "mean": float(v.mean()), "min": float(v.min()), "p10": float(p10),
+            "median": float(p50), "p90": float(p90), "max": float(v.max()),
+            "histogram": histogram(v, bins, integer)}
+
+
+def segment_means(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Mean of each consecutive segment of `values` (segment i has lengths[i] > 0 items)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size == 0:
+        return np.zeros(0, dtype=np.float64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    sums = np.add.reduceat(np.asarray(values, dtype=np.float64), starts)
+    return sums / lengths
+
+
+def buffer_report(buf: ExperienceBuffer, trainer_state: dict | None = None, top: int = 5,
+                  bins: int = 10) -> dict[str, Any]:
+    """Everything inspect-buffer prints, as plain data (see render.py for the text view)."""
+    state = buf.state_dict()
+    arrays, index = state["arrays"], state["index"]
+    meta = arrays["meta"]
+    lengths = meta[:, _LEN]
+    counts = arrays["experience_counts"]
+    qbuckets = np.asarray(index["question_buckets"], dtype=np.int64)
+    exp_per_bucket = np.bincount(qbuckets, weights=counts, minlength=buf.num_buckets).astype(np.int64) \
+        if counts.size else np.zeros(buf.num_buckets, dtype=np.int64)
+    sizes = buf.bucket_sizes()
+    centres = buf.bucket_centres()
+    buckets = [{"bucket": b + 1, "accuracy": centres[b], "questions": int(sizes[b]),
+                "experiences": int(exp_per_bucket[b])} for b in range(buf.num_buckets)]
+    logp_means = segment_means(arrays["behavior_logp"], lengths)
+    # Stable sort on -count: ties keep the buffer's insertion order, so the list is deterministic.
+    order = np.argsort(-counts, kind="stable")[:top]
+    uids = index["questions"]
+    tok_ends = np.cumsum(lengths)
+    exp_ends = np.cumsum(counts)
+    top_questions = []
+    for i in order.tolist():
+        e0 = int(exp_ends[i] - counts[i])
+        n_tok = int(tok_ends[exp_ends[i] - 1] - (tok_ends[e0 - 1] if e0 else 0))
+        top_questions.append({"uid": uids[i], "bucket": int(qbuckets[i]) + 1,
+                              "accuracy": centres[int(qbuckets[i])], "experiences": int(counts[i]),
+                              "mean_length": n_tok / int(counts[i])})
+    ts = trainer_state or {}
+    return {
+        "step": ts.get("step"),
+        "delayed_start": ts.get("delayed_start"),
+        "group_size": buf.group_size,
+        "questions": buf.num_questions,
+        "experiences": buf.num_experiences,
+        "retired": len(index["retired"]),
+        "pending_retire": len(index["pending_retire"]),
+        "stored_tokens": buf.stored_tokens,
+        "megabytes": buf.nbytes / 2**20,
+        "buckets": buckets,
+        "response_length": distribution(lengths, bins, integer=True),
+        "behavior_logp_mean": distribution(logp_means, bins),
+        "collected_at_step": distribution(meta[:, _STEP], bins, integer=True),
+        "top_questions": top_questions,
+    }

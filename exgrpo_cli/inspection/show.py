@@ -1,0 +1,122 @@
+"""`inspect.show=<question id>`: one question's stored responses, decoded with the run's tokenizer.
+
+The checkpoint's `model/` folder holds the tokenizer (and, for `inspect.score=true`, the policy whose
+mean token entropy of each response is what `replay.trajectory_selection=lowest_entropy` ranks by,
+computed with replay/scoring.py exactly as the train step does). The question text and the prompt
+template come from the run's own config (`<run>/.hydra/config.yaml`); a checkpoint kept outside a
+run dir falls back to the config of the inspect command itself, and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.inspection.report import run_dir_of
+from exgrpo_cli.replay.buffer import ExperienceBuffer
+
+
+def run_config(checkpoint: Path, fallback: ExgrpoConfig) -> tuple[ExgrpoConfig, str]:
+    """The typed config the run was trained with, and where it came from."""
+    run = run_dir_of(checkpoint)
+    saved = run / ".hydra" / "config.yaml" if run is not None else None
+    if saved is None or not saved.is_file():
+        return fallback, "this command's config (no .hydra/config.yaml beside the checkpoint)"
+    from omegaconf import OmegaConf
+
+    try:
+        loaded = OmegaConf.load(saved)
+        # Saved unresolved: its ${hydra:runtime.output_dir} has no Hydra to resolve it here.
+        loaded.trainer.output_dir = str(run)
+        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ExgrpoConfig), loaded))
+    except Exception as err:  # an older or edited config: say so, still show the responses
+        return fallback, f"this command's config ({saved} could not be read: {err})"
+    return obj, str(saved)
+
+
+def _find_question(cfg: ExgrpoConfig, uid: str):  # noqa: ANN202 - Question | None, note
+    from exgrpo_cli.data.sources import load_questions
+
+    try:
+        train, val, _ = load_questions(cfg.data)
+    except Exception as err:  # data moved or offline: the stored responses are still worth showing
+        return None, f"questions not loaded ({err})"
+    for q in (*train, *val):
+        if q.uid == uid:
+            return q, ""
+    return None, f"{uid} is not among the run's questions (data.source={cfg.data.source})"
+
+
+def show_question(checkpoint: Path, buf: ExperienceBuffer, uid: str, fallback: ExgrpoConfig,
+                  score: bool) -> dict[str, Any]:
+    """A JSON-able description of `uid`'s experiences; raises KeyError when it is not buffered."""
+    if uid not in buf:
+        state = "retired (solved by a whole group)" if buf.is_retired(uid) else "not in the buffer"
+        raise KeyError(f"question {uid!r} is {state}")
+    from exgrpo_cli.data.templates import get_template
+    from exgrpo_cli.policy.model import load_tokenizer
+
+    cfg, source = run_config(checkpoint, fallback)
+    mcfg = dataclasses.replace(cfg.model, path=str(checkpoint / "model"), gguf_file="")
+    tok = load_tokenizer(mcfg)
+    exps = buf.experiences(uid)
+    q, note = _find_question(cfg, uid)
+    bucket = next(b for b in range(buf.num_buckets) if uid in set(buf.questions_in_bucket(b)))
+    rows = [{"step": e.step, "length": int(e.response_ids.size),
+             "behavior_logp_mean": float(np.mean(e.behavior_logp)),
+             "text": tok.decode(e.response_ids.tolist(), skip_special_tokens=False)} for e in exps]
+    out: dict[str, Any] = {"uid": uid, "question": q.question if q else None,
+                           "answer": q.answer if q else None, "note": note, "config": source,
+                           "bucket": bucket + 1, "accuracy": buf.bucket_centres()[bucket],
+                           "experiences": rows}
+    if score:
+        if q is None:
+            raise KeyError(f"cannot score {uid!r}: its prompt is unknown ({note})")
+        entropies = _entropies(cfg, mcfg, tok, get_template(cfg.model.template).render(q, tok), exps)
+        for row, h in zip(rows, entropies):
+            row["entropy"] = h
+        out["temperature"] = cfg.rollout.temperature
+    return out
+
+
+def _entropies(cfg: ExgrpoConfig, mcfg, tok, prompt: str, exps) -> list[float]:  # noqa: ANN001
+    from transformers.utils import logging as hf_logging
+
+    from exgrpo_cli.policy.model import load_model, pick_device
+    from exgrpo_cli.replay.scoring import score_candidates
+
+    hf_logging.disable_progress_bar()  # a weights-loading bar would garble the listing
+
+    model = load_model(mcfg, pick_device("auto"))
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    return score_candidates(model, [ids] * len(exps), [e.response_ids.tolist() for e in exps],
+                            mode="lowest_entropy", temperature=cfg.rollout.temperature, pad_id=pad,
+                            token_budget=cfg.algo.micro_batch_tokens, max_rows=cfg.replay.entropy_batch_size)
+
+
+def print_show(info: dict[str, Any], console) -> None:  # noqa: ANN001 - a rich Console
+    from rich.markup import escape
+
+    c = console
+    c.print(f"[bold]question {escape(info['uid'])}[/]  bucket {info['bucket']} "
+            f"(accuracy {info['accuracy']:.3f}), {len(info['experiences'])} stored responses")
+    if info["question"] is not None:
+        c.print(f"[bold]Q:[/] {escape(info['question'])}   [bold]gold:[/] {escape(str(info['answer']))}")
+    else:
+        c.print(f"[dim]{escape(info['note'])}[/]")
+    c.print(f"[dim]config: {escape(info['config'])}[/]")
+    scored = [r["entropy"] for r in info["experiences"] if "entropy" in r]
+    lowest = min(range(len(scored)), key=scored.__getitem__) if scored else None
+    for i, r in enumerate(info["experiences"]):
+        head = (f"#{i} step {r['step']}  {r['length']} tokens  "
+                f"behaviour log-prob mean {r['behavior_logp_mean']:.3f}")
+        if "entropy" in r:
+            head += f"  entropy {r['entropy']:.4f}" + ("  <- lowest: replayed by lowest_entropy"
+                                                      if i == lowest else "")
+        c.print(f"[cyan]{head}[/]", soft_wrap=True)
+        c.print(escape(r["text"]), highlight=False)

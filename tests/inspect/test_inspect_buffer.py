@@ -1,0 +1,154 @@
+"""`exgrpo inspect-buffer`: on a real checkpoint of a short ExGRPO run (text, JSON, show, plot), the
+pure report maths, and the speed on a synthetic buffer of 100k experiences."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exgrpo_cli.inspection import report as rp
+from exgrpo_cli.replay.buffer import ExperienceBuffer
+
+from conftest import run_cli
+
+SMALL = ["algo.questions_per_step=8", "rollout.n=4", "trainer.val_questions=8", "trainer.val_samples=1",
+         "logger.wandb.mode=disabled", "trainer.threads=1", "trainer.steps=2", "replay.start_threshold=0",
+         "replay.ratio=0.5"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    from conftest import TINY
+
+    if not (TINY / "config.json").is_file():
+        pytest.skip("the tiny model is not built (make tiny-model)")
+    out = tmp_path_factory.mktemp("inspect") / "run"
+    res = run_cli(["train", f"hydra.run.dir={out}", *SMALL])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return out
+
+
+def _inspect(*args: str, cwd: Path) -> dict | str:
+    res = run_cli(["inspect-buffer", *args, f"hydra.run.dir={cwd / 'hydra'}"], cwd=cwd)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return json.loads(res.stdout) if "--json" in args else res.stdout
+
+
+def test_inspect_a_real_run_as_json_and_text(run_dir, tmp_path):
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    buf = ExperienceBuffer.load(str(run_dir / "checkpoints/step_2/replay"))
+    assert buf.num_questions > 0, "the tiny model solves some questions partly"
+    rep = _inspect(str(run_dir), "--json", cwd=tmp_path)  # a run dir: its latest checkpoint
+    assert rep["checkpoint"].endswith("checkpoints/step_2") and rep["step"] == 2
+    assert rep["delayed_start"] == {"active": True, "started_at": 1, "threshold": 0.0}
+    assert (rep["questions"], rep["experiences"], rep["retired"]) == (
+        buf.num_questions, buf.num_experiences, len(buf.retired))
+    assert [b["questions"] for b in rep["buckets"]] == buf.bucket_sizes()
+    assert sum(b["experiences"] for b in rep["buckets"]) == buf.num_experiences
+    assert rep["response_length"]["count"] == buf.num_experiences
+    assert sum(rep["response_length"]["histogram"]["counts"]) == buf.num_experiences
+    top = rep["top_questions"][0]
+    every = [u for b in range(buf.num_buckets) for u in buf.questions_in_bucket(b)]
+    assert top["experiences"] == max(len(buf.experiences(u)) for u in every)
+
+    text = _inspect(str(run_dir / "checkpoints/step_2"), cwd=tmp_path)  # a checkpoint dir
+    for needle in ("delayed start", "active since step 1", "buckets", f"{buf.num_experiences:,}",
+                   "stored response length", "behaviour log-prob", "questions with the most experiences"):
+        assert needle in text, needle
+
+    uid = top["uid"]
+    shown = _inspect(str(run_dir), "--json", f"inspect.show={uid}", "inspect.score=true", "inspect.plot=true",
+                     cwd=tmp_path)["show"]
+    assert shown["uid"] == uid and shown["question"] and len(shown["experiences"]) == top["experiences"]
+    exps = buf.experiences(uid)
+    assert [r["length"] for r in shown["experiences"]] == [e.response_ids.size for e in exps]
+    assert all(r["text"] and r["entropy"] > 0 for r in shown["experiences"])
+    assert "config.yaml" in shown["config"]  # question and template from the run's own config
+    # only buffer.png was added to the run dir; nothing was written into the checkpoint
+    after = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    assert sorted(set(after) - set(before)) == [Path("buffer.png")]
+
+    text = _inspect(str(run_dir), f"inspect.show={uid}", cwd=tmp_path)
+    assert f"question {uid}" in text and "gold:" in text
+
+
+def test_inspect_refuses_a_missing_target_and_question(run_dir, tmp_path):
+    res = run_cli(["inspect-buffer", str(tmp_path / "nope"), f"hydra.run.dir={tmp_path / 'h'}"])
+    assert res.returncode == 1 and "does not exist" in res.stderr
+    res = run_cli(["inspect-buffer", str(run_dir), "inspect.show=no-such-question", "--json",
+                   f"hydra.run.dir={tmp_path / 'h'}"])
+    assert res.returncode == 1 and "not in the buffer" in res.stderr and res.stdout == ""
+
+
+def test_histogram_and_segment_means_exact():
+    h = rp.histogram(np.array([3, 4, 4, 5, 9]), bins=10, integer=True)
+    assert h == {"edges": [3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0], "counts": [1, 2, 1, 0, 0, 0, 1]}
+    h = rp.histogram(np.arange(1, 41), bins=10, integer=True)  # wider ranges: whole-number widths
+    assert h["edges"][:3] == [1.0, 5.0, 9.0] and h["counts"] == [4] * 10
+    assert rp.histogram(np.array([-1.0, 0.0, 1.0]), bins=2)["counts"] == [1, 2]
+    assert rp.segment_means(np.array([1.0, 3.0, 2.0, 2.0, 2.0, -6.0]), np.array([2, 3, 1])).tolist() == \
+        [2.0, 2.0, -6.0]
+    d = rp.distribution(np.array([1, 2, 3, 4]))
+    assert (d["count"], d["mean"], d["min"], d["median"], d["max"]) == (4, 2.5, 1.0, 2.5, 4.0)
+    assert rp.distribution(np.array([]))["count"] == 0
+
+
+def test_report_of_a_small_buffer_exact():
+    buf = ExperienceBuffer(4)
+    ids = lambda n: np.arange(1, n + 1)  # noqa: E731
+    buf.observe_group("a", 1, [(ids(2), np.array([-1.0, -3.0]))], step=1, collect=True)
+    buf.observe_group("b", 3, [(ids(4), np.full(4, -0.5)), (ids(3), np.full(3, -0.25)),
+                               (ids(1), np.zeros(1))], step=2, collect=True)
+    buf.observe_group("c", 4, [], step=2, collect=True)
+    buf.end_step()
+    state = {"step": 2, "delayed_start": {"active": True, "started_at": 1, "threshold": 0}}
+    rep = rp.buffer_report(buf, state)
+    assert (rep["questions"], rep["experiences"], rep["retired"], rep["stored_tokens"]) == (2, 4, 1, 10)
+    assert [(b["bucket"], b["questions"], b["experiences"]) for b in rep["buckets"]] == [
+        (1, 1, 1), (2, 0, 0), (3, 1, 3)]
+    assert rep["behavior_logp_mean"]["min"] == -2.0 and rep["behavior_logp_mean"]["max"] == 0.0
+    assert rep["top_questions"][0] == {"uid": "b", "bucket": 3, "accuracy": 0.75, "experiences": 3,
+                                       "mean_length": 8 / 3}
+    assert rep["collected_at_step"]["histogram"]["counts"] == [1, 3]
+
+
+def _synthetic_checkpoint(root: Path, n_experiences: int) -> Path:
+    rng = np.random.default_rng(0)
+    buf = ExperienceBuffer(8)
+    n = q = 0
+    while n < n_experiences:
+        k = int(rng.integers(1, 8))
+        m = min(k, n_experiences - n)
+        lens = rng.integers(8, 49, size=m)
+        correct = [(rng.integers(0, 512, size=L), -rng.random(L).astype(np.float32)) for L in lens]
+        buf.observe_group(f"q{q}", k, correct, step=1 + q // 500, collect=True)
+        n, q = n + m, q + 1
+    assert buf.num_experiences == n_experiences
+    ck = root / "checkpoints" / "step_40"
+    buf.save(str(ck / "replay"))
+    (ck / "trainer_state.json").write_text(json.dumps(
+        {"step": 40, "delayed_start": {"active": True, "started_at": 3, "threshold": 0.35}}))
+    (ck / "COMPLETE").write_text(json.dumps({"step": 40}))
+    (root / "checkpoints" / "latest").write_text("step_40")
+    return root
+
+
+def test_100k_experiences_in_a_few_seconds(tmp_path):
+    run = _synthetic_checkpoint(tmp_path / "run", 100_000)
+    t0 = time.perf_counter()
+    res = run_cli(["inspect-buffer", str(run), "--json", f"hydra.run.dir={tmp_path / 'h'}"])
+    wall = time.perf_counter() - t0
+    assert res.returncode == 0, res.stderr
+    rep = json.loads(res.stdout)
+    assert rep["experiences"] == 100_000 and rep["step"] == 40
+    # `seconds`: resolve + load + report inside the command, i.e. without interpreter/Hydra start-up
+    assert rep["seconds"] < 15, rep["seconds"]
+    assert wall < 60, wall  # the whole process, start-up included, on a busy 2-core CPU
+    t0 = time.perf_counter()
+    text = run_cli(["inspect-buffer", str(run), f"hydra.run.dir={tmp_path / 'h'}"])
+    assert text.returncode == 0 and "100,000" in text.stdout
+    assert time.perf_counter() - t0 < 60
