@@ -17,9 +17,10 @@ import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import load_file, save_file
+if TYPE_CHECKING:  # torch is imported where tensors are handled: inspect-buffer needs only paths
+    import torch
 
 LATEST = "latest"
 # Set to a step number, the process SIGKILLs itself midway through writing that checkpoint:
@@ -52,6 +53,9 @@ def optimizer_to_files(optimizer: torch.optim.Optimizer, folder: Path) -> None:
 
 
 def optimizer_state_to_files(sd: dict, folder: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     """An `optimizer.state_dict()`-layout dict (e.g. FSDP's gathered full state) to files."""
     tensors, layout = {}, {}
     for pid, st in sd["state"].items():
@@ -72,6 +76,8 @@ def optimizer_from_files(optimizer: torch.optim.Optimizer, folder: Path) -> None
 
 
 def optimizer_state_from_files(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
     meta = read_json(folder / "optimizer.json")
     tensors = load_file(str(folder / "optimizer.safetensors"))
     state = {}
