@@ -1,0 +1,141 @@
+"""The tiny-model builder: a small build loads as a standard HF folder and is reproducible; the
+shipped `exgrpo_cli/assets/tiny` loads offline with the expected special tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub, even by accident
+
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from exgrpo_cli.data.synthetic import make_question, worked_solution  # noqa: E402
+from exgrpo_cli.data.templates import TEMPLATES  # noqa: E402
+from exgrpo_cli.policy import tiny_builder  # noqa: E402
+
+SMALL = ["--sft-steps", "3", "--seed", "7", "--threads", "1", "--eval-questions", "4", "--eval-k", "2"]
+
+
+@pytest.fixture(scope="module")
+def two_builds(tmp_path_factory):
+    threads = torch.get_num_threads()
+    try:
+        dirs = [tmp_path_factory.mktemp(f"tiny{i}") for i in range(2)]
+        infos = [tiny_builder.main(["--out", str(d), *SMALL]) for d in dirs]
+    finally:
+        torch.set_num_threads(threads)
+    return dirs, infos
+
+
+def _load(path):
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+def _check_special_tokens(tok, model):
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert "<|im_start|>" in tok.get_vocab()
+    assert tok.padding_side == "left"
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    assert model.generation_config.pad_token_id == tok.pad_token_id
+    assert model.config.vocab_size == len(tok)
+
+
+def test_built_folder_loads_and_renders(two_builds):
+    (out, _), (info, _) = two_builds
+    model, tok = _load(out)
+    _check_special_tokens(tok, model)
+    q = make_question("t", 37, "*", 45)
+    prompt = TEMPLATES["think_short"].render(q, tok)
+    assert prompt.startswith("<|im_start|>system\n")
+    assert "<|im_start|>user\nWhat is 37*45?<|im_end|>\n" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+    ids = tok.encode(prompt, add_special_tokens=False)
+    assert tok.decode(ids) == prompt
+    assert len(ids) <= 40  # prompts stay cheap (model.max_prompt_tokens is 128)
+    # every digit is its own token, so numbers are spelled digit by digit
+    assert tok.tokenize("1234567890") == list("1234567890")
+    # the format markers are single tokens, and a full worked solution fits the 48-token budget
+    for marker in ("<think>", "</think>", "\\boxed{"):
+        assert len(tok.encode(marker, add_special_tokens=False)) == 1
+    longest = worked_solution(98, "*", 97) + "<|im_end|>"
+    assert len(tok.encode(longest, add_special_tokens=False)) <= 44
+    meta = json.loads((out / "build_info.json").read_text())
+    assert meta["sft_steps"] == 3 and meta["seed"] == 7 and meta["num_parameters"] == info["num_parameters"]
+    assert 0.0 <= meta["heldout_sampled"]["accuracy"] <= 1.0
+
+
+def test_reloaded_tokenizer_splits_like_the_trained_one(two_builds):
+    """AutoTokenizer loads a qwen2 folder as Qwen2Tokenizer, which installs its own pre-tokenizer: the
+    builder must train with that one, or the reloaded model sees text split unlike its training data."""
+    (out, _), _ = two_builds
+    _, reloaded = _load(out)
+    pool = [make_question(str(i), a, op, b) for i, (a, op, b) in
+            enumerate([(3, "+", 4), (98, "*", 97), (10, "-", 57), (0, "*", 5), (41, "+", 59)])]
+    built = tiny_builder.build_tokenizer(pool)
+    assert type(reloaded).__name__ == "Qwen2Tokenizer"
+    for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "\\boxed{"):
+        assert len(built.encode(special, add_special_tokens=False)) == 1, special
+    text = TEMPLATES["think_short"].render(pool[1], reloaded) + worked_solution(98, "*", 97) + "<|im_end|>"
+    saved = out / "probe"
+    built.save_pretrained(saved)
+    (saved / "config.json").write_text((out / "config.json").read_text())  # a qwen2 folder
+    assert AutoTokenizer.from_pretrained(saved).encode(text) == built.encode(text, add_special_tokens=False)
+
+
+def test_generate_from_loaded_folder(two_builds):
+    (out, _), _ = two_builds
+    model, tok = _load(out)
+    qs = [make_question("a", 3, "+", 4), make_question("b", 12, "*", 34)]
+    enc = tok([TEMPLATES["think_short"].render(q, tok) for q in qs], return_tensors="pt", padding=True,
+              add_special_tokens=False)
+    torch.manual_seed(0)
+    gen = model.generate(**enc, max_new_tokens=8)  # the saved generation config samples
+    assert gen.shape[0] == 2 and gen.shape[1] <= enc["input_ids"].shape[1] + 8
+    greedy = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    assert greedy.shape[0] == 2
+
+
+def test_same_seed_same_build(two_builds):
+    (a, b), _ = two_builds
+    for name in ("tokenizer.json", "config.json", "generation_config.json"):
+        assert (a / name).read_text() == (b / name).read_text(), name
+    ma, mb = AutoModelForCausalLM.from_pretrained(a), AutoModelForCausalLM.from_pretrained(b)
+    sa, sb = ma.state_dict(), mb.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+def test_other_seed_other_init():
+    tok = tiny_builder.build_tokenizer([make_question("x", 1, "+", 2)] * 3)
+    w0 = tiny_builder.build_model(tok, 0).model.embed_tokens.weight
+    w1 = tiny_builder.build_model(tok, 1).model.embed_tokens.weight
+    assert not torch.equal(w0, w1)
+    assert torch.equal(w0, tiny_builder.build_model(tok, 0).model.embed_tokens.weight)
+
+
+def test_answer_extraction():
+    ok = "<think>3+4 = 7</think>\\boxed{7}"
+    assert tiny_builder.is_correct(ok, "7")
+    assert not tiny_builder.is_correct("<think>3+4 = 7\\boxed{7}", "7")  # no </think>
+    assert not tiny_builder.is_correct("\\boxed{7}</think>nothing", "7")  # box must follow </think>
+    assert tiny_builder.extract_answer("<think>x</think>\\boxed{1} then \\boxed{-12}") == "-12"
+
+
+def test_shipped_asset_loads():
+    path = tiny_builder.ASSET_DIR
+    if not (path / "config.json").exists():
+        pytest.skip("exgrpo_cli/assets/tiny is not built yet")
+    model, tok = _load(path)
+    _check_special_tokens(tok, model)
+    assert model.dtype == torch.float32
+    assert sum(p.numel() for p in model.parameters()) < 2_000_000
+    assert tok.chat_template and tok.tokenize("907") == ["9", "0", "7"]
+    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    assert size < 8 * 2**20, f"the shipped tiny model is {size / 2**20:.1f} MiB"
+    info = json.loads((path / "build_info.json").read_text())
+    assert info["heldout_sampled"]["accuracy"] > 0.1
