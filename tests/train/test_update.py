@@ -1,0 +1,48 @@
+"""The policy update moves the policy the right way: towards rewarded responses, away from the rest."""
+
+from __future__ import annotations
+
+import torch
+
+from exgrpo_cli.algo import group_advantages
+from exgrpo_cli.config import ModelConfig
+from exgrpo_cli.data.types import Question
+from exgrpo_cli.policy.forward import forward_logprobs, pack
+from exgrpo_cli.policy.model import load_model, load_tokenizer
+from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
+from exgrpo_cli.train.update import UpdateSettings, policy_update
+
+
+def _seq_logps(model, batch) -> list[float]:  # noqa: ANN001
+    sb = pack(batch.prompt_ids, batch.response_ids, list(range(len(batch))), 0, torch.device("cpu"))
+    with torch.no_grad():
+        lp, _ = forward_logprobs(model, sb)
+    return [float((lp[i] * sb.response_mask[i]).sum()) for i in range(len(batch))]
+
+
+def test_update_raises_rewarded_and_lowers_unrewarded_responses(tiny_model):
+    torch.manual_seed(0)
+    cfg = ModelConfig(path=str(tiny_model))
+    tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    good = enc("<think>1+2 = 3</think>\\boxed{3}<|im_end|>")
+    bad = enc("<think>1+2 = 4</think>\\boxed{4}<|im_end|>")
+    stored = [-1.0] * len(good)  # a replayed copy of the good one, with stored log-probs
+    responses = [Response(good, None, 1.0), Response(bad, None, 0.0),
+                 Response(good, stored, 1.0, replayed=True)]
+    group = Group(Question("q", "What is 1+2?", "3"), enc("What is 1+2?"), responses)
+    batch = build_mixed_batch([group])
+    adv = group_advantages(batch.rewards, batch.group_index)
+    before = _seq_logps(model, batch)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    settings = UpdateSettings(clip_eps=None, beta=0.1, importance_correction=True, entropy_coef=0.0,
+                              max_response_tokens=48, updates=1, micro_batch_tokens=16384, grad_clip=1.0,
+                              skip_grad_norm_above=500.0)
+    for _ in range(3):
+        res = policy_update(model, opt, batch, adv, settings, pad_id=tok.pad_token_id)
+        assert res.skipped == 0 and res.stats.replay_tokens == len(good)
+    after = _seq_logps(model, batch)
+    # the two responses share a prefix that the group baseline pushes both ways; what must move is
+    # the preference: log p(rewarded) - log p(unrewarded)
+    assert after[0] - after[1] > before[0] - before[1] + 1.0
+    assert after[1] < before[1]
