@@ -76,6 +76,7 @@ def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, ad
         rows_mean = all_reduce_dict({"rows": len(rows)}, dist)["rows"]
         normalizer = float(rows_mean * s.max_response_tokens)
         n_tokens = sum(len(batch.response_ids[i]) for i in rows)
+        mb_loss = 0.0
         lengths = [prompt_lens[i] + len(batch.response_ids[i]) for i in rows]
         for chunk in _synced_chunks(micro_batches(lengths, s.micro_batch_tokens), dist):
             if chunk is None:
@@ -94,13 +95,15 @@ def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, ad
                 loss = loss - s.entropy_coef * ent_mean
                 res.entropy_sum += float((ent.detach() * mask).sum())
             loss.backward()
-            res.loss_total += float(loss.detach())
+            mb_loss += float(loss.detach())
             res.stats += loss_stats(losses, logp, behaviour, mask, rmask, clip_hit, normalizer)
             res.logprob_diff_sum += _rollout_diff(logp, sb, batch, rmask, prompt_lens)
         norm = float(torch.nn.utils.clip_grad_norm_(params, s.grad_clip))  # global under FSDP
         res.grad_norms.append(norm)
         # every rank must take the same decision, and a non-finite loss may be on one rank only
-        bad_loss = all_reduce_dict({"bad": float(not math.isfinite(res.loss_total))}, dist, op="max")["bad"]
+        res.loss_total += mb_loss
+        # judged per update: a non-finite earlier mini-batch must not condemn this one
+        bad_loss = all_reduce_dict({"bad": float(not math.isfinite(mb_loss))}, dist, op="max")["bad"]
         if not math.isfinite(norm) or norm > s.skip_grad_norm_above or bad_loss:
             optimizer.zero_grad(set_to_none=True)  # skip-on-non-finite (and on huge norms, as the paper)
             res.skipped += 1
