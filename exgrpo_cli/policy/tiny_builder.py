@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import random
-import re
 import shlex
 import sys
 import time
@@ -37,6 +36,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config,
 from exgrpo_cli.data.synthetic import generate, train_and_val, worked_solution
 from exgrpo_cli.data.templates import SHORT_SYSTEM, TEMPLATES
 from exgrpo_cli.data.types import Question
+from exgrpo_cli.reward.extract import last_boxed, strip_think
 
 # The split Qwen2Tokenizer installs on load (transformers' qwen2 tokenizer); see build_tokenizer.
 QWEN2_PRETOKENIZE_REGEX = (
@@ -190,15 +190,13 @@ def sft(model, examples, *, steps: int, batch_size: int, lr: float, seed: int, p
 
 
 # ------------------------------------------------------------------------------------ evaluation
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
 def extract_answer(text: str) -> str | None:
-    """Content of the last `\\boxed{}` after `</think>` (the think_short reward's convention)."""
-    if "</think>" not in text:
-        return None
-    found = _BOXED.findall(text.rsplit("</think>", 1)[1])
-    return found[-1].strip() if found else None
+    """Content of the last `\\boxed{}` after `</think>`: the reward's own parsing, without its
+    unboxed fallbacks (the warm start is judged on the exact answer format RL will reward)."""
+    after = strip_think(text, requires_think=True)
+    return None if after is None else last_boxed(after)[1]
 
 
 def is_correct(text: str, gold: str) -> bool:
