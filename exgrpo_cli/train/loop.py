@@ -10,6 +10,8 @@ All randomness of a step derives from (trainer.seed, step), so a resumed run rep
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,7 +24,7 @@ from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy.distributed import DistInfo, all_gather_object
+from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, broadcast_object
 from exgrpo_cli.replay.buffer import Experience, ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
 from exgrpo_cli.replay.schedule import DelayedStart
@@ -35,6 +37,16 @@ from exgrpo_cli.train.update import UpdateSettings, policy_update
 def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
     """An independent generator per (seed, step, purpose): no RNG state to carry across steps."""
     return np.random.default_rng([seed, step, purpose])
+
+
+def shared_state_digest(trainer: Trainer) -> str:
+    """A digest of the state every rank must share: buffer membership, buckets, retired set and
+    sizes, the delayed-start switch and the sampler position (no token data: O(questions))."""
+    b = trainer.buffer
+    state = [[b.questions_in_bucket(i) for i in range(b.num_buckets)], sorted(b.retired),
+             b.num_questions, b.num_experiences, b.stored_tokens, trainer.switch.state_dict(),
+             trainer.sampler.epoch, trainer.sampler.position]
+    return hashlib.blake2b(json.dumps(state).encode(), digest_size=8).hexdigest()
 
 
 class Timers(dict):
@@ -60,7 +72,8 @@ class Trainer:
     questions: dict[str, Question] = field(default_factory=dict)  # uid -> question, for replay prompts
     skipped_in_a_row: int = 0
     # data parallel: every rank draws the same questions and holds the same buffer; rank r
-    # generates groups r, r+W, ... and trains on them; the rollouts are all-gathered in between
+    # generates and grades groups r, r+W, ... and trains on them; the graded rollouts are
+    # all-gathered in between, and `check_ranks_agree` verifies the shared state every step
     dist: DistInfo = field(default_factory=DistInfo)
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
 
@@ -107,6 +120,8 @@ class Trainer:
         if self.replay_enabled:
             self.buffer.end_step()
             self.maybe_readmit(step)
+        if self.dist.distributed:
+            self.check_ranks_agree(step)
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if result.skipped else 0
         metrics = {**reward_metrics, **self.rollout_metrics(groups, batch),
                    **self.loss_metrics(result, batch), **t}
@@ -157,12 +172,13 @@ class Trainer:
                                     max_rows=p.entropy_batch_size)
             for u, s in zip(owners, flat):
                 scores.setdefault(u, []).append(s)
-        chosen, picked_scores = [], []
-        for u in uids:
-            sc = scores.get(u, [0.0] * len(cands[u]))
-            i = choose_trajectory(sc, p.trajectory_selection, rng)
-            chosen.append((self.questions[u], cands[u][i]))
-            picked_scores.append(sc[i])
+        picks = [choose_trajectory(scores.get(u, [0.0] * len(cands[u])), p.trajectory_selection, rng)
+                 for u in uids]
+        # ranks score the same candidates, but float noise between their forwards (GPU kernels)
+        # could flip an argmin: rank 0's choice holds for all
+        picks = broadcast_object(picks, self.dist)
+        chosen = [(self.questions[u], cands[u][i]) for u, i in zip(uids, picks)]
+        picked_scores = [scores.get(u, [0.0] * len(cands[u]))[i] for u, i in zip(uids, picks)]
         self._selected_entropy = float(np.mean(picked_scores)) if p.trajectory_selection != "random" \
             else float("nan")
         return chosen
@@ -195,20 +211,33 @@ class Trainer:
         return groups
 
     def score(self, groups: list[Group]) -> dict[str, float]:
-        """Rewards for every response, the replayed ones included (ALGORITHM.md 4)."""
+        """Rewards for every response, the replayed ones included (ALGORITHM.md 4).
+
+        Under torchrun each rank grades its own groups (r, r+W, ...) and the rewards are
+        all-gathered. Grading has a wall-clock timeout per answer, so if every rank graded every
+        group, a timeout on one rank only would leave the ranks with different rewards, then
+        different buffers, and then mismatched collectives when they select replay candidates.
+        """
+        W, rank = self.dist.world_size, self.dist.rank
         texts, golds, where = [], [], []
-        for gi, g in enumerate(groups):
-            for ri, r in enumerate(g.responses):
+        for gi in range(rank, len(groups), W):
+            for ri, r in enumerate(groups[gi].responses):
                 texts.append(decode_response(self.tokenizer, r.ids))
-                golds.append(g.question.answer)
+                golds.append(groups[gi].question.answer)
                 where.append((gi, ri))
         result = self.scorer.score(texts, golds)
-        for (gi, ri), rew in zip(where, result.rewards):
-            groups[gi].responses[ri].reward = float(rew)
+        graded = [(gi, ri, float(rew)) for (gi, ri), rew in zip(where, result.rewards)]
+        timeouts, errors = result.timeouts, result.errors
+        if W > 1:
+            parts = all_gather_object((graded, timeouts, errors), self.dist)
+            graded = [x for part, _, _ in parts for x in part]
+            timeouts, errors = sum(p[1] for p in parts), sum(p[2] for p in parts)
+        for gi, ri, rew in graded:
+            groups[gi].responses[ri].reward = rew
         fresh = [r.reward for g in groups for r in g.responses if not r.replayed]
         replayed = [r.reward for g in groups for r in g.responses if r.replayed]
         out = {"reward/accuracy": float(np.mean(fresh)) if fresh else 0.0,
-               "reward/timeouts": float(result.timeouts), "reward/errors": float(result.errors),
+               "reward/timeouts": float(timeouts), "reward/errors": float(errors),
                "reward/solved_all": float(np.mean([g.num_correct == len(g.responses) for g in groups])),
                "reward/solved_none": float(np.mean([g.num_correct == 0 for g in groups]))}
         if replayed:
@@ -222,6 +251,16 @@ class Trainer:
             correct = [(np.asarray(r.ids, dtype=np.int32), np.asarray(r.behavior_logp, dtype=np.float32))
                        for r in g.responses if r.reward > 0.5 and not r.replayed and r.behavior_logp]
             self.buffer.observe_group(g.question.uid, g.num_correct, correct, step=step, collect=collect)
+
+    def check_ranks_agree(self, step: int) -> None:
+        """Every rank must hold the same buffer, switch and sampler position: they pick the same
+        replay questions from them, and the candidate scoring is a collective forward. Diverged
+        ranks would hang in it (until trainer.dist_timeout_s) or train on mismatched batches;
+        this fails the run at once with a message instead. Costs one small all-gather per step."""
+        digests = all_gather_object(shared_state_digest(self), self.dist)
+        if any(d != digests[0] for d in digests):
+            raise RuntimeError(f"step {step}: the ranks' replay buffers / sampler / delayed-start states "
+                               f"diverged (digest per rank: {digests})")
 
     def maybe_readmit(self, step: int) -> None:
         p = self.cfg.replay

@@ -112,6 +112,7 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     if dist.distributed and cfg.algo.questions_per_step % dist.world_size:
         raise SystemExit(f"exgrpo train: algo.questions_per_step={cfg.algo.questions_per_step} must be a "
                          f"multiple of the {dist.world_size} ranks (each trains on an equal share)")
+    cfg = _share_run_dir(cfg, dist)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     resume_from, refusal = None, None
@@ -238,6 +239,45 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
         D.close_distributed()
     final["time/total_s"] = time.time() - t0
     return final
+
+
+def _share_run_dir(cfg: ExgrpoConfig, dist: D.DistInfo) -> ExgrpoConfig:
+    """torchrun: each rank resolved Hydra's timestamped run dir on its own, and start-up skew can
+    put two ranks a second apart, i.e. in two dirs. Rank 0's is the run's: the others adopt it,
+    write their log to `<its hydra dir>/<job>.rank<k>.log`, and remove the stray dir Hydra made
+    for them when it holds nothing but Hydra's own files."""
+    if not dist.distributed:
+        return cfg
+    own = _hydra_dir()
+    out0, hydra0 = D.broadcast_object((cfg.trainer.output_dir, own), dist)
+    if dist.is_main or own is None or hydra0 is None:
+        return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=out0))
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        name = Path(h.baseFilename)
+        if name.parent != Path(own):
+            continue
+        new = logging.FileHandler(Path(hydra0) / f"{name.stem}.rank{dist.rank}{name.suffix}")
+        new.setFormatter(h.formatter)
+        new.setLevel(h.level)
+        root.removeHandler(h)
+        h.close()
+        root.addHandler(new)
+    stray = Path(own)
+    if stray.resolve() not in (Path(hydra0).resolve(), Path(out0).resolve()) and stray.is_dir():
+        hydra_only = all(p.name == ".hydra" or p.suffix == ".log" for p in stray.iterdir())
+        if hydra_only:
+            shutil.rmtree(stray, ignore_errors=True)
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=out0))
+
+
+def _hydra_dir() -> str | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.output_dir
+    except (ImportError, ValueError):  # called outside @hydra.main (e.g. from a test)
+        return None
 
 
 def _filter_long(questions, template, tokenizer, limit: int, report):  # noqa: ANN001, ANN202

@@ -1,0 +1,154 @@
+"""What keeps torchrun ranks in step with replay on: one grader per group, and a per-step check.
+
+Two ranks are simulated by two threads exchanging objects through a barrier (the stand-in for
+`all_gather_object`), so the exchange logic of `Trainer.score` and `check_ranks_agree` runs as it
+does under torchrun, without a process group. The real 2-process run is in test_torchrun_e2e.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.data.types import Question
+from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.replay.buffer import ExperienceBuffer
+from exgrpo_cli.replay.mixing import Group, Response
+from exgrpo_cli.replay.schedule import DelayedStart
+from exgrpo_cli.train import loop
+from exgrpo_cli.train.loop import Trainer, shared_state_digest
+
+
+class Exchange:
+    """all_gather_object for W threads: each one's object, in rank order, for every thread."""
+
+    def __init__(self, world: int) -> None:
+        self.slots: list = [None] * world
+        self.barrier = threading.Barrier(world, timeout=30)
+
+    def __call__(self, obj, dist: DistInfo) -> list:  # noqa: ANN001
+        self.slots[dist.rank] = obj
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()  # nobody overwrites a slot before everyone has read them
+        return out
+
+
+class Tok:
+    eos_token_id = pad_token_id = 0
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(map(str, ids))
+
+
+class FlakyGrader:
+    """Grades `\\boxed`-free toy answers: correct when the response contains the gold number.
+    `times_out=True` makes every item a timeout (reward 0), as a loaded rank might see."""
+
+    def __init__(self, times_out: bool) -> None:
+        self.times_out = times_out
+        self.graded = 0
+
+    def score(self, texts: list[str], golds: list[str]) -> SimpleNamespace:
+        self.graded += len(texts)
+        rewards = [0.0 if self.times_out else float(g in t.split()) for t, g in zip(texts, golds)]
+        return SimpleNamespace(rewards=rewards, timeouts=len(texts) if self.times_out else 0, errors=0)
+
+
+def _groups() -> list[Group]:
+    out = []
+    for i in range(4):
+        q = Question(uid=f"q{i}", question=f"q{i}", answer=str(10 + i))
+        # responses 0 and 2 hold the gold answer: every group is half right
+        responses = [Response(ids=[5, 10 + i if k % 2 == 0 else 99], behavior_logp=[-1.0, -1.0])
+                     for k in range(4)]
+        out.append(Group(q, [1, 2], responses))
+    return out
+
+
+def _trainer(rank: int, world: int, scorer) -> Trainer:  # noqa: ANN001
+    sampler = SimpleNamespace(questions=[], epoch=0, position=0)
+    return Trainer(ExgrpoConfig(), None, Tok(), None, None, scorer, None, sampler,
+                   ExperienceBuffer(4), DelayedStart(0.0), dist=DistInfo(rank=rank, world_size=world))
+
+
+def _run_ranks(world: int, fn) -> list:  # noqa: ANN001
+    results: list = [None] * world
+    errors: list = []
+
+    def work(r: int) -> None:
+        try:
+            results[r] = fn(r)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_each_group_is_graded_once_and_ranks_get_the_same_rewards(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loop, "all_gather_object", Exchange(2))
+    # rank 1's grader times out on everything: without one grader per group the ranks would
+    # disagree on the rewards of every group, and so on the buffer
+    graders = [FlakyGrader(times_out=False), FlakyGrader(times_out=True)]
+
+    def rank(r: int):  # noqa: ANN202
+        groups = _groups()
+        metrics = _trainer(r, 2, graders[r]).score(groups)
+        return [[resp.reward for resp in g.responses] for g in groups], metrics
+
+    (rewards0, m0), (rewards1, m1) = _run_ranks(2, rank)
+    assert rewards0 == rewards1, "ranks disagree on the rewards"
+    assert [graders[0].graded, graders[1].graded] == [8, 8]  # two groups of four each, not all four
+    # the owner's verdict: groups 0, 2 graded by rank 0 (correct ones found), 1, 3 by rank 1 (timeouts)
+    assert rewards0 == [[1.0, 0.0, 1.0, 0.0], [0.0] * 4, [1.0, 0.0, 1.0, 0.0], [0.0] * 4]
+    assert m0 == m1 and m0["reward/timeouts"] == 8.0 and m0["reward/accuracy"] == 0.25
+
+
+def test_one_rank_grades_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    grader = FlakyGrader(times_out=False)
+    groups = _groups()
+    _trainer(0, 1, grader).score(groups)
+    assert grader.graded == 16 and all(g.num_correct == 2 for g in groups)
+
+
+def test_digest_follows_the_shared_state() -> None:
+    def state(extra_uid: str | None = None, position: int = 3) -> SimpleNamespace:
+        buf = ExperienceBuffer(4)
+        resp = (np.array([5, 6], np.int32), np.array([-1.0, -2.0], np.float32))
+        buf.observe_group("a", 2, [resp], step=1, collect=True)
+        if extra_uid:
+            buf.observe_group(extra_uid, 1, [resp], step=1, collect=True)
+        switch = DelayedStart(0.0)
+        switch.update(1, 0.5)
+        return SimpleNamespace(buffer=buf, switch=switch, sampler=SimpleNamespace(epoch=0, position=position))
+
+    assert shared_state_digest(state()) == shared_state_digest(state())
+    assert shared_state_digest(state()) != shared_state_digest(state("b"))
+    assert shared_state_digest(state()) != shared_state_digest(state(position=4))
+
+
+def test_diverged_ranks_fail_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loop, "all_gather_object", Exchange(2))
+
+    def rank(r: int) -> None:
+        t = _trainer(r, 2, FlakyGrader(False))
+        if r == 1:  # one question more in rank 1's buffer
+            t.buffer.observe_group("x", 1, [(np.array([1], np.int32), np.array([-1.0], np.float32))],
+                                   step=1, collect=True)
+        t.check_ranks_agree(step=5)
+
+    with pytest.raises(RuntimeError, match="step 5: the ranks' replay buffers"):
+        _run_ranks(2, rank)
+    monkeypatch.setattr(loop, "all_gather_object", Exchange(2))
+    _run_ranks(2, lambda r: _trainer(r, 2, FlakyGrader(False)).check_ranks_agree(step=5))  # agree: no error
