@@ -1,8 +1,12 @@
 """Rollouts with Hugging Face `generate` on the trainer's own model (the CPU default).
 
 It samples from the very module being trained, so a weight sync costs nothing. All prompts of a
-call go through `generate` in chunks of `max_batch` sequences, left-padded; the per-token
+call go through `generate` in chunks of at most `max_batch` sequences, left-padded; the per-token
 log-probs come from the raw logits (temperature 1), which is what the replay buffer stores.
+
+`generate` keeps the raw logits of every step until it returns: sequences x new tokens x vocab
+floats. With a real vocabulary that is large (256 x 128 x 49k fp32 = 6.4 GB for SmolLM2), so
+chunks are also cut to keep it under `logits_budget_bytes`.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from exgrpo_cli.rollout.base import Rollout, SamplingSpec
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, max_batch: int = 256) -> None:  # noqa: ANN001
+    def __init__(self, model, tokenizer, max_batch: int = 256,  # noqa: ANN001
+                 logits_budget_bytes: int = 1 << 30) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch
+        self.logits_budget_bytes = logits_budget_bytes
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
@@ -34,7 +40,11 @@ class HFEngine:
         out: list[Rollout] = []
         was_training = self.model.training
         self.model.eval()
-        starts = list(range(0, len(flat), self.max_batch))
+        head = self.model.get_output_embeddings()
+        vocab = int(head.weight.shape[0]) if head is not None else int(self.model.config.vocab_size)
+        per_seq = max(spec.max_new_tokens, 1) * vocab * 4  # fp32 logits kept per sequence
+        chunk_size = max(1, min(self.max_batch, self.logits_budget_bytes // per_seq))
+        starts = list(range(0, len(flat), chunk_size))
         synced = _world_size() > 1  # an FSDP-sharded model: every forward is a collective
         if synced:  # ... so every rank makes as many generate calls (an idle rank feeds a dummy row)
             from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
@@ -44,7 +54,7 @@ class HFEngine:
             starts += [None] * (int(calls) - len(starts))
         try:
             for start in starts:
-                chunk = flat[start:start + self.max_batch] if start is not None else [(-1, [self.pad_id])]
+                chunk = flat[start:start + chunk_size] if start is not None else [(-1, [self.pad_id])]
                 # HF sampling draws from the global RNG: seed it from our own generator per chunk
                 torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
                 res = self._generate_chunk(chunk, spec, synced)
@@ -70,11 +80,13 @@ class HFEngine:
             return_dict_in_generate=True, output_logits=True,
             synced_gpus=synced,  # keep stepping until every rank is done (FSDP collectives)
         )
-        new = res.sequences[:, width:].cpu()
-        # raw logits of each generated position: [steps, B, V] -> log-probs of the drawn tokens
-        logits = torch.stack(res.logits, dim=0).float().cpu()
-        picked = torch.gather(logits, -1, new.T.unsqueeze(-1)).squeeze(-1)
-        logp = (picked - torch.logsumexp(logits, dim=-1)).T  # [B, steps]
+        new = res.sequences[:, width:]
+        # raw logits of each generated position, step by step (no [steps, B, V] copy): the
+        # log-probs of the drawn tokens, [B, steps]
+        logp = torch.stack([
+            (torch.gather(step.float(), -1, new[:, t:t + 1]).squeeze(-1) - torch.logsumexp(step.float(), -1))
+            for t, step in enumerate(res.logits)], dim=1).cpu()
+        new = new.cpu()
         eos = torch.tensor(self.eos_ids)
         rollouts = []
         for row, (pidx, _) in enumerate(chunk):
