@@ -95,9 +95,10 @@ class Trainer:
     # ------------------------------------------------------------------ the step
     def train_step(self, step: int) -> dict[str, float]:
         cfg, t = self.cfg, Timers()
+        t_step = time.perf_counter()
         mixed = self.replay_enabled and self.switch.active
         with t("select"):
-            replayed = self.select_replay(step) if mixed else []
+            replayed = self.select_replay(step, t) if mixed else []
         retired = self.buffer.retired if self.replay_enabled else ()
         fresh = self.sampler.draw(cfg.algo.questions_per_step - len(replayed), retired=retired)
         with t("rollout"):
@@ -118,18 +119,20 @@ class Trainer:
         with t("sync"):
             self.engine.sync_weights(self.model)
         if self.replay_enabled:
-            self.buffer.end_step()
-            self.maybe_readmit(step)
+            with t("buffer"):
+                self.buffer.end_step()
+                self.maybe_readmit(step)
         if self.dist.distributed:
             self.check_ranks_agree(step)
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if result.skipped else 0
         metrics = {**reward_metrics, **self.rollout_metrics(groups, batch),
                    **self.loss_metrics(result, batch), **t}
-        metrics["timing/step"] = sum(v for k, v in t.items())
         if self.replay_enabled:
             metrics.update(self.buffer.metrics())
         metrics["replay/active"] = float(self.switch.active and self.replay_enabled)
         metrics["replay/replayed_questions"] = float(len(replayed))
+        # the whole step's wall time (batch building and metrics included), not the stages' sum
+        metrics["timing/step"] = time.perf_counter() - t_step
         return metrics
 
     @property
@@ -148,9 +151,10 @@ class Trainer:
             grad_clip=a.grad_clip, skip_grad_norm_above=a.skip_grad_norm_above)
 
     # ------------------------------------------------------------------ stages
-    def select_replay(self, step: int) -> list[tuple[Question, Experience]]:
-        """ALGORITHM.md 3: n_replay questions by bucket Gaussian, then one trajectory each."""
-        p = self.cfg.replay
+    def select_replay(self, step: int, timers: Timers | None = None) -> list[tuple[Question, Experience]]:
+        """ALGORITHM.md 3: n_replay questions by bucket Gaussian, then one trajectory each.
+        `timers` gets the candidates' entropy forward as `select_scoring` (part of `select`)."""
+        p, timers = self.cfg.replay, timers if timers is not None else Timers()
         rng = step_rng(self.cfg.trainer.seed, step, 2)
         n = n_replay(p.ratio, self.cfg.algo.questions_per_step, self.buffer.num_questions)
         uids = select_questions(self.buffer, n, mode=p.question_selection, mu=p.mu, sigma=p.sigma, rng=rng)
@@ -166,10 +170,11 @@ class Trainer:
                     prompts.append(self.prompt_ids(self.questions[u]))
                     responses.append(e.response_ids.tolist())
                     owners.append(u)
-            flat = score_candidates(self.model, prompts, responses, mode=p.trajectory_selection,
-                                    temperature=self.cfg.rollout.temperature, pad_id=self.pad_id,
-                                    token_budget=self.cfg.algo.micro_batch_tokens,
-                                    max_rows=p.entropy_batch_size)
+            with timers("select_scoring"):
+                flat = score_candidates(self.model, prompts, responses, mode=p.trajectory_selection,
+                                        temperature=self.cfg.rollout.temperature, pad_id=self.pad_id,
+                                        token_budget=self.cfg.algo.micro_batch_tokens,
+                                        max_rows=p.entropy_batch_size)
             for u, s in zip(owners, flat):
                 scores.setdefault(u, []).append(s)
         picks = [choose_trajectory(scores.get(u, [0.0] * len(cands[u])), p.trajectory_selection, rng)
