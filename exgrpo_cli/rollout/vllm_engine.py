@@ -100,7 +100,7 @@ class VLLMEngine:
         from exgrpo_cli.policy.model import resolve_path
 
         m = cfg.model
-        path = resolve_path(m.path)
+        path = resolve_path(m.path, m.gguf_file)
         tmp = None
         if m.gguf_file:
             if model is None:
