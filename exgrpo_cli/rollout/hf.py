@@ -1,12 +1,15 @@
-"""Rollouts with Hugging Face `generate` on the trainer's own model (the CPU default).
+"""Rollouts on the trainer's own Hugging Face model (the CPU default).
 
 It samples from the very module being trained, so a weight sync costs nothing. All prompts of a
-call go through `generate` in chunks of at most `max_batch` sequences, left-padded; the per-token
-log-probs come from the raw logits (temperature 1), which is what the replay buffer stores.
+call go through the decode loop in chunks of at most `max_batch` sequences, left-padded; the
+per-token log-probs come from the raw logits (temperature 1), which is what the replay buffer
+stores. The loop is exgrpo's own (`sampling.py`: finished rows leave the batch, no per-step
+logits kept); `hf_generate=True`, and every FSDP-sharded run, use HF `generate` instead, whose
+`synced_gpus` keeps the ranks' forwards (collectives) in step.
 
 `generate` keeps the raw logits of every step until it returns: sequences x new tokens x vocab
-floats. With a real vocabulary that is large (256 x 128 x 49k fp32 = 6.4 GB for SmolLM2), so
-chunks are also cut to keep it under `logits_budget_bytes`.
+floats. With a real vocabulary that is large (256 x 128 x 49k fp32 = 6.4 GB for SmolLM2), so on
+that path chunks are also cut to keep it under `logits_budget_bytes`.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from __future__ import annotations
 import torch
 
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec
+from exgrpo_cli.rollout.sampling import sample
 
 
 class HFEngine:
     def __init__(self, model, tokenizer, max_batch: int = 256,  # noqa: ANN001
-                 logits_budget_bytes: int = 1 << 30) -> None:
+                 logits_budget_bytes: int = 1 << 30, hf_generate: bool = False) -> None:
         self.model = model
+        self.hf_generate = hf_generate
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.logits_budget_bytes = logits_budget_bytes
@@ -43,9 +48,12 @@ class HFEngine:
         head = self.model.get_output_embeddings()
         vocab = int(head.weight.shape[0]) if head is not None else int(self.model.config.vocab_size)
         per_seq = max(spec.max_new_tokens, 1) * vocab * 4  # fp32 logits kept per sequence
-        chunk_size = max(1, min(self.max_batch, self.logits_budget_bytes // per_seq))
-        starts = list(range(0, len(flat), chunk_size))
         synced = _world_size() > 1  # an FSDP-sharded model: every forward is a collective
+        own_loop = not (self.hf_generate or synced)
+        # only HF generate keeps every step's logits: the own loop needs no logits budget
+        chunk_size = self.max_batch if own_loop else \
+            max(1, min(self.max_batch, self.logits_budget_bytes // per_seq))
+        starts = list(range(0, len(flat), chunk_size))
         if synced:  # ... so every rank makes as many generate calls (an idle rank feeds a dummy row)
             from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
 
@@ -55,6 +63,9 @@ class HFEngine:
         try:
             for start in starts:
                 chunk = flat[start:start + chunk_size] if start is not None else [(-1, [self.pad_id])]
+                if own_loop:
+                    out.extend(self._sample_chunk(chunk, spec, gen))
+                    continue
                 # HF sampling draws from the global RNG: seed it from our own generator per chunk
                 torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
                 res = self._generate_chunk(chunk, spec, synced)
@@ -64,15 +75,34 @@ class HFEngine:
             self.model.train(was_training)
         return out
 
-    def _generate_chunk(self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec,
-                        synced: bool = False) -> list[Rollout]:
-        device = next(self.model.parameters()).device
+    def _left_padded(self, chunk: list[tuple[int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(ids) for _, ids in chunk)
         input_ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(chunk), width), dtype=torch.long)
         for row, (_, ids) in enumerate(chunk):
             input_ids[row, width - len(ids):] = torch.tensor(ids)
             attention[row, width - len(ids):] = 1
+        return input_ids, attention
+
+    def _sample_chunk(self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec,
+                      gen: torch.Generator) -> list[Rollout]:
+        device = next(self.model.parameters()).device
+        input_ids, attention = self._left_padded(chunk)
+        # the draws use a generator on the model's device, seeded from the call's own generator
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+        res = sample(self.model, input_ids.to(device), attention.to(device),
+                     max_new_tokens=spec.max_new_tokens, eos_ids=self.eos_ids, temperature=spec.temperature,
+                     top_p=spec.top_p, generator=torch.Generator(device=device).manual_seed(seed))
+        toks, logps = res.tokens.tolist(), res.logprobs.tolist()  # one conversion, then list slices
+        ends = zip(chunk, res.lengths.tolist(), res.finished.tolist())
+        return [Rollout(prompt_index=pidx, response_ids=toks[row][:n], logprobs=logps[row][:n], finished=f)
+                for row, ((pidx, _), n, f) in enumerate(ends)]
+
+    def _generate_chunk(self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec,
+                        synced: bool = False) -> list[Rollout]:
+        device = next(self.model.parameters()).device
+        width = max(len(ids) for _, ids in chunk)
+        input_ids, attention = self._left_padded(chunk)
         res = self.model.generate(
             input_ids=input_ids.to(device), attention_mask=attention.to(device),
             do_sample=True, temperature=spec.temperature, top_p=spec.top_p, top_k=0,

@@ -1,5 +1,6 @@
 """The HF engine: n samples per prompt in prompt order, with the trainer's own log-probs (T=1 raw
-logits), also when the logits budget cuts a call into many small `generate` chunks."""
+logits), from exgrpo's decode loop (finished rows dropped mid-call) and from HF `generate`, also
+when the logits budget cuts a call into many small `generate` chunks."""
 
 from __future__ import annotations
 
@@ -37,13 +38,17 @@ def _teacher_forced(model, prompt: list[int], response: list[int]) -> torch.Tens
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
-# one chunk | chunks of 3 sequences (3 x 12 steps x the vocabulary in fp32)
-@pytest.mark.parametrize(("budget", "chunks"), [(1 << 30, [7]), (3 * 12 * VOCAB * 4, [3, 3, 1])])
-def test_samples_and_logprobs(model, budget: int, chunks: list[int], monkeypatch) -> None:  # noqa: ANN001
+# own loop (never calls generate) | generate in one chunk | chunks of 3 sequences (3 x 12 steps x
+# the vocabulary in fp32) | own loop in chunks of max_batch=2 (the logits budget does not apply)
+@pytest.mark.parametrize(("hf_generate", "budget", "max_batch", "chunks"), [
+    (False, 1 << 30, 256, []), (True, 1 << 30, 256, [7]), (True, 3 * 12 * VOCAB * 4, 256, [3, 3, 1]),
+    (False, 3 * 12 * VOCAB * 4, 2, [])])
+def test_samples_and_logprobs(model, hf_generate: bool, budget: int, max_batch: int, chunks: list[int],  # noqa: ANN001
+                              monkeypatch) -> None:
     torch.set_num_threads(1)
     calls, generate = [], model.generate
     monkeypatch.setattr(model, "generate", lambda **kw: calls.append(len(kw["input_ids"])) or generate(**kw))
-    engine = HFEngine(model, Tok(), logits_budget_bytes=budget)
+    engine = HFEngine(model, Tok(), logits_budget_bytes=budget, max_batch=max_batch, hf_generate=hf_generate)
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
     spec = SamplingSpec(temperature=0.7, top_p=0.9, max_new_tokens=12, seed=1)
     out = engine.generate(prompts, [3, 0, 4], spec)
@@ -56,3 +61,29 @@ def test_samples_and_logprobs(model, budget: int, chunks: list[int], monkeypatch
         expected = _teacher_forced(model, prompts[r.prompt_index], r.response_ids)
         # raw T=1 log-probs although sampling used T=0.7 and top-p
         assert torch.allclose(torch.tensor(r.logprobs), expected, atol=1e-4), (r.logprobs, expected)
+
+
+def test_own_loop_drops_finished_rows_and_is_seeded(model) -> None:  # noqa: ANN001
+    """Many rows ending at different steps (so the loop compacts its batch several times): every
+    response still gets its own tokens and log-probs, and a seed repeats the call exactly."""
+    torch.set_num_threads(1)
+    engine = HFEngine(model, Tok())
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
+    spec = SamplingSpec(temperature=3.0, top_p=1.0, max_new_tokens=24, seed=3)  # hot: varied lengths
+    out = engine.generate(prompts, [12, 12, 12], spec)
+    lengths = {len(r.response_ids) for r in out}
+    assert len(lengths) > 3 and any(r.finished for r in out) and any(not r.finished for r in out)
+    for r in out:
+        expected = _teacher_forced(model, prompts[r.prompt_index], r.response_ids)
+        assert torch.allclose(torch.tensor(r.logprobs), expected, atol=1e-4)
+    again = engine.generate(prompts, [12, 12, 12], spec)
+    assert [r.response_ids for r in again] == [r.response_ids for r in out]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    from exgrpo_cli.rollout.sampling import filter_top_p
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.97, 0.01, 0.01, 0.01]]))
+    kept = torch.isfinite(filter_top_p(logits, 0.8))
+    assert kept.tolist() == [[True, True, False, False], [True, False, False, False]]
+    assert torch.equal(filter_top_p(logits, 1.0), logits)
