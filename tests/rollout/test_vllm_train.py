@@ -2,15 +2,20 @@
 .venv-vllm): the trainer samples with vLLM, syncs its weights into it after every update, and logs
 how far vLLM's log-probs of the sampled tokens are from the trainer's own (`rollout/logprob_diff_mean`).
 A diff near 0 at every step means the sync works: stale weights would show from step 2 on.
+Under torchrun every rank runs its own in-process engine (colocated, as on a GPU node) and syncs it
+from the FSDP2-sharded model, gathering one parameter at a time.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import REPO, cli_env, run_cli
 
 pytest.importorskip("vllm")
 
@@ -33,3 +38,24 @@ def test_train_with_vllm_rollouts_keeps_the_engine_in_sync(tiny_model, tmp_path)
         assert diff < 1e-3, (step, diff)
         assert rows[step]["optim/skipped_steps"] == 0.0
     assert rows[3]["val/accuracy"] >= 0.0
+
+
+def test_torchrun_ranks_each_sync_their_own_engine(tiny_model, tmp_path) -> None:
+    out = tmp_path / "run"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(port),
+           "-m", "exgrpo_cli", "train", "rollout=vllm", "trainer.steps=2",
+           "algo.questions_per_step=4", "rollout.n=4", "trainer.val_questions=4", "trainer.val_samples=1",
+           "trainer.threads=1", "logger.wandb.mode=disabled", "logger.console=false", "algo.lr=1e-3",
+           f"hydra.run.dir={out}"]
+    res = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(rows) == [0, 1, 2]
+    for step in (1, 2):
+        # run-wide means over both ranks' engines: one rank left unsynced would lift the mean
+        assert rows[step]["rollout/logprob_diff_mean"] < 1e-3, (step, rows[step])
+    assert rows[1]["rollout/responses"] == 16.0  # 4 questions x 4 responses, both ranks' groups
