@@ -133,7 +133,9 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch CPU threads (0: all cores)
     dist_timeout_s: int = 1800  # torchrun runs: a collective waiting longer than this fails the run
-    fsdp_mixed_precision: str = ""  # torchrun runs on CUDA: "" (the model dtype) | bf16
+    # torchrun runs on CUDA: "" (compute in model.dtype) | bf16 | fp16: compute dtype over fp32
+    # master weights (with model.dtype=float32: bf16 weights round lr~1e-6 updates away)
+    fsdp_mixed_precision: str = ""
 
 
 @dataclass
@@ -297,6 +299,8 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", t.max_skipped_steps, ">= 1")
     _one_of("trainer.device", t.device, ("auto", "cpu", "cuda"))
     _check(t.threads >= 0, "trainer.threads", t.threads, ">= 0")
+    _one_of("trainer.fsdp_mixed_precision", t.fsdp_mixed_precision,
+            ("", "bf16", "bfloat16", "fp16", "float16"))
     if t.resume not in ("auto", "never"):
         _check(os.path.isdir(t.resume), "trainer.resume", t.resume,
                "auto, never or an existing checkpoint folder")

@@ -72,6 +72,7 @@ def test_replay_none_is_on_policy():
     ("model.path=/nonexistent/model", "model.path"),
     ("model.template=nope", "model.template"),
     ("algo.lr=0", "algo.lr"),
+    ("trainer.fsdp_mixed_precision=fp8", "trainer.fsdp_mixed_precision"),
 ])
 def test_invalid_values_name_the_key(override: str, key: str):
     cfg = _compose(override.split())

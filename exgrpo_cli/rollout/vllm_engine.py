@@ -116,8 +116,14 @@ class VLLMEngine:
             model.config.save_pretrained(tmp.name)
             path = tmp.name
         eval_tokens = getattr(getattr(cfg, "eval", None), "max_new_tokens", 0) or 0
+        dtype = m.dtype
+        mixed = getattr(getattr(cfg, "trainer", None), "fsdp_mixed_precision", "") or ""
+        if mixed and torch.cuda.is_available():
+            # fp32 master weights in the trainer, bf16/fp16 compute: the engine only samples, so it
+            # runs in the compute dtype (the sync casts the fp32 weights as it copies them)
+            dtype = "float16" if mixed in ("fp16", "float16") else "bfloat16"
         engine = cls(
-            path, eos_token_ids(tokenizer, model, path), dtype=m.dtype,
+            path, eos_token_ids(tokenizer, model, path), dtype=dtype,
             max_model_len=m.max_prompt_tokens + max(m.max_response_tokens, eval_tokens),
             seed=cfg.trainer.seed, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             enforce_eager=cfg.rollout.enforce_eager, load_format="dummy" if model is not None else "auto",

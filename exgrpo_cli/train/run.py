@@ -13,6 +13,7 @@ import logging
 import random
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -127,6 +128,8 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     device = dist.device if dist.distributed else pick_device(cfg.trainer.device)
+    if device.type == "cuda" and cfg.model.dtype != "float32" and dist.is_main:
+        _warn_low_precision_weights(cfg)
     random.seed(cfg.trainer.seed)
     np.random.seed(cfg.trainer.seed % 2**32)
     torch.manual_seed(cfg.trainer.seed)
@@ -239,6 +242,18 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
         D.close_distributed()
     final["time/total_s"] = time.time() - t0
     return final
+
+
+def _warn_low_precision_weights(cfg: ExgrpoConfig) -> None:
+    """bf16 keeps 8 bits of mantissa: an AdamW step of ~lr on a weight of ~1e-2 rounds away when
+    lr is 1e-6 (the paper's), so bf16 *weights* may not train at all. Mixed precision keeps fp32
+    master weights and computes in bf16; say so once, at start-up, where it is still cheap to fix."""
+    msg = (f"model.dtype={cfg.model.dtype}: the trained weights themselves are {cfg.model.dtype}; "
+           f"updates below ~1/256 of a weight round away (algo.lr={cfg.algo.lr:g}). For training prefer "
+           "model.dtype=float32 trainer.fsdp_mixed_precision=bf16 (fp32 master weights, bf16 compute "
+           "and vLLM) under torchrun")
+    log.warning(msg)
+    print(f"exgrpo train: warning: {msg}", file=sys.stderr)
 
 
 def _share_run_dir(cfg: ExgrpoConfig, dist: D.DistInfo) -> ExgrpoConfig:
