@@ -134,8 +134,7 @@ def _engine_diff(engine, model, prompts: list[list[int]]) -> float:  # noqa: ANN
         lp, _ = forward_logprobs(model, sb)
     diffs = []
     for r, o in enumerate(out):
-        start = len(prompts[o.prompt_index]) - 1
-        trainer = lp[r, start:start + len(o.response_ids)].float().cpu()
+        trainer = lp[r, :len(o.response_ids)].float().cpu()  # log-probs are response-aligned
         diffs.append((trainer - torch.tensor(o.logprobs)).abs())
     return float(torch.cat(diffs).mean())
 

@@ -1,8 +1,16 @@
-"""Teacher-forced forward passes over prompt+response sequences.
+"""Teacher-forced forward passes over prompt+response sequences, scoring only response tokens.
 
-Rows are concatenated prompt+response token ids, right-padded; position t predicts token t+1,
-so the response mask is shifted by one against the inputs. Rows are grouped into micro-batches by
-a token budget (length-sorted, so padding stays small) to keep memory bounded for long responses.
+Layout of a packed batch (the one the rollout saw, and TRL's): each prompt is left-padded to the
+longest prompt P of the batch and each response right-padded to the longest response R, so every
+row's response starts at column P. The logit at column P-1+j predicts response token j, hence the
+model projects only the last R+1 positions onto the vocabulary (`logits_to_keep`): with a large
+vocabulary, and prompts as long as responses, the prompt positions' logits, their log-softmax and
+their entropy would otherwise cost as much as everything the loss uses. Position ids count from
+each row's first real token, as in generation. Rows are grouped into micro-batches by a token
+budget (length-sorted, so padding stays small) to keep memory bounded for long responses.
+
+All per-token outputs are response-aligned: [B, R], column j = response token j, masked by
+`response_mask` beyond each row's length.
 """
 
 from __future__ import annotations
@@ -17,29 +25,32 @@ from exgrpo_cli.algo.logprobs import token_entropy, token_logprobs
 
 @dataclass
 class SequenceBatch:
-    input_ids: Tensor  # [B, L] long, right-padded prompt+response
-    attention_mask: Tensor  # [B, L]
-    response_mask: Tensor  # [B, L-1] float: 1 where target token t+1 is a response token
+    input_ids: Tensor  # [B, P+R] long: left-padded prompt, then right-padded response
+    attention_mask: Tensor  # [B, P+R] long
+    position_ids: Tensor  # [B, P+R] long: 0 at each row's first real token
+    response_mask: Tensor  # [B, R] float: 1 on each row's response tokens
     rows: list[int]  # indices of these rows in the caller's list
 
     @property
     def targets(self) -> Tensor:
-        return self.input_ids[:, 1:]
+        """The response tokens [B, R] (pad beyond each row's length)."""
+        return self.input_ids[:, self.input_ids.shape[1] - self.response_mask.shape[1]:]
 
 
 def pack(prompts: list[list[int]], responses: list[list[int]], rows: list[int], pad_id: int,
          device: torch.device) -> SequenceBatch:
-    seqs = [prompts[i] + responses[i] for i in rows]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    att = torch.zeros((len(rows), width), dtype=torch.long)
-    resp = torch.zeros((len(rows), width - 1))
-    for r, i in enumerate(rows):
-        p, n = len(prompts[i]), len(responses[i])
-        ids[r, :p + n] = torch.tensor(seqs[r])
-        att[r, :p + n] = 1
-        resp[r, p - 1:p - 1 + n] = 1.0
-    return SequenceBatch(ids.to(device), att.to(device), resp.to(device), rows)
+    P = max(len(prompts[i]) for i in rows)
+    R = max(len(responses[i]) for i in rows)
+    # one tensor conversion for the whole batch instead of one per row
+    ids = torch.tensor([[pad_id] * (P - len(prompts[i])) + list(prompts[i]) + list(responses[i])
+                        + [pad_id] * (R - len(responses[i])) for i in rows], dtype=torch.long)
+    plen = torch.tensor([len(prompts[i]) for i in rows])[:, None]
+    rlen = torch.tensor([len(responses[i]) for i in rows])[:, None]
+    col = torch.arange(P + R)[None, :]
+    att = ((col >= P - plen) & (col < P + rlen)).long()
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    resp = (torch.arange(R)[None, :] < rlen).float()
+    return SequenceBatch(ids.to(device), att.to(device), pos.to(device), resp.to(device), list(rows))
 
 
 def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -57,21 +68,29 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     return chunks
 
 
+def response_logits(model, batch: SequenceBatch) -> Tensor:  # noqa: ANN001
+    """Logits [B, R, V] of the positions that predict the response tokens."""
+    keep = batch.response_mask.shape[1] + 1
+    kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                  position_ids=batch.position_ids, use_cache=False)
+    try:
+        logits = model(**kwargs, logits_to_keep=keep).logits
+    except TypeError:  # a remote-code model without logits_to_keep: project everything, then cut
+        logits = model(**kwargs).logits
+    return logits[:, -keep:-1]
+
+
 def forward_logprobs(model, batch: SequenceBatch, *, temperature: float = 1.0,
                      with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-    """Log-probs [B, L-1] of the target tokens (and per-token entropies when asked)."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   use_cache=False).logits[:, :-1]
+    """Log-probs [B, R] of the response tokens (and per-token entropies when asked)."""
+    logits = response_logits(model, batch)
     logp = token_logprobs(logits, batch.targets, temperature)
     ent = token_entropy(logits, temperature) if with_entropy else None
     return logp, ent
 
 
-def pad_rows(values: list[list[float]], batch: SequenceBatch, prompt_lens: list[int]) -> Tensor:
-    """Per-response-token values (e.g. stored behaviour log-probs) laid out like `batch`'s targets."""
-    out = torch.zeros_like(batch.response_mask)
-    for r, i in enumerate(batch.rows):
-        v = values[i]
-        start = prompt_lens[i] - 1
-        out[r, start:start + len(v)] = torch.tensor(v, dtype=out.dtype)
-    return out
+def pad_rows(values: list[list[float]], batch: SequenceBatch) -> Tensor:
+    """Per-response-token values (e.g. stored behaviour log-probs) laid out like `batch`'s log-probs."""
+    R = batch.response_mask.shape[1]
+    rows = [list(values[i][:R]) + [0.0] * (R - min(len(values[i]), R)) for i in batch.rows]
+    return torch.tensor(rows, dtype=batch.response_mask.dtype, device=batch.response_mask.device)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from exgrpo_cli.algo.logprobs import token_entropy, token_logprobs
-from exgrpo_cli.policy.forward import micro_batches, pack
+from exgrpo_cli.policy.forward import micro_batches, pack, response_logits
 
 
 @torch.no_grad()
@@ -29,16 +29,15 @@ def score_candidates(model, prompts: list[list[int]], responses: list[list[int]]
             for start in range(0, len(chunk), max_rows):
                 rows = chunk[start:start + max_rows]
                 batch = pack(prompts, responses, rows, pad_id, device)
-                logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                               use_cache=False).logits[:, :-1]
+                logits = response_logits(model, batch)  # response positions only
                 if mode == "lowest_nll":
                     per_tok = -token_logprobs(logits, batch.targets, 1.0)
                 else:
                     per_tok = token_entropy(logits, temperature)
                 m = batch.response_mask
                 mean = (per_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-                for r, i in enumerate(rows):
-                    scores[i] = float(mean[r])
+                for i, v in zip(rows, mean.tolist()):
+                    scores[i] = v
     finally:
         model.train(was_training)
     return scores

@@ -86,7 +86,7 @@ def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, ad
             logp, ent = forward_logprobs(model, sb, with_entropy=s.entropy_coef > 0)
             mask = sb.response_mask
             rmask = batch.replay_mask[sb.rows].to(device)
-            behaviour = _behaviour(logp, sb, batch, old, rmask, s.importance_correction, prompt_lens)
+            behaviour = _behaviour(logp, sb, batch, old, rmask, s.importance_correction)
             losses, clip_hit = exgrpo_token_losses(logp, behaviour, advantages[sb.rows].to(device), mask,
                                                    rmask, clip_eps=s.clip_eps, beta=s.beta)
             loss = losses.sum() / normalizer
@@ -97,7 +97,7 @@ def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, ad
             loss.backward()
             mb_loss += float(loss.detach())
             res.stats += loss_stats(losses, logp, behaviour, mask, rmask, clip_hit, normalizer)
-            res.logprob_diff_sum += _rollout_diff(logp, sb, batch, rmask, prompt_lens)
+            res.logprob_diff_sum += _rollout_diff(logp, sb, batch, rmask)
         norm = float(torch.nn.utils.clip_grad_norm_(params, s.grad_clip))  # global under FSDP
         res.grad_norms.append(norm)
         # every rank must take the same decision, and a non-finite loss may be on one rank only
@@ -113,14 +113,14 @@ def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, ad
 
 
 def _behaviour(logp: Tensor, sb, batch: MixedBatch, old: dict[int, list[float]], rmask: Tensor,  # noqa: ANN001
-               importance_correction: bool, prompt_lens: list[int]) -> Tensor:
+               importance_correction: bool) -> Tensor:
     cur = logp.detach()
     fresh_old = cur
     if old:  # later mini-batches of a multi-update step: pi_old from the pre-update pass
-        fresh_old = pad_rows([old.get(i, []) for i in range(len(batch))], sb, prompt_lens).to(cur.device)
+        fresh_old = pad_rows([old.get(i, []) for i in range(len(batch))], sb).to(cur.device)
     if not importance_correction or not bool(rmask.any()):
         return torch.where(rmask.unsqueeze(-1), cur, fresh_old)
-    stored = pad_rows([v if v is not None else [] for v in batch.behavior_logp], sb, prompt_lens)
+    stored = pad_rows([v if v is not None else [] for v in batch.behavior_logp], sb)
     return torch.where(rmask.unsqueeze(-1), stored.to(cur.device), fresh_old)
 
 
@@ -147,17 +147,16 @@ def _old_logprobs(model, batch: MixedBatch, minibatches: list[list[int]], s: Upd
                 continue
             sb = pack(batch.prompt_ids, batch.response_ids, [rows[c] for c in chunk], pad_id, device)
             logp, _ = forward_logprobs(model, sb)
-            for r, i in enumerate(sb.rows):
-                start = prompt_lens[i] - 1
-                out[i] = logp[r, start:start + len(batch.response_ids[i])].tolist()
+            for i, row in zip(sb.rows, logp.tolist()):
+                out[i] = row[:len(batch.response_ids[i])]
     return out
 
 
-def _rollout_diff(logp: Tensor, sb, batch: MixedBatch, rmask: Tensor, prompt_lens: list[int]) -> float:  # noqa: ANN001
+def _rollout_diff(logp: Tensor, sb, batch: MixedBatch, rmask: Tensor) -> float:  # noqa: ANN001
     """Sum of |trainer log-prob - rollout-engine log-prob| over fresh tokens (a sync diagnostic)."""
     fresh_rows = [r for r, i in enumerate(sb.rows) if not bool(rmask[r]) and batch.behavior_logp[i]]
     if not fresh_rows:
         return 0.0
-    engine = pad_rows([v if v is not None else [] for v in batch.behavior_logp], sb, prompt_lens)
+    engine = pad_rows([v if v is not None else [] for v in batch.behavior_logp], sb)
     diff = (logp.detach() - engine.to(logp.device)).abs() * sb.response_mask
     return float(diff[fresh_rows].sum())

@@ -47,12 +47,35 @@ def test_micro_batches_respect_the_token_budget():
     assert micro_batches([100], 10) == [[0]]  # a row longer than the budget still goes alone
 
 
-def test_pack_aligns_response_mask_with_targets():
+def test_pack_left_pads_prompts_and_right_pads_responses():
     sb = pack([[1, 2, 3], [4]], [[7, 8], [9, 10, 11]], [0, 1], pad_id=0, device=torch.device("cpu"))
-    assert sb.input_ids.tolist() == [[1, 2, 3, 7, 8], [4, 9, 10, 11, 0]]
-    # target t+1 is a response token: row 0 targets 7, 8 at positions 2, 3
-    assert sb.response_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
-    assert (sb.targets * sb.response_mask.long()).tolist() == [[0, 0, 7, 8], [9, 10, 11, 0]]
+    # every response starts at column P=3; the logit of column 2+j predicts response token j
+    assert sb.input_ids.tolist() == [[1, 2, 3, 7, 8, 0], [0, 0, 4, 9, 10, 11]]
+    assert sb.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
+    assert sb.position_ids[1, 2:].tolist() == [0, 1, 2, 3]  # counted from the first real token
+    assert sb.response_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert (sb.targets * sb.response_mask.long()).tolist() == [[7, 8, 0], [9, 10, 11]]
+
+
+def test_response_logprobs_match_each_row_alone(tiny_model):
+    """Padding on both sides and the response-only projection change nothing: each row's
+    log-probs and entropies equal those of the row run alone without padding."""
+    from exgrpo_cli.config import ModelConfig
+    from exgrpo_cli.policy.forward import forward_logprobs
+    from exgrpo_cli.policy.model import load_model
+
+    model = load_model(ModelConfig(path=str(tiny_model)), torch.device("cpu")).eval()
+    prompts, responses = [[5, 6, 7, 8], [9], [10, 11]], [[12, 13], [14, 15, 16, 17, 18], [19]]
+    sb = pack(prompts, responses, [0, 1, 2], pad_id=0, device=torch.device("cpu"))
+    with torch.no_grad():
+        lp, ent = forward_logprobs(model, sb, with_entropy=True)
+        for r in range(3):
+            ids = torch.tensor([prompts[r] + responses[r]])
+            logits = model(input_ids=ids).logits[0, len(prompts[r]) - 1:-1]
+            ref = torch.log_softmax(logits, -1)
+            n, picked = len(responses[r]), ref.gather(-1, torch.tensor(responses[r])[:, None])[:, 0]
+            assert torch.allclose(lp[r, :n], picked, atol=1e-5)
+            assert torch.allclose(ent[r, :n], -(ref.exp() * ref).sum(-1), atol=1e-5)
 
 
 def test_delayed_start_is_one_way():
