@@ -80,7 +80,9 @@ class AlgoConfig:
     clip_after_start: bool = False  # keep PPO clipping on fresh tokens after the delayed start
     scale_by_std: bool = False  # Dr.GRPO: no division by the group std
     entropy_coef: float = 0.001
-    micro_batch_tokens: int = 16384  # token budget of one forward/backward chunk
+    # token budget of one forward/backward chunk; 0: auto, 16384 on a GPU, 2048 on a CPU, where
+    # chunks that stay in cache made the tiny model's update 1.35x faster than 16384
+    micro_batch_tokens: int = 0
 
 
 @dataclass
@@ -268,7 +270,7 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(a.entropy_coef >= 0, "algo.entropy_coef", a.entropy_coef, ">= 0")
     _check(len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), "algo.betas", a.betas,
            "two numbers in [0, 1)")
-    _check(a.micro_batch_tokens >= 1, "algo.micro_batch_tokens", a.micro_batch_tokens, ">= 1")
+    _check(a.micro_batch_tokens >= 0, "algo.micro_batch_tokens", a.micro_batch_tokens, ">= 0 (0: auto)")
 
     _check(0.0 <= p.ratio <= 1.0, "replay.ratio", p.ratio, "a number in [0, 1]")
     _check(0.0 <= p.start_threshold <= 1.0, "replay.start_threshold", p.start_threshold, "[0, 1]")

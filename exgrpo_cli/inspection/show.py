@@ -86,6 +86,7 @@ def show_question(checkpoint: Path, buf: ExperienceBuffer, uid: str, fallback: E
 def _entropies(cfg: ExgrpoConfig, mcfg, tok, prompt: str, exps) -> list[float]:  # noqa: ANN001
     from transformers.utils import logging as hf_logging
 
+    from exgrpo_cli.policy.forward import token_budget
     from exgrpo_cli.policy.model import load_model, pick_device
     from exgrpo_cli.replay.scoring import score_candidates
 
@@ -94,9 +95,10 @@ def _entropies(cfg: ExgrpoConfig, mcfg, tok, prompt: str, exps) -> list[float]: 
     model = load_model(mcfg, pick_device("auto"))
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    budget = token_budget(cfg.algo.micro_batch_tokens, next(model.parameters()).device)
     return score_candidates(model, [ids] * len(exps), [e.response_ids.tolist() for e in exps],
                             mode="lowest_entropy", temperature=cfg.rollout.temperature, pad_id=pad,
-                            token_budget=cfg.algo.micro_batch_tokens, max_rows=cfg.replay.entropy_batch_size)
+                            token_budget=budget, max_rows=cfg.replay.entropy_batch_size)
 
 
 def print_show(info: dict[str, Any], console) -> None:  # noqa: ANN001 - a rich Console

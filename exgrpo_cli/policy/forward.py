@@ -53,6 +53,15 @@ def pack(prompts: list[list[int]], responses: list[list[int]], rows: list[int], 
     return SequenceBatch(ids.to(device), att.to(device), pos.to(device), resp.to(device), list(rows))
 
 
+AUTO_TOKEN_BUDGET = {"cuda": 16384, "cpu": 2048}
+
+
+def token_budget(configured: int, device: torch.device) -> int:
+    """`algo.micro_batch_tokens`, with 0 meaning the device's default: big chunks keep a GPU busy,
+    while on a CPU small ones run faster (their activations stay in cache)."""
+    return configured if configured > 0 else AUTO_TOKEN_BUDGET.get(device.type, AUTO_TOKEN_BUDGET["cuda"])
+
+
 def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     """Row indices grouped so that rows * longest row <= token_budget (at least one row each)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])

@@ -25,6 +25,7 @@ from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, broadcast_object
+from exgrpo_cli.policy.forward import token_budget
 from exgrpo_cli.replay.buffer import Experience, ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
 from exgrpo_cli.replay.schedule import DelayedStart
@@ -136,6 +137,10 @@ class Trainer:
         return metrics
 
     @property
+    def token_budget(self) -> int:
+        return token_budget(self.cfg.algo.micro_batch_tokens, next(self.model.parameters()).device)
+
+    @property
     def pad_id(self) -> int:
         tok = self.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -147,7 +152,7 @@ class Trainer:
             clip_eps=None if after_start and not a.clip_after_start else a.clip_eps,
             beta=p.beta if p.shaping else None, importance_correction=p.importance_correction,
             entropy_coef=a.entropy_coef, max_response_tokens=self.cfg.model.max_response_tokens,
-            updates=a.updates_per_step, micro_batch_tokens=a.micro_batch_tokens,
+            updates=a.updates_per_step, micro_batch_tokens=self.token_budget,
             grad_clip=a.grad_clip, skip_grad_norm_above=a.skip_grad_norm_above)
 
     # ------------------------------------------------------------------ stages
@@ -173,7 +178,7 @@ class Trainer:
             with timers("select_scoring"):
                 flat = score_candidates(self.model, prompts, responses, mode=p.trajectory_selection,
                                         temperature=self.cfg.rollout.temperature, pad_id=self.pad_id,
-                                        token_budget=self.cfg.algo.micro_batch_tokens,
+                                        token_budget=self.token_budget,
                                         max_rows=p.entropy_batch_size)
             for u, s in zip(owners, flat):
                 scores.setdefault(u, []).append(s)
