@@ -139,3 +139,13 @@ def test_shipped_asset_loads():
     assert size < 8 * 2**20, f"the shipped tiny model is {size / 2**20:.1f} MiB"
     info = json.loads((path / "build_info.json").read_text())
     assert info["heldout_sampled"]["accuracy"] > 0.1
+
+
+def test_warm_start_pool_leaves_out_the_rl_pool_and_the_held_out_set():
+    train, val = tiny_builder.train_and_val(**tiny_builder.DATA)
+    key = lambda q: (q.meta["a"], q.meta["op"], q.meta["b"])  # noqa: E731
+    pool = tiny_builder.sft_pool(train + val, seed=0)
+    seen = {key(q) for q in pool}
+    assert len(pool) == tiny_builder.SFT_POOL == len(seen)
+    assert not seen & {key(q) for q in val}
+    assert not seen & {key(q) for q in train}

@@ -7,8 +7,9 @@ Three reproducible (seeded) stages, all offline:
    is learnable), trained on the arithmetic task's prompts and worked solutions, with a Qwen-style
    chat template, `<|endoftext|>` / `<|im_start|>` / `<|im_end|>` and the format markers as tokens;
 2. a ~0.8M-parameter Qwen2 with random initial weights;
-3. a short supervised warm start (response tokens only) on a pool of its own (the held-out set left
-   out), stopped early on purpose so that the RL stage has room to show learning.
+3. a short supervised warm start (response tokens only) on a pool of its own (the held-out set and
+   the RL pool left out, so that RL questions are as new to it as held-out ones), stopped early on
+   purpose so that the RL stage has room to show learning.
 
 It ends with the held-out sampled accuracy (temperature 1.0, K samples per question) and writes a
 standard Hugging Face folder (safetensors, tokenizer, generation config) plus `build_info.json`.
@@ -244,14 +245,15 @@ def sampled_accuracy(model, tokenizer, questions: list[Question], *, k: int, see
     }
 
 
-def sft_pool(val: list[Question], seed: int, size: int = SFT_POOL) -> list[Question]:
-    """The warm start's questions: a large pool drawn with a seed of its own, the held-out set left
-    out. Drilling the RL pool itself (4000 questions) makes the tiny model memorise those answers:
-    it then scores far higher on them than on held-out questions, and RL on them barely transfers."""
-    held_out = {(q.meta["a"], q.meta["op"], q.meta["b"]) for q in val}
-    pool = generate(size + len(val), max_digits=DATA["max_digits"], ops=DATA["ops"],
+def sft_pool(exclude: list[Question], seed: int, size: int = SFT_POOL) -> list[Question]:
+    """The warm start's questions: a large pool drawn with a seed of its own, with `exclude` (the RL
+    training pool and the held-out set) left out. A warm start that has seen the RL pool memorises
+    those answers: it then scores far higher on them than on held-out questions (measured: ~0.46 vs
+    0.33 sampled accuracy with 85% of the pool seen), and RL on memorised questions barely transfers."""
+    excluded = {(q.meta["a"], q.meta["op"], q.meta["b"]) for q in exclude}
+    pool = generate(size + len(exclude), max_digits=DATA["max_digits"], ops=DATA["ops"],
                     seed=DATA["seed"] + 1 + seed, prefix="sft")
-    return [q for q in pool if (q.meta["a"], q.meta["op"], q.meta["b"]) not in held_out][:size]
+    return [q for q in pool if (q.meta["a"], q.meta["op"], q.meta["b"]) not in excluded][:size]
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -266,7 +268,9 @@ def build(out: str | Path, *, sft_steps: int = 1050, seed: int = 0, threads: int
     tokenizer = build_tokenizer(train)
     model = build_model(tokenizer, seed)
     n_params = sum(p.numel() for p in model.parameters())
-    examples = encode_examples(sft_pool(val, seed), tokenizer)
+    # the RL pool and the held-out set hold every one-digit question (there are only 300), so the warm
+    # start never sees one and scores ~0 on them: hard questions for RL, measured and kept as they are
+    examples = encode_examples(sft_pool(train + val, seed), tokenizer)
     longest = max(len(r) for _, r in examples)
     print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params:,} parameters; "
           f"prompt tokens <= {max(len(p) for p, _ in examples)}, response tokens <= {longest}", flush=True)
