@@ -10,9 +10,12 @@ Per item, in order:
 3. kind "choice": the letter A-J in the extracted answer against the gold letter, in this process.
    A gold answer that holds no letter scores 0 and counts as an error.
 4. kind "math": an empty gold answer scores 0 and counts as an error; an answer that is empty
-   after `normalise` (whitespace, `$`/box wrappers) scores 0; equal keys score 1 at once; anything
-   else goes to a worker, which parses `$gold$` and `$pred$` with math-verify and checks
-   equivalence under the hard per-item timeout (`pool.py`).
+   after `normalise` (whitespace, `$`/box wrappers) scores 0; equal keys score 1 at once; two
+   plain integers are compared as integers at once (math-verify would parse both to the same
+   sympy Integers; wrong integer answers are most of an arithmetic or AIME-style batch, and each
+   cost a worker round trip and a ~2 ms parse); anything else goes to a worker, which parses
+   `$gold$` and `$pred$` with math-verify and checks equivalence under the hard per-item timeout
+   (`pool.py`).
 
 Only extracted strings, never the full responses, cross the process boundary.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +35,7 @@ from exgrpo_cli.reward.pool import VerifyPool
 log = logging.getLogger(__name__)
 
 KINDS = ("math", "choice")
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # a whole key, after normalise: no spaces, no wrappers
 MAX_ANSWER_CHARS = 1000
 
 
@@ -110,6 +115,8 @@ class RewardScorer:
             return 0.0, False
         if pred_key == gold_key:
             return 1.0, False
+        if _INTEGER.fullmatch(pred_key) and _INTEGER.fullmatch(gold_key):
+            return float(int(pred_key) == int(gold_key)), False
         return None, False
 
     def score(

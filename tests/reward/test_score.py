@@ -205,3 +205,21 @@ def test_workers_that_cannot_start_raise() -> None:
     with RewardScorer(workers=1, memory_limit_mb=1) as s:
         with pytest.raises(RuntimeError, match="failed to start"):
             s.score(["\\boxed{1/3}"], ["0.5"])
+
+
+INTEGER_PAIRS = [("7", "007"), ("-0", "0"), ("12", "13"), ("+4", "4"), ("-3", "3"), ("148", "148.0"),
+                 ("12345678901234567890", "12345678901234567891"), ("1000", "1,000"), ("5", "x=5")]
+
+
+def test_integer_fast_path_agrees_with_math_verify(scorer: RewardScorer, monkeypatch) -> None:
+    """Two plain integers are settled in-process; the result is the worker's (math-verify's)."""
+    preds = [f"\\boxed{{{p}}}" for p, _ in INTEGER_PAIRS]
+    golds = [g for _, g in INTEGER_PAIRS]
+    fast = scorer.score(preds, golds).rewards
+    sent = []
+    run = scorer._pool.run
+    monkeypatch.setattr(scorer._pool, "run", lambda items, budget: sent.extend(items) or run(items, budget))
+    monkeypatch.setattr("exgrpo_cli.reward.scorer._INTEGER", __import__("re").compile(r"(?!)"))  # off
+    slow = scorer.score(preds, golds).rewards
+    assert fast == slow == [1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0]
+    assert len(sent) == len(INTEGER_PAIRS)  # with the fast path off, every pair went to a worker
