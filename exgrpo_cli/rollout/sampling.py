@@ -12,7 +12,9 @@ what a rollout needs:
   live rows instead of the longest one;
 - the raw (temperature 1) log-prob of the drawn token is read from the step's logits at once, so
   no [steps, rows, vocab] tensor is ever kept;
-- sampling from softmax(logits / T) with top-p filtering, drawn with the caller's generator.
+- sampling from softmax(logits / T) with top-p filtering, drawn with the caller's generator by
+  inverting the CDF (one uniform per row, a binary search): on a CPU `torch.multinomial` took
+  3.2 ms for 128 x 364 probabilities and 83 ms for 32 x 49k, the inverse CDF 0.3 ms and 15 ms.
 
 Shapes: `input_ids`/`attention_mask` [B, W] left-padded; results [B, max_new_tokens] (tokens,
 log-probs; zeros after a row's end) and [B] (lengths, finished flags).
@@ -49,11 +51,16 @@ def filter_top_p(logits: Tensor, top_p: float) -> Tensor:
 
 
 def draw(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
-    """One token per row from softmax(filter_top_p(logits / T)). logits [b, V] fp32 -> [b] long."""
+    """One token per row from softmax(filter_top_p(logits / T)). logits [b, V] fp32 -> [b] long.
+
+    Inverse-CDF sampling: the CDF is accumulated in float64 so that even a 150k vocabulary's
+    rounding cannot shift a token's interval noticeably; u in (0, total] and a left search
+    never land on a zero-probability (top-p filtered) token."""
     if temperature != 1.0:
         logits = logits / temperature
-    probs = filter_top_p(logits, top_p).softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    cdf = filter_top_p(logits, top_p).softmax(-1).double().cumsum(-1)
+    u = 1.0 - torch.rand((len(cdf), 1), generator=generator, dtype=cdf.dtype, device=cdf.device)
+    return torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
 @torch.no_grad()

@@ -87,3 +87,16 @@ def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     kept = torch.isfinite(filter_top_p(logits, 0.8))
     assert kept.tolist() == [[True, True, False, False], [True, False, False, False]]
     assert torch.equal(filter_top_p(logits, 1.0), logits)
+
+
+def test_draw_follows_the_distribution_and_skips_filtered_tokens() -> None:
+    from exgrpo_cli.rollout.sampling import draw
+
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    logits = torch.log(probs).repeat(100_000, 1)
+    gen = torch.Generator().manual_seed(0)
+    freq = torch.bincount(draw(logits, 1.0, 1.0, gen), minlength=5).float() / len(logits)
+    assert torch.allclose(freq, probs, atol=0.006) and freq[4] == 0
+    # top-p 0.8 keeps tokens 0 and 1 only, renormalised to 0.625 / 0.375
+    freq = torch.bincount(draw(logits, 1.0, 0.8, gen), minlength=5).float() / len(logits)
+    assert torch.allclose(freq, torch.tensor([0.625, 0.375, 0, 0, 0]), atol=0.006)
