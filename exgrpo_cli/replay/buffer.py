@@ -15,8 +15,9 @@ question. Retiring a question frees its memory at once (no compaction pass), and
 never touches token data: it reads only the per-bucket question lists.
 
 Buckets are ranges of accuracy k/K. A question sits in the bucket of its latest accuracy;
-each bucket keeps its questions in a dict used as an insertion-ordered set, so membership
-order, and with it seeded selection, survives a save/load round trip.
+each bucket keeps its questions in an ``IndexedSet`` (O(1) add, remove and access by position,
+so selecting from a million experiences never copies a bucket), whose member order, and with it
+seeded selection, survives a save/load round trip.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from exgrpo_cli.replay.indexed_set import IndexedSet
 
 FORMAT_VERSION = 1
 ARRAYS_FILE = "experiences.safetensors"
@@ -101,7 +104,7 @@ class ExperienceBuffer:
 
     def _clear(self) -> None:
         self._questions: dict[str, _Question] = {}
-        self._buckets: list[dict[str, None]] = [{} for _ in self._centres]
+        self._buckets: list[IndexedSet] = [IndexedSet() for _ in self._centres]
         self._retired: dict[str, None] = {}  # insertion-ordered so readmission is reproducible
         self._pending: dict[str, None] = {}  # reached k == K this step; retired by end_step
         self._num_experiences = 0
@@ -126,8 +129,12 @@ class ExperienceBuffer:
         return [len(b) for b in self._buckets]
 
     def questions_in_bucket(self, b: int) -> list[str]:
-        """Questions of bucket ``b`` in the order they entered it."""
+        """Questions of bucket ``b`` in slot order (a copy: O(bucket size))."""
         return list(self._buckets[b])
+
+    def question_at(self, b: int, i: int) -> str:
+        """``questions_in_bucket(b)[i]`` in O(1): what selection uses."""
+        return self._buckets[b].member(i)
 
     # ----------------------------------------------------------------- updates
     def observe_group(self, uid: str, num_correct: int, correct: Sequence[tuple[np.ndarray, np.ndarray]],
@@ -159,12 +166,12 @@ class ExperienceBuffer:
                 return  # a question with nothing stored could be selected but not replayed
             q = _Question(b, np.empty(0, np.int32), np.empty(0, np.float32), np.empty((0, 4), np.int64))
             self._questions[uid] = q
-            self._buckets[b][uid] = None
+            self._buckets[b].add(uid)
             if self.max_experiences:
                 heapq.heappush(self._heap, (self._next_seq, uid))
         elif q.bucket != b:
-            del self._buckets[q.bucket][uid]
-            self._buckets[b][uid] = None
+            self._buckets[q.bucket].remove(uid)
+            self._buckets[b].add(uid)
             q.bucket = b
         if ids:
             seqs = range(self._next_seq, self._next_seq + len(ids))
@@ -236,7 +243,7 @@ class ExperienceBuffer:
 
     def _remove(self, uid: str) -> None:
         q = self._questions.pop(uid)
-        del self._buckets[q.bucket][uid]
+        self._buckets[q.bucket].remove(uid)
         self._num_experiences -= len(q.meta)
         self._tokens -= int(q.meta[:, _LEN].sum())
 
@@ -390,7 +397,7 @@ class ExperienceBuffer:
         if len(index["buckets"]) != self.num_buckets or sorted(members) != sorted(uids) or any(
                 self._questions[u].bucket != b for b, bucket in enumerate(index["buckets"]) for u in bucket):
             raise ValueError("inconsistent buffer state: bucket membership does not match the questions")
-        self._buckets = [dict.fromkeys(bucket) for bucket in index["buckets"]]
+        self._buckets = [IndexedSet(bucket) for bucket in index["buckets"]]
         self._retired = dict.fromkeys(index["retired"])
         self._pending = dict.fromkeys(index["pending_retire"])
         self._num_experiences = len(meta)

@@ -29,6 +29,8 @@ class BucketedQuestions(Protocol):
 
     def questions_in_bucket(self, b: int) -> list[str]: ...
 
+    def question_at(self, b: int, i: int) -> str: ...
+
 
 def n_replay(ratio: float, batch_questions: int, valid_buffered: int) -> int:
     """n_replay = min(floor(rho * B), valid buffered questions)."""
@@ -128,15 +130,19 @@ def select_questions(buffer: BucketedQuestions, n: int, *, mode: str, mu: float,
     n = min(int(n), sum(sizes))
     if n <= 0:
         return []
+    # members are fetched by position (`question_at`), never by copying a bucket: with a million
+    # buffered experiences a copy of the buckets cost more than all the rest of the selection
     if mode == "uniform":
-        members = [uid for b in range(len(sizes)) for uid in buffer.questions_in_bucket(b)]
-        return [members[i] for i in rng.choice(len(members), size=n, replace=False).tolist()]
+        # position i of the buckets laid end to end: bucket b holds [starts[b], starts[b+1])
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        picks = rng.choice(int(starts[-1]), size=n, replace=False)
+        owners = np.searchsorted(starts, picks, side="right") - 1
+        return [buffer.question_at(int(b), int(i - starts[b])) for b, i in zip(owners, picks)]
     probs = bucket_probabilities(buffer.bucket_centres(), [s > 0 for s in sizes], mu, sigma)
     out: list[str] = []
     for b, c in enumerate(sample_bucket_counts(n, probs, sizes, rng)):
         if c:
-            members = buffer.questions_in_bucket(b)
-            out.extend(members[i] for i in rng.choice(len(members), size=c, replace=False).tolist())
+            out.extend(buffer.question_at(b, i) for i in rng.choice(sizes[b], size=c, replace=False).tolist())
     return out
 
 
