@@ -1,14 +1,16 @@
 """Benchmark 2: the cost of ExGRPO's replay over on-policy GRPO, per step (not a test).
 
-    python benchmarks/overhead.py [--quick] [--runs N] [--steps N]
+    python benchmarks/overhead.py [--quick] [--steps N] [--threads N]
 
-`exgrpo train replay.ratio=0.5` against `replay.ratio=0`, both with `replay.start_threshold=0`
-(replay from step 2) and the same questions per step, so the update sees the same number of rows;
-runs alternate. Steps before `--warmup` are dropped, so every measured ratio-0.5 step is a mixed
-step (the buffer holds enough questions from step 2 or 3 on). Reported: time per step of each
-side, the ratio, and where the replay side's extra time goes, from its `timing/` metrics: `select`
-(question and trajectory selection) of which `select_scoring` (the entropy forward over the
-selected questions' stored experiences), and `buffer` (observe, retire, re-admit).
+Two trainers in one process, built like `exgrpo train` builds them: `replay.ratio=0.5` and
+`replay.ratio=0`, both with `replay.start_threshold=0` (replay from step 2) and the same questions
+per step, so the update sees the same number of rows. Their steps alternate (A B, B A, A B, ...):
+a shared machine's load, which swung separate runs by 2x, falls on both alike. Steps before
+`--warmup` are dropped, so every measured ratio-0.5 step is a mixed step (the buffer holds enough
+questions from step 2 or 3 on). Reported: time per step of each side, the paired ratio, and where
+the replay side's extra time goes, from its `timing/` metrics: `select` (question and trajectory
+selection) of which `select_scoring` (the entropy forward over the selected questions' stored
+experiences), and `buffer` (observe, retire, re-admit).
 """
 
 from __future__ import annotations
@@ -16,49 +18,78 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Stat, exgrpo_train, log_stderr, ratio_stat, table  # noqa: E402
+from common import Stat, compose_config, log_stderr, ratio_stat, table  # noqa: E402
 
 PARTS = ("select", "select_scoring", "buffer", "rollout", "reward", "update")
+RATIOS = (0.0, 0.5)
 
 
-def run(quick: bool, runs: int | None = None, steps: int | None = None, threads: int = 0,
-        warmup: int = 2, log=log_stderr) -> dict:  # noqa: ANN001
-    runs = runs or (1 if quick else 2)
-    steps = steps or (5 if quick else 8)
-    sides: dict[float, list[list[dict]]] = {0.0: [], 0.5: []}
-    with tempfile.TemporaryDirectory(prefix="exgrpo-bench-") as tmp:
-        for i in range(runs):
-            for ratio in sides:
-                rows, _ = exgrpo_train([f"replay.ratio={ratio}", "replay.start_threshold=0",
-                                        f"trainer.steps={steps}"], Path(tmp) / f"r{ratio}-{i}", threads)
-                sides[ratio].append(rows[warmup:])
-            log(f"  overhead run {i + 1}/{runs}: ratio 0 {_med(sides[0.0][-1]):.2f} s/step, "
-                f"ratio 0.5 {_med(sides[0.5][-1]):.2f} s/step")
-    step = {r: [x["timing/step"] for rs in runs_ for x in rs] for r, runs_ in sides.items()}
-    mixed = [x for rs in sides[0.5] for x in rs]
-    parts = {p: Stat([x.get(f"timing/{p}", 0.0) for x in mixed]).as_json() for p in PARTS}
-    return {"runs": runs, "steps": steps, "warmup": warmup, "threads": threads,
-            "step_s": {str(r): Stat(v).as_json() for r, v in step.items()},
-            "ratio": ratio_stat(step[0.5], step[0.0]).as_json(),
-            "replay_parts_s": parts,
+def build_trainer(ratio: float):  # noqa: ANN201 - a Trainer
+    """The parts `exgrpo train` builds (train/run.py), without its run directory and logging."""
+    import torch
+
+    from exgrpo_cli.data.sampler import QuestionSampler
+    from exgrpo_cli.data.sources import load_questions
+    from exgrpo_cli.data.templates import get_template
+    from exgrpo_cli.policy.model import load_model, load_tokenizer
+    from exgrpo_cli.replay.buffer import ExperienceBuffer
+    from exgrpo_cli.replay.schedule import DelayedStart
+    from exgrpo_cli.reward import RewardScorer
+    from exgrpo_cli.rollout import build_engine
+    from exgrpo_cli.train.loop import Trainer
+    from exgrpo_cli.train.run import make_optimizer
+
+    cfg = compose_config([f"replay.ratio={ratio}", "replay.start_threshold=0",
+                          "trainer.output_dir=/tmp/exgrpo-bench-overhead"])
+    torch.manual_seed(cfg.trainer.seed)
+    tok, model = load_tokenizer(cfg.model), load_model(cfg.model, torch.device("cpu"))
+    template = get_template(cfg.model.template)
+    train, _, _ = load_questions(cfg.data)
+    p = cfg.replay
+    scorer = RewardScorer(requires_think=template.requires_think, workers=1)
+    buffer = ExperienceBuffer(cfg.rollout.n, p.bucket_edges, p.max_experiences)
+    return Trainer(cfg, model, tok, template, build_engine(cfg, model, tok), scorer,
+                   make_optimizer(cfg, model), QuestionSampler(train, cfg.trainer.seed), buffer,
+                   DelayedStart(p.start_threshold))
+
+
+def run(quick: bool, steps: int | None = None, threads: int = 0, warmup: int = 2,
+        log=log_stderr) -> dict:  # noqa: ANN001
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    steps = steps or (6 if quick else 14)
+    trainers = {r: build_trainer(r) for r in RATIOS}
+    rows: dict[float, list[dict]] = {r: [] for r in RATIOS}
+    try:
+        for step in range(1, steps + 1):
+            for r in (RATIOS if step % 2 else RATIOS[::-1]):
+                m = trainers[r].train_step(step)
+                if step > warmup:
+                    rows[r].append(m)
+            if step > warmup:
+                log(f"  overhead step {step}/{steps}: ratio 0 {rows[0.0][-1]['timing/step']:.2f} s, "
+                    f"ratio 0.5 {rows[0.5][-1]['timing/step']:.2f} s")
+    finally:
+        for t in trainers.values():
+            t.scorer.close()
+    step_s = {r: [x["timing/step"] for x in v] for r, v in rows.items()}
+    mixed = rows[0.5]
+    per_side = lambda key: {str(r): Stat([x[key] for x in v]).as_json() for r, v in rows.items()}  # noqa: E731
+    return {"steps": steps, "warmup": warmup, "threads": torch.get_num_threads(),
+            "step_s": {str(r): Stat(v).as_json() for r, v in step_s.items()},
+            "ratio": ratio_stat(step_s[0.5], step_s[0.0]).as_json(),
+            "replay_parts_s": {p: Stat([x.get(f"timing/{p}", 0.0) for x in mixed]).as_json() for p in PARTS},
             "replayed_questions": Stat([x["replay/replayed_questions"] for x in mixed]).as_json(),
             "rows": Stat([x["rollout/rows"] for x in mixed]).as_json(),
             # what else differs at equal rows: a replayed question needs K-1 fresh samples, and
             # the policies (hence response lengths) drift apart
-            "generated": {str(r): Stat([x["rollout/responses"] for rs in v for x in rs]).as_json()
-                          for r, v in sides.items()},
-            "response_length": {str(r): Stat([x["rollout/response_length"] for rs in v for x in rs]).as_json()
-                                for r, v in sides.items()},
-            "update_s": {str(r): Stat([x["timing/update"] for rs in v for x in rs]).as_json()
-                         for r, v in sides.items()}}
-
-
-def _med(rows: list[dict]) -> float:
-    return Stat([r["timing/step"] for r in rows]).median
+            "generated": per_side("rollout/responses"), "update_s": per_side("timing/update"),
+            "response_length": per_side("rollout/response_length")}
 
 
 def render(res: dict) -> str:
@@ -82,11 +113,10 @@ def render(res: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--runs", type=int)
     p.add_argument("--steps", type=int)
     p.add_argument("--threads", type=int, default=0, help="torch threads of both sides (0: all cores)")
     a = p.parse_args()
-    res = run(a.quick, a.runs, a.steps, a.threads)
+    res = run(a.quick, a.steps, a.threads)
     print(render(res), file=sys.stderr)
     print(json.dumps(res))
 
