@@ -139,7 +139,7 @@ def run(quick: bool, runs: int | None = None, steps: int | None = None, models: 
             continue
         small = model != "tiny"
         r = runs or (1 if quick or small else 2)
-        s = steps or (3 if small else 4 if quick else 6)
+        s = steps or (3 if small else 4 if quick else 8)
         try:
             results.append(compare(model, r, s, warmup=1, threads=threads, log=log))
         except RuntimeError as err:  # one model's failure must not lose the other's figures
