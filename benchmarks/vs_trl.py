@@ -138,7 +138,7 @@ def run(quick: bool, runs: int | None = None, steps: int | None = None, models: 
             results.append({"model": model, "skipped": "no conf/model/smollm2-135m.yaml preset yet"})
             continue
         small = model != "tiny"
-        r = runs or (1 if quick or small else 2)
+        r = runs or (1 if quick else 2)
         s = steps or (3 if small else 4 if quick else 8)
         try:
             results.append(compare(model, r, s, warmup=1, threads=threads, log=log))
