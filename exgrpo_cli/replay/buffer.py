@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import json
 import math
-import os
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,8 +34,6 @@ import numpy as np
 from exgrpo_cli.replay.indexed_set import IndexedSet
 
 FORMAT_VERSION = 1
-ARRAYS_FILE = "experiences.safetensors"
-INDEX_FILE = "index.json"
 _LEN, _STEP, _HASH, _SEQ = range(4)  # columns of a question's meta array
 META_BYTES = 4 * 8  # int64 meta row per experience
 
@@ -408,27 +404,17 @@ class ExperienceBuffer:
             self._enforce_cap()
 
     def save(self, directory: str) -> None:
-        """Write ``experiences.safetensors`` + ``index.json`` (no pickle); the index goes last
-        so an interrupted save leaves no loadable half."""
-        from safetensors.numpy import save_file
+        """Write the buffer into ``directory`` (format: replay/persistence.py)."""
+        from exgrpo_cli.replay.persistence import save_buffer
 
-        os.makedirs(directory, exist_ok=True)
-        state = self.state_dict()
-        arrays_path, index_path = os.path.join(directory, ARRAYS_FILE), os.path.join(directory, INDEX_FILE)
-        if os.path.exists(index_path):
-            os.remove(index_path)
-        save_file(state["arrays"], arrays_path + ".tmp")
-        os.replace(arrays_path + ".tmp", arrays_path)
-        with open(index_path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(state["index"], f)
-        os.replace(index_path + ".tmp", index_path)
+        save_buffer(self.state_dict(), directory)
 
     @classmethod
     def load(cls, directory: str) -> ExperienceBuffer:
-        from safetensors.numpy import load_file
+        from exgrpo_cli.replay.persistence import load_buffer
 
-        with open(os.path.join(directory, INDEX_FILE), encoding="utf-8") as f:
-            index = json.load(f)
+        state = load_buffer(directory)
+        index = state["index"]
         buf = cls(index["group_size"], index["bucket_edges"], index["max_experiences"])
-        buf.load_state_dict({"arrays": load_file(os.path.join(directory, ARRAYS_FILE)), "index": index})
+        buf.load_state_dict(state)
         return buf
