@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub, even by
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from exgrpo_cli.data.synthetic import make_question, worked_solution  # noqa: E402
+from exgrpo_cli.data.synthetic import direct_answer, make_question, worked_solution  # noqa: E402
 from exgrpo_cli.data.templates import TEMPLATES  # noqa: E402
 from exgrpo_cli.policy import tiny_builder  # noqa: E402
 
@@ -149,3 +149,21 @@ def test_warm_start_pool_leaves_out_the_rl_pool_and_the_held_out_set():
     assert len(pool) == tiny_builder.SFT_POOL == len(seen)
     assert not seen & {key(q) for q in val}
     assert not seen & {key(q) for q in train}
+
+
+def test_direct_fraction_of_warm_start_answers_skips_the_reasoning():
+    tok = tiny_builder.build_tokenizer(tiny_builder.train_and_val(**tiny_builder.DATA)[0][:200])
+    pool = tiny_builder.sft_pool([], seed=0, size=400)
+    direct = tok.encode("<think></think>", add_special_tokens=False)
+
+    def share(examples):
+        return sum(r[:len(direct)] == direct for _, r in examples) / len(examples)
+
+    assert share(tiny_builder.encode_examples(pool, tok)) == 0.0
+    mixed = tiny_builder.encode_examples(pool, tok, direct_fraction=0.4, seed=3)
+    assert 0.3 < share(mixed) < 0.5
+    assert mixed == tiny_builder.encode_examples(pool, tok, direct_fraction=0.4, seed=3)
+    for q, (_, response) in zip(pool[:20], mixed[:20]):  # skipped or not, the answer is right
+        m = q.meta
+        solve = direct_answer if response[:len(direct)] == direct else worked_solution
+        assert tok.decode(response) == solve(m["a"], m["op"], m["b"]) + "<|im_end|>"

@@ -25,31 +25,57 @@ def _split(n: int) -> list[int]:
     return list(reversed(parts)) or [0]
 
 
+def _signed_sum(terms: list[int]) -> str:
+    """[-80, 7, -2] -> "-80 + 7 - 2"."""
+    text = str(terms[0])
+    for t in terms[1:]:
+        text += f" + {t}" if t >= 0 else f" - {-t}"
+    return text
+
+
+def _column_steps(a: int, op: str, b: int) -> list[str]:
+    """Addition and subtraction by columns: the tens, then the ones, each a one-digit fact, then the
+    two partial results joined, e.g. 82-37: `80 - 30 + 2 - 7`, `50 - 5`."""
+    sign = 1 if op == "+" else -1
+    terms = [t for t in (a // 10 * 10, sign * (b // 10 * 10), a % 10, sign * (b % 10)) if t != 0] or [0]
+    tens = a // 10 * 10 + sign * (b // 10 * 10)
+    ones = a % 10 + sign * (b % 10)
+    steps = [_signed_sum(terms)]
+    if tens != 0 and ones != 0:
+        steps.append(_signed_sum([tens, ones]))
+    return steps
+
+
 def worked_solution(a: int, op: str, b: int) -> str:
-    """A short reasoning trace and the boxed result, e.g. for 37*4:
-    `<think>37*4 = 30*4 + 7*4 = 120 + 28 = 148</think>\\boxed{148}`."""
+    """A short reasoning trace and the boxed result, one small fact per step, e.g.
+    `<think>47+38 = 40 + 30 + 7 + 8 = 70 + 15 = 85</think>\\boxed{85}` or for 37*4
+    `<think>37*4 = 30*4 + 7*4 = 120 + 28 = 148</think>\\boxed{148}`.
+
+    Each step is a lookup in a small table shared by many questions (a one-digit sum, difference or
+    product, then joining tens and ones), not a question-specific computation: what the model gets
+    wrong, and what RL then corrects, carries over between questions that use the same facts.
+    """
     result = compute(a, op, b)
-    if op == "*":
-        parts = _split(a) if a >= b else _split(b)
-        other = b if a >= b else a
-        terms = [p * other for p in parts]
-        if len(parts) > 1:
-            steps = [" + ".join(f"{p}*{other}" for p in parts), " + ".join(map(str, terms))]
+    steps: list[str] = []
+    if a >= 10 or b >= 10:
+        if op == "*":
+            parts = _split(a) if a >= b else _split(b)
+            other = b if a >= b else a
+            if len(parts) > 1:
+                steps = [" + ".join(f"{p}*{other}" for p in parts), " + ".join(str(p * other) for p in parts)]
         else:
-            steps = []
-    elif op == "+":
-        pa, pb = _split(a), _split(b)
-        steps = [" + ".join(map(str, pa + pb))] if len(pa) + len(pb) > 2 else []
-    else:  # a - b: subtract b's place-value parts one at a time
-        steps, acc = [], a
-        pb = _split(b)
-        if len(pb) > 1:
-            steps.append(f"{a}" + "".join(f" - {p}" for p in pb))
-            for p in pb[:-1]:
-                acc -= p
-            steps.append(f"{acc} - {pb[-1]}")
-    chain = " = ".join([f"{a}{op}{b}", *steps, str(result)])
-    return f"<think>{chain}</think>\\boxed{{{result}}}"
+            steps = _column_steps(a, op, b)
+    chain = [f"{a}{op}{b}"]
+    for step in [*steps, str(result)]:
+        if step != chain[-1]:  # e.g. 40+8: the column form "40 + 8" is kept, "48" follows it
+            chain.append(step)
+    return f"<think>{' = '.join(chain)}</think>\\boxed{{{result}}}"
+
+
+def direct_answer(a: int, op: str, b: int) -> str:
+    """The answer with an empty reasoning block, `<think></think>\\boxed{85}` for 47+38: the habit
+    that part of the tiny model's warm-start data teaches it (tiny_builder's `direct_fraction`)."""
+    return f"<think></think>\\boxed{{{compute(a, op, b)}}}"
 
 
 def compute(a: int, op: str, b: int) -> int:

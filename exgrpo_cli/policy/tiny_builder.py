@@ -8,8 +8,12 @@ Three reproducible (seeded) stages, all offline:
    chat template, `<|endoftext|>` / `<|im_start|>` / `<|im_end|>` and the format markers as tokens;
 2. a ~0.8M-parameter Qwen2 with random initial weights;
 3. a short supervised warm start (response tokens only) on a pool of its own (the held-out set and
-   the RL pool left out, so that RL questions are as new to it as held-out ones), stopped early on
-   purpose so that the RL stage has room to show learning.
+   the RL pool left out, so that RL questions are as new to it as held-out ones). Half of its
+   answers skip the reasoning (`<think></think>\\boxed{85}`, right but unexplained), so the model
+   starts with two habits: worked solutions (~47% correct, measured) and bare answers (~8%: it
+   cannot add two-digit numbers in one step). Which habit pays off is what RL can learn on some
+   questions and use on all, as reasoning-trained LLMs learn to think before answering; the
+   response length in `metrics.jsonl` shows it happen.
 
 It ends with the held-out sampled accuracy (temperature 1.0, K samples per question) and writes a
 standard Hugging Face folder (safetensors, tokenizer, generation config) plus `build_info.json`.
@@ -34,7 +38,7 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from exgrpo_cli.data.synthetic import generate, train_and_val, worked_solution
+from exgrpo_cli.data.synthetic import direct_answer, generate, train_and_val, worked_solution
 from exgrpo_cli.data.templates import SHORT_SYSTEM, TEMPLATES
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.reward.extract import last_boxed, strip_think
@@ -62,6 +66,8 @@ CHAT_TEMPLATE = (
 # The task as configured by default (conf/data/synthetic.yaml): SFT sees only its training pool.
 DATA = dict(num_train=4000, num_val=256, max_digits=2, ops=["+", "-", "*"], seed=1234)
 SFT_POOL = 20000  # distinct warm-start questions (of the 3 x 100 x 100 possible ones)
+SFT_STEPS = 1500
+DIRECT_FRACTION = 0.5  # share of warm-start answers without reasoning (see encode_examples)
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
 
 
@@ -127,13 +133,21 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausal
 
 
 # --------------------------------------------------------------------------------------- SFT
-def encode_examples(questions: list[Question], tokenizer) -> list[tuple[list[int], list[int]]]:  # noqa: ANN001
-    """(prompt ids, response ids) per question. Tokenized apart, as rollouts will see them."""
+def encode_examples(questions: list[Question], tokenizer, *, direct_fraction: float = 0.0,  # noqa: ANN001
+                    seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, response ids) per question. Tokenized apart, as rollouts will see them.
+
+    A seeded `direct_fraction` of the responses skip the reasoning (`direct_answer`): the answer is
+    right, but a model this small cannot compute it without the steps, so copying that habit costs it
+    accuracy. Reasoning first is then a behaviour RL can learn on some questions and use on all.
+    """
+    rng = random.Random(seed)
     out = []
     for q in questions:
         prompt = TEMPLATES["think_short"].render(q, tokenizer)
         m = q.meta
-        response = worked_solution(m["a"], m["op"], m["b"]) + IM_END
+        solve = direct_answer if rng.random() < direct_fraction else worked_solution
+        response = solve(m["a"], m["op"], m["b"]) + IM_END
         out.append((tokenizer.encode(prompt, add_special_tokens=False),
                     tokenizer.encode(response, add_special_tokens=False)))
     return out
@@ -216,6 +230,7 @@ def sampled_accuracy(model, tokenizer, questions: list[Question], *, k: int, see
     """Per-question correct counts out of k samples at temperature 1.0 (full distribution)."""
     torch.manual_seed(seed)
     counts, lengths, by_kind = [], [], {}
+    by_habit = {"direct": [0, 0], "reasoning": [0, 0]}  # [responses, correct] per habit
     for start in range(0, len(questions), chunk):
         qs = questions[start:start + chunk]
         prompts = [TEMPLATES["think_short"].render(q, tokenizer) for q in qs]
@@ -226,7 +241,13 @@ def sampled_accuracy(model, tokenizer, questions: list[Question], *, k: int, see
         texts = tokenizer.batch_decode(new, skip_special_tokens=True)
         lengths += (new != tokenizer.pad_token_id).sum(1).tolist()
         for i, q in enumerate(qs):
-            c = sum(is_correct(t, q.answer) for t in texts[i * k:(i + 1) * k])
+            c = 0
+            for t in texts[i * k:(i + 1) * k]:
+                ok = is_correct(t, q.answer)
+                habit = by_habit["direct" if t.startswith("<think></think>") else "reasoning"]
+                habit[0] += 1
+                habit[1] += ok
+                c += ok
             counts.append(c)
             # difficulty class: operator and operand lengths, e.g. "* 2x2" (the hard products)
             m = q.meta
@@ -242,6 +263,9 @@ def sampled_accuracy(model, tokenizer, questions: list[Question], *, k: int, see
         "accuracy_by_kind": {kd: round(sum(v) / (k * len(v)), 3) for kd, v in sorted(by_kind.items())},
         "mean_response_tokens": sum(lengths) / max(1, len(lengths)),
         "truncated_fraction": sum(n >= max_new_tokens for n in lengths) / max(1, len(lengths)),
+        # responses with an empty reasoning block, and each habit's accuracy
+        "direct_fraction": by_habit["direct"][0] / max(1, len(lengths)),
+        "accuracy_by_habit": {h: round(ok / n, 3) if n else None for h, (n, ok) in by_habit.items()},
     }
 
 
@@ -257,9 +281,9 @@ def sft_pool(exclude: list[Question], seed: int, size: int = SFT_POOL) -> list[Q
 
 
 # ------------------------------------------------------------------------------------------ main
-def build(out: str | Path, *, sft_steps: int = 1050, seed: int = 0, threads: int = 1, lr: float = 3e-3,
-          batch_size: int = 64, eval_questions: int = 256, eval_k: int = 8, argv: list[str] | None = None
-          ) -> dict:
+def build(out: str | Path, *, sft_steps: int = SFT_STEPS, seed: int = 0, threads: int = 1, lr: float = 3e-3,
+          batch_size: int = 64, direct_fraction: float = DIRECT_FRACTION, eval_questions: int = 256,
+          eval_k: int = 8, argv: list[str] | None = None) -> dict:
     t0 = time.time()
     torch.set_num_threads(threads)
     random.seed(seed)
@@ -270,7 +294,8 @@ def build(out: str | Path, *, sft_steps: int = 1050, seed: int = 0, threads: int
     n_params = sum(p.numel() for p in model.parameters())
     # the RL pool and the held-out set hold every one-digit question (there are only 300), so the warm
     # start never sees one and scores ~0 on them: hard questions for RL, measured and kept as they are
-    examples = encode_examples(sft_pool(train + val, seed), tokenizer)
+    examples = encode_examples(sft_pool(train + val, seed), tokenizer, direct_fraction=direct_fraction,
+                               seed=seed)
     longest = max(len(r) for _, r in examples)
     print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params:,} parameters; "
           f"prompt tokens <= {max(len(p) for p, _ in examples)}, response tokens <= {longest}", flush=True)
@@ -286,7 +311,9 @@ def build(out: str | Path, *, sft_steps: int = 1050, seed: int = 0, threads: int
               f"{result['accuracy']:.3f}\n  by kind {result['accuracy_by_kind']}", flush=True)
         print(f"questions with c/{eval_k} correct, c=0..{eval_k}: {result['histogram']}", flush=True)
         print(f"mean response tokens {result['mean_response_tokens']:.1f}, "
-              f"truncated at 48: {result['truncated_fraction']:.3%}", flush=True)
+              f"truncated at 48: {result['truncated_fraction']:.3%}, "
+              f"no reasoning: {result['direct_fraction']:.1%}; accuracy {result['accuracy_by_habit']}",
+              flush=True)
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -295,6 +322,7 @@ def build(out: str | Path, *, sft_steps: int = 1050, seed: int = 0, threads: int
     info = {
         "command": "python -m exgrpo_cli.policy.tiny_builder " + shlex.join(argv or []),
         "seed": seed, "sft_steps": sft_steps, "lr": lr, "batch_size": batch_size, "threads": threads,
+        "direct_fraction": direct_fraction,
         "data": DATA, "template": "think_short", "vocab_size": len(tokenizer), "num_parameters": n_params,
         "longest_response_tokens": longest,
         "final_sft_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
@@ -312,16 +340,19 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m exgrpo_cli.policy.tiny_builder", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output folder (the shipped one: exgrpo_cli/assets/tiny)")
-    p.add_argument("--sft-steps", type=int, default=1050)
+    p.add_argument("--sft-steps", type=int, default=SFT_STEPS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (results depend on it)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--direct-fraction", type=float, default=DIRECT_FRACTION,
+                   help="share of warm-start answers given without reasoning (an empty <think></think>)")
     p.add_argument("--eval-questions", type=int, default=256, help="held-out questions scored (0: skip)")
     p.add_argument("--eval-k", type=int, default=8, help="samples per held-out question")
     a = p.parse_args(argv)
     return build(a.out, sft_steps=a.sft_steps, seed=a.seed, threads=a.threads, lr=a.lr,
-                 batch_size=a.batch_size, eval_questions=a.eval_questions, eval_k=a.eval_k, argv=argv)
+                 batch_size=a.batch_size, direct_fraction=a.direct_fraction,
+                 eval_questions=a.eval_questions, eval_k=a.eval_k, argv=argv)
 
 
 if __name__ == "__main__":
