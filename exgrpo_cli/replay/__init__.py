@@ -1,6 +1,7 @@
 """Experience replay: the buffer (observe / retire / persist) and the pure selection rules."""
 
-from exgrpo_cli.replay.buffer import Experience, ExperienceBuffer, default_bucket_edges
+from exgrpo_cli.replay.buckets import default_bucket_edges
+from exgrpo_cli.replay.buffer import Experience, ExperienceBuffer
 from exgrpo_cli.replay.selection import (
     QUESTION_MODES,
     TRAJECTORY_MODES,

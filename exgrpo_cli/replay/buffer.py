@@ -14,10 +14,10 @@ their behaviour log-probs (float32) and one int64 row of meta per experience
 question. Retiring a question frees its memory at once (no compaction pass), and selection
 never touches token data: it reads only the per-bucket question lists.
 
-Buckets are ranges of accuracy k/K. A question sits in the bucket of its latest accuracy;
-each bucket keeps its questions in an ``IndexedSet`` (O(1) add, remove and access by position,
-so selecting from a million experiences never copies a bucket), whose member order, and with it
-seeded selection, survives a save/load round trip.
+Buckets are ranges of accuracy k/K (replay/buckets.py). A question sits in the bucket of its
+latest accuracy; each bucket keeps its questions in an ``IndexedSet`` (O(1) add, remove and access
+by position, so selecting from a million experiences never copies a bucket), whose member order,
+and with it seeded selection, survives a save/load round trip.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
-from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from exgrpo_cli.replay.buckets import BucketScheme, default_bucket_edges
 from exgrpo_cli.replay.indexed_set import IndexedSet
 
 FORMAT_VERSION = 1
@@ -57,11 +57,6 @@ class _Question:
         self.meta = meta
 
 
-def default_bucket_edges(group_size: int) -> list[float]:
-    """Edges halfway between success counts: bucket b holds exactly the count k = b + 1."""
-    return [(k + 0.5) / group_size for k in range(1, group_size - 1)]
-
-
 def _content_hash(ids: np.ndarray) -> int:
     # blake2b, not hash(): it must be stable across processes for the saved index to stay valid.
     digest = hashlib.blake2b(ids.tobytes(), digest_size=8).digest()
@@ -73,34 +68,16 @@ class ExperienceBuffer:
 
     def __init__(self, group_size: int, bucket_edges: Sequence[float] | None = None,
                  max_experiences: int = 0):
-        if group_size < 2:
-            raise ValueError(f"group_size must be >= 2 (got {group_size}): K=1 has no partial accuracy")
         if max_experiences < 0:
             raise ValueError(f"replay.max_experiences must be >= 0 (got {max_experiences})")
-        edges = default_bucket_edges(group_size) if bucket_edges is None else [float(e) for e in bucket_edges]
-        if not all(0.0 < e < 1.0 for e in edges) or any(a >= b for a, b in zip(edges, edges[1:])):
-            raise ValueError(f"replay.bucket_edges must be increasing values inside (0, 1) (got {edges})")
+        self._scheme = BucketScheme(group_size, bucket_edges)
         self.group_size = group_size
         self.max_experiences = max_experiences
-        self._user_edges = None if bucket_edges is None else edges
-        self._edges = edges
-        # bucket of each success count 1..K-1 (index 0 unused); bisect_right makes ranges [e_i, e_i+1)
-        self._count_bucket = [-1] + [bisect_right(edges, k / group_size) for k in range(1, group_size)]
-        self._centres = self._compute_centres()
         self._clear()
-
-    def _compute_centres(self) -> list[float]:
-        bounds = [0.0, *self._edges, 1.0]
-        centres = []
-        for b in range(len(self._edges) + 1):
-            accs = [k / self.group_size for k in range(1, self.group_size) if self._count_bucket[k] == b]
-            # A bucket holding no count can never fill; its midpoint is a harmless placeholder.
-            centres.append(sum(accs) / len(accs) if accs else (bounds[b] + bounds[b + 1]) / 2)
-        return centres
 
     def _clear(self) -> None:
         self._questions: dict[str, _Question] = {}
-        self._buckets: list[IndexedSet] = [IndexedSet() for _ in self._centres]
+        self._buckets: list[IndexedSet] = [IndexedSet() for _ in range(self.num_buckets)]
         self._retired: dict[str, None] = {}  # insertion-ordered so readmission is reproducible
         self._pending: dict[str, None] = {}  # reached k == K this step; retired by end_step
         self._num_experiences = 0
@@ -110,16 +87,14 @@ class ExperienceBuffer:
 
     # ----------------------------------------------------------------- buckets
     def bucket_centres(self) -> list[float]:
-        return list(self._centres)
+        return list(self._scheme.centres)
 
     def bucket_of_count(self, k: int) -> int:
-        if not 1 <= k <= self.group_size - 1:
-            raise ValueError(f"success count must be in 1..{self.group_size - 1} (got {k})")
-        return self._count_bucket[k]
+        return self._scheme.bucket_of_count(k)
 
     @property
     def num_buckets(self) -> int:
-        return len(self._centres)
+        return self._scheme.num_buckets
 
     def bucket_sizes(self) -> list[int]:
         return [len(b) for b in self._buckets]
@@ -154,7 +129,7 @@ class ExperienceBuffer:
             return
         if k == 0 or not collect:
             return  # k == 0 keeps the last informative accuracy; before the start nothing is stored
-        b = self._count_bucket[k]
+        b = self._scheme.bucket_of_count(k)
         q = self._questions.get(uid)
         ids, logps, hashes = self._new_responses(q, correct)
         if q is None:
@@ -347,7 +322,7 @@ class ExperienceBuffer:
         index = {
             "format_version": FORMAT_VERSION,
             "group_size": self.group_size,
-            "bucket_edges": self._user_edges,
+            "bucket_edges": self._scheme.user_edges,
             "max_experiences": self.max_experiences,
             "next_seq": self._next_seq,
             "questions": list(self._questions),
@@ -369,7 +344,7 @@ class ExperienceBuffer:
         saved_edges = index["bucket_edges"]
         if saved_edges is None:
             saved_edges = default_bucket_edges(self.group_size)
-        if [float(e) for e in saved_edges] != self._edges:
+        if [float(e) for e in saved_edges] != self._scheme.edges:
             raise ValueError(f"replay.bucket_edges differ from the saved buffer's ({saved_edges})")
         ids = np.asarray(arrays["response_ids"], dtype=np.int32)
         logp = np.asarray(arrays["behavior_logp"], dtype=np.float32)

@@ -1,0 +1,48 @@
+"""Bucket geometry of the replay buffer (ALGORITHM.md section 2): which accuracy range each bucket
+covers, the bucket of a success count k out of K, and each bucket's centre (what the Gaussian
+question selection weighs).
+
+Place in the train step: pure and fixed for a run; the buffer files each observed group into
+`bucket_of_count(k)`, and selection reads `centres`.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+
+
+def default_bucket_edges(group_size: int) -> list[float]:
+    """Edges halfway between success counts: bucket b holds exactly the count k = b + 1."""
+    return [(k + 0.5) / group_size for k in range(1, group_size - 1)]
+
+
+class BucketScheme:
+    """Buckets as ranges [e_i, e_i+1) of accuracy k/K, from `bucket_edges` (None: one per count)."""
+
+    def __init__(self, group_size: int, bucket_edges: Sequence[float] | None = None):
+        if group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (got {group_size}): K=1 has no partial accuracy")
+        edges = default_bucket_edges(group_size) if bucket_edges is None else [float(e) for e in bucket_edges]
+        if not all(0.0 < e < 1.0 for e in edges) or any(a >= b for a, b in zip(edges, edges[1:])):
+            raise ValueError(f"replay.bucket_edges must be increasing values inside (0, 1) (got {edges})")
+        self.group_size = group_size
+        self.edges = edges
+        self.user_edges = None if bucket_edges is None else edges  # what a checkpoint records
+        # bucket of each success count 1..K-1 (index 0 unused); bisect_right makes ranges [e_i, e_i+1)
+        self._count_bucket = [-1] + [bisect_right(edges, k / group_size) for k in range(1, group_size)]
+        bounds = [0.0, *edges, 1.0]
+        self.centres: list[float] = []
+        for b in range(len(edges) + 1):
+            accs = [k / group_size for k in range(1, group_size) if self._count_bucket[k] == b]
+            # A bucket holding no count can never fill; its midpoint is a harmless placeholder.
+            self.centres.append(sum(accs) / len(accs) if accs else (bounds[b] + bounds[b + 1]) / 2)
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self.centres)
+
+    def bucket_of_count(self, k: int) -> int:
+        if not 1 <= k <= self.group_size - 1:
+            raise ValueError(f"success count must be in 1..{self.group_size - 1} (got {k})")
+        return self._count_bucket[k]
