@@ -37,6 +37,7 @@ class LossStats:
     replay_tokens: int = 0
     clipped_tokens: int = 0  # fresh tokens where the clipped branch was taken
     replay_ratio_sum: float = 0.0  # sum of w over replayed tokens
+    fresh_ratio_sum: float = 0.0  # sum of w over fresh tokens (exactly fresh_tokens when b = theta)
 
     def __iadd__(self, other: LossStats) -> LossStats:
         for k in self.__dataclass_fields__:
@@ -105,4 +106,5 @@ def loss_stats(losses: Tensor, logp: Tensor, behavior_logp: Tensor, response_mas
             replay_tokens=int(rep.sum()),
             clipped_tokens=int(clip_hit.sum()),
             replay_ratio_sum=float((ratio * rep).sum()),
+            fresh_ratio_sum=float((ratio * fresh).sum()),
         )

@@ -42,6 +42,7 @@ class UpdateResult:
     grad_norms: list[float] | None = None
     skipped: int = 0
     loss_total: float = 0.0
+    per_update: list[LossStats] | None = None  # the stats of each optimizer update, in order
 
 
 def _rows_of(batch: MixedBatch, groups: list[int]) -> list[int]:
@@ -67,9 +68,12 @@ def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, ad
     prompt_lens = [len(p) for p in batch.prompt_ids]
     old = _old_logprobs(model, batch, minibatches[1:], s, pad_id, device, dist) \
         if len(minibatches) > 1 else {}
-    res = UpdateResult(stats=LossStats(), grad_norms=[])
+    res = UpdateResult(stats=LossStats(), grad_norms=[], per_update=[])
     params = [p for p in model.parameters() if p.requires_grad]
-    for rows in minibatches:
+    for index, rows in enumerate(minibatches):
+        # pi_old is the policy before the step's first update: for the first mini-batch that is
+        # the current policy itself (ratio exactly 1), for the later ones the pre-update pass
+        fresh_old = old if index > 0 else {}
         optimizer.zero_grad(set_to_none=True)
         # FSDP averages gradients over ranks: normalise by the ranks' mean row count so that the
         # result is the gradient of the whole step's loss even when the ranks' shares differ
@@ -77,6 +81,7 @@ def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, ad
         normalizer = float(rows_mean * s.max_response_tokens)
         n_tokens = sum(len(batch.response_ids[i]) for i in rows)
         mb_loss = 0.0
+        mb_stats = LossStats()
         lengths = [prompt_lens[i] + len(batch.response_ids[i]) for i in rows]
         for chunk in _synced_chunks(micro_batches(lengths, s.micro_batch_tokens), dist):
             if chunk is None:
@@ -86,7 +91,7 @@ def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, ad
             logp, ent = forward_logprobs(model, sb, with_entropy=s.entropy_coef > 0)
             mask = sb.response_mask
             rmask = batch.replay_mask[sb.rows].to(device)
-            behaviour = _behaviour(logp, sb, batch, old, rmask, s.importance_correction)
+            behaviour = _behaviour(logp, sb, batch, fresh_old, rmask, s.importance_correction)
             losses, clip_hit = exgrpo_token_losses(logp, behaviour, advantages[sb.rows].to(device), mask,
                                                    rmask, clip_eps=s.clip_eps, beta=s.beta)
             loss = losses.sum() / normalizer
@@ -96,8 +101,10 @@ def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, ad
                 res.entropy_sum += float((ent.detach() * mask).sum())
             loss.backward()
             mb_loss += float(loss.detach())
-            res.stats += loss_stats(losses, logp, behaviour, mask, rmask, clip_hit, normalizer)
+            mb_stats += loss_stats(losses, logp, behaviour, mask, rmask, clip_hit, normalizer)
             res.logprob_diff_sum += _rollout_diff(logp, sb, batch, rmask)
+        res.stats += mb_stats
+        res.per_update.append(mb_stats)
         norm = float(torch.nn.utils.clip_grad_norm_(params, s.grad_clip))  # global under FSDP
         res.grad_norms.append(norm)
         # every rank must take the same decision, and a non-finite loss may be on one rank only

@@ -46,3 +46,51 @@ def test_update_raises_rewarded_and_lowers_unrewarded_responses(tiny_model):
     # the preference: log p(rewarded) - log p(unrewarded)
     assert after[0] - after[1] > before[0] - before[1] + 1.0
     assert after[1] < before[1]
+
+
+def _two_question_batch(tok):  # noqa: ANN001, ANN202
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    groups = []
+    for q, right, wrong in (("1+2", "3", "4"), ("2+2", "4", "5"), ("3+4", "7", "8"), ("5+1", "6", "9")):
+        good = enc(f"<think>{q} = {right}</think>\\boxed{{{right}}}<|im_end|>")
+        bad = enc(f"<think>{q} = {wrong}</think>\\boxed{{{wrong}}}<|im_end|>")
+        groups.append(Group(Question(q, f"What is {q}?", right), enc(f"What is {q}?"),
+                            [Response(good, None, 1.0), Response(bad, None, 0.0)]))
+    return build_mixed_batch(groups)
+
+
+def test_two_updates_first_minibatch_ratio_is_exactly_one(tiny_model):
+    """ALGORITHM.md 4: with several updates per step, pi_old of every mini-batch is the policy
+    before the step's first update. The first mini-batch's fresh tokens must see w == 1 exactly
+    (and so clip nothing); the second's pi_old is the pre-update pass, so after a real first
+    update its ratios move away from 1."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(path=str(tiny_model))
+    tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
+    batch = _two_question_batch(tok)
+    adv = group_advantages(batch.rewards, batch.group_index)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    settings = UpdateSettings(clip_eps=0.2, beta=0.1, importance_correction=True, entropy_coef=0.0,
+                              max_response_tokens=48, updates=2, micro_batch_tokens=16384, grad_clip=1.0,
+                              skip_grad_norm_above=500.0)
+    res = policy_update(model, opt, batch, adv, settings, pad_id=tok.pad_token_id)
+    first, second = res.per_update
+    assert res.skipped == 0 and first.fresh_tokens > 0 and second.fresh_tokens > 0
+    assert first.clipped_tokens == 0
+    assert abs(first.fresh_ratio_sum - first.fresh_tokens) < 1e-6 * first.fresh_tokens
+    assert abs(second.fresh_ratio_sum - second.fresh_tokens) > 1e-3  # the first update moved the policy
+
+
+def test_two_updates_without_learning_never_clip(tiny_model):
+    """lr 0: the policy never moves, so every fresh ratio of both mini-batches is 1."""
+    cfg = ModelConfig(path=str(tiny_model))
+    tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
+    batch = _two_question_batch(tok)
+    adv = group_advantages(batch.rewards, batch.group_index)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    settings = UpdateSettings(clip_eps=0.2, beta=0.1, importance_correction=True, entropy_coef=0.0,
+                              max_response_tokens=48, updates=2, micro_batch_tokens=16384, grad_clip=1.0,
+                              skip_grad_norm_above=500.0)
+    res = policy_update(model, opt, batch, adv, settings, pad_id=tok.pad_token_id)
+    assert res.stats.clipped_tokens == 0
+    assert abs(res.stats.fresh_ratio_sum - res.stats.fresh_tokens) < 1e-5 * res.stats.fresh_tokens
