@@ -51,7 +51,7 @@ class Synth:
     def response(self) -> tuple[np.ndarray, np.ndarray]:
         n = int(np.clip(self.rng.lognormal(np.log(400), 0.5), 32, 4096))
         start = int(self.rng.integers(0, len(self.ids) - n))
-        return self.ids[start:start + n], self.logp[start:start + n]
+        return self.ids[start : start + n], self.logp[start : start + n]
 
     def group(self) -> tuple[int, list[tuple[np.ndarray, np.ndarray]]]:
         k = int(self.rng.integers(1, K + 1))  # 1..K correct; K retires the question
@@ -95,8 +95,9 @@ def run(quick: bool, experiences: int | None = None, steps: int | None = None) -
         ops["select"].append(time.perf_counter() - t0)
         assert len(cands) == SELECT
         # half the step's groups are the replayed questions (their buckets move), half are new
-        groups = [(u, *synth.group()) for u in uids] + \
-                 [(f"q{next_uid + i}", *synth.group()) for i in range(BATCH - len(uids))]
+        groups = [(u, *synth.group()) for u in uids] + [
+            (f"q{next_uid + i}", *synth.group()) for i in range(BATCH - len(uids))
+        ]
         next_uid += BATCH
         t0 = time.perf_counter()
         for uid, k, correct in groups:
@@ -105,24 +106,39 @@ def run(quick: bool, experiences: int | None = None, steps: int | None = None) -
         t0 = time.perf_counter()
         buf.end_step()
         ops["retire"].append(time.perf_counter() - t0)
-    return {"experiences": stored, "questions": n_questions, "stored_tokens": tokens,
-            "mean_length": tokens / max(stored, 1), "fill_s": fill_s, "fill_steps": fill_steps,
-            "steps": steps, "batch_groups": BATCH, "selected": SELECT,
-            "ms": {k: Stat([x * 1000 for x in v]).as_json() for k, v in ops.items()},
-            "payload_bytes_per_token": payload / tokens, "rss_bytes_per_token": rss_growth / tokens}
+    return {
+        "experiences": stored,
+        "questions": n_questions,
+        "stored_tokens": tokens,
+        "mean_length": tokens / max(stored, 1),
+        "fill_s": fill_s,
+        "fill_steps": fill_steps,
+        "steps": steps,
+        "batch_groups": BATCH,
+        "selected": SELECT,
+        "ms": {k: Stat([x * 1000 for x in v]).as_json() for k, v in ops.items()},
+        "payload_bytes_per_token": payload / tokens,
+        "rss_bytes_per_token": rss_growth / tokens,
+    }
 
 
 def render(res: dict) -> str:
     ms = res["ms"]
-    rows = [[f"select {res['selected']} questions + fetch their experiences", "select"],
-            [f"insert: observe_group x {res['batch_groups']} (buckets updated)", "insert"],
-            ["retire: end_step", "retire"]]
+    rows = [
+        [f"select {res['selected']} questions + fetch their experiences", "select"],
+        [f"insert: observe_group x {res['batch_groups']} (buckets updated)", "insert"],
+        ["retire: end_step", "retire"],
+    ]
     rows = [[name, Stat(ms[key]["values"]).fmt(".3g")] for name, key in rows]
-    head = (f"buffer of {res['experiences']:,} experiences ({res['questions']:,} questions, "
-            f"{res['stored_tokens'] / 1e6:.0f}M tokens), ms per step")
+    head = (
+        f"buffer of {res['experiences']:,} experiences ({res['questions']:,} questions, "
+        f"{res['stored_tokens'] / 1e6:.0f}M tokens), ms per step"
+    )
     text = table([head, "ms (median, min..max)"], rows)
-    return text + (f"\nbytes per stored token: {res['payload_bytes_per_token']:.2f} (arrays), "
-                   f"{res['rss_bytes_per_token']:.2f} (process RSS growth, Python objects included)")
+    return text + (
+        f"\nbytes per stored token: {res['payload_bytes_per_token']:.2f} (arrays), "
+        f"{res['rss_bytes_per_token']:.2f} (process RSS growth, Python objects included)"
+    )
 
 
 def main() -> None:

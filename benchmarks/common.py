@@ -55,8 +55,9 @@ def model_overrides(model: str) -> list[str]:
         return [f"model={model}"]
     if not (SMOLLM2_CACHE / "config.json").is_file():
         tmp = Path(tempfile.mkdtemp(prefix=SMOLLM2_CACHE.name + ".", dir=SMOLLM2_CACHE.parent))
-        subprocess.run([main_python(), __file__, "convert-smollm2", str(tmp)], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [main_python(), __file__, "convert-smollm2", str(tmp)], check=True, capture_output=True
+        )
         try:
             tmp.rename(SMOLLM2_CACHE)  # atomic: a half-written copy is never used
         except OSError:  # another run made it first
@@ -144,14 +145,21 @@ def _tree_rss_kb(root: int) -> int:
     return total
 
 
-def run_measured(args: list[str], *, env: dict | None = None, cwd: Path = REPO, timeout: float = 1800,
-                 check: bool = True) -> ProcResult:
+def run_measured(
+    args: list[str], *, env: dict | None = None, cwd: Path = REPO, timeout: float = 1800, check: bool = True
+) -> ProcResult:
     """Run a command to completion; report wall time and peak RSS (main process and tree)."""
-    full_env = dict(os.environ, WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false",
-                    PYTHONWARNINGS="ignore", **(env or {}))
+    full_env = dict(
+        os.environ,
+        WANDB_MODE="disabled",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS="ignore",
+        **(env or {}),
+    )
     t0 = time.perf_counter()
-    proc = subprocess.Popen(args, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        args, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     peak = [0]
     done = threading.Event()
 
@@ -163,8 +171,10 @@ def run_measured(args: list[str], *, env: dict | None = None, cwd: Path = REPO, 
     sampler.start()
     # read the pipes in threads (never communicate(): it would reap the child before wait4 does)
     outs: dict[str, str] = {}
-    readers = [threading.Thread(target=lambda k=k, f=f: outs.__setitem__(k, f.read()), daemon=True)
-               for k, f in (("out", proc.stdout), ("err", proc.stderr))]
+    readers = [
+        threading.Thread(target=lambda k=k, f=f: outs.__setitem__(k, f.read()), daemon=True)
+        for k, f in (("out", proc.stdout), ("err", proc.stderr))
+    ]
     for r in readers:
         r.start()
     deadline = time.monotonic() + timeout
@@ -183,11 +193,18 @@ def run_measured(args: list[str], *, env: dict | None = None, cwd: Path = REPO, 
     done.set()
     for r in readers:
         r.join(30)
-    res = ProcResult(proc.returncode, wall, usage.ru_maxrss / 1024, peak[0] / 1024,
-                     outs.get("out", ""), outs.get("err", ""))
+    res = ProcResult(
+        proc.returncode,
+        wall,
+        usage.ru_maxrss / 1024,
+        peak[0] / 1024,
+        outs.get("out", ""),
+        outs.get("err", ""),
+    )
     if check and res.returncode != 0:
-        raise RuntimeError(f"benchmark command failed (exit {res.returncode}): {' '.join(args)}\n"
-                           f"{res.stderr[-3000:]}")
+        raise RuntimeError(
+            f"benchmark command failed (exit {res.returncode}): {' '.join(args)}\n{res.stderr[-3000:]}"
+        )
     return res
 
 
@@ -210,9 +227,19 @@ def compose_config(overrides: list[str]):  # noqa: ANN201 - an ExgrpoConfig
 def exgrpo_train(overrides: list[str], out: Path, threads: int = 0) -> tuple[list[dict], ProcResult]:
     """`exgrpo train` in a subprocess of the main venv, without validation cost or console output;
     returns its metrics rows of steps >= 1 and the process measurements."""
-    args = [main_python(), "-m", "exgrpo_cli", "train", f"hydra.run.dir={out}", "trainer.val_questions=1",
-            "trainer.val_samples=1", "logger.console=false", "logger.wandb.mode=disabled",
-            f"trainer.threads={threads}", *overrides]
+    args = [
+        main_python(),
+        "-m",
+        "exgrpo_cli",
+        "train",
+        f"hydra.run.dir={out}",
+        "trainer.val_questions=1",
+        "trainer.val_samples=1",
+        "logger.console=false",
+        "logger.wandb.mode=disabled",
+        f"trainer.threads={threads}",
+        *overrides,
+    ]
     proc = run_measured(args, env=thread_env(threads))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["step"] >= 1 and "timing/step" in r], proc

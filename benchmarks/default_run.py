@@ -36,10 +36,17 @@ def run_once(ratio: float | None, seed: int, extra: list[str], out: Path) -> dic
         raise SystemExit(f"run failed ({' '.join(args + extra)}):\n{res.stderr[-4000:]}")
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     vals = [(r["step"], r["val/accuracy"]) for r in rows if r.get("val/accuracy") is not None]
-    return {"ratio": ratio, "seed": seed, "wall_s": wall, "val_start": vals[0][1], "val_end": vals[-1][1],
-            "gain": vals[-1][1] - vals[0][1], "steps": rows[-1]["step"],
-            "fresh_rollouts": int(sum(r.get("rollout/responses", 0) for r in rows)),
-            "replay_started_at": next((r["step"] for r in rows if r.get("replay/active") == 1.0), None)}
+    return {
+        "ratio": ratio,
+        "seed": seed,
+        "wall_s": wall,
+        "val_start": vals[0][1],
+        "val_end": vals[-1][1],
+        "gain": vals[-1][1] - vals[0][1],
+        "steps": rows[-1]["step"],
+        "fresh_rollouts": int(sum(r.get("rollout/responses", 0) for r in rows)),
+        "replay_started_at": next((r["step"] for r in rows if r.get("replay/active") == 1.0), None),
+    }
 
 
 def summarise(runs: list[dict]) -> list[dict]:
@@ -51,18 +58,31 @@ def summarise(runs: list[dict]) -> list[dict]:
             v = [r[key] for r in rs]
             return statistics.mean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
 
-        out.append({"ratio": ratio, "seeds": len(rs), "val_end": stat("val_end"), "gain": stat("gain"),
-                    "val_start": stat("val_start"), "wall_s": stat("wall_s"),
-                    "wall_s_median": statistics.median(r["wall_s"] for r in rs),
-                    "fresh_rollouts": stat("fresh_rollouts")})
+        out.append(
+            {
+                "ratio": ratio,
+                "seeds": len(rs),
+                "val_end": stat("val_end"),
+                "gain": stat("gain"),
+                "val_start": stat("val_start"),
+                "wall_s": stat("wall_s"),
+                "wall_s_median": statistics.median(r["wall_s"] for r in rs),
+                "fresh_rollouts": stat("fresh_rollouts"),
+            }
+        )
     return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--ratios", type=float, nargs="*", default=None,
-                   help="replay.ratio values to compare (default: the config's own)")
+    p.add_argument(
+        "--ratios",
+        type=float,
+        nargs="*",
+        default=None,
+        help="replay.ratio values to compare (default: the config's own)",
+    )
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     p.add_argument("extra", nargs="*", help="more Hydra overrides for every run")
     a = p.parse_args()
@@ -73,17 +93,24 @@ def main() -> None:
             for seed in a.seeds:
                 r = run_once(ratio, seed, a.extra, Path(tmp) / f"r{ratio}_s{seed}")
                 runs.append(r)
-                print(f"ratio={ratio} seed={seed}: {r['wall_s']:.0f}s  val {r['val_start']:.3f} -> "
-                      f"{r['val_end']:.3f} ({r['gain']:+.3f})  fresh rollouts {r['fresh_rollouts']}  "
-                      f"replay from step {r['replay_started_at']}", flush=True)
+                print(
+                    f"ratio={ratio} seed={seed}: {r['wall_s']:.0f}s  val {r['val_start']:.3f} -> "
+                    f"{r['val_end']:.3f} ({r['gain']:+.3f})  fresh rollouts {r['fresh_rollouts']}  "
+                    f"replay from step {r['replay_started_at']}",
+                    flush=True,
+                )
     summary = summarise(runs)
-    print("\n| replay.ratio | seeds | val start | val end (mean ± sd) | gain (mean ± sd) | wall s (median) "
-          "| fresh rollouts |\n|---|---|---|---|---|---|---|")
+    print(
+        "\n| replay.ratio | seeds | val start | val end (mean ± sd) | gain (mean ± sd) | wall s (median) "
+        "| fresh rollouts |\n|---|---|---|---|---|---|---|"
+    )
     for s in summary:
         name = s["ratio"] if s["ratio"] is not None else "default"
-        print(f"| {name} | {s['seeds']} | {s['val_start'][0]:.3f} "
-              f"| {s['val_end'][0]:.3f} ± {s['val_end'][1]:.3f} | {s['gain'][0]:+.3f} ± {s['gain'][1]:.3f} "
-              f"| {s['wall_s_median']:.0f} | {s['fresh_rollouts'][0]:.0f} |")
+        print(
+            f"| {name} | {s['seeds']} | {s['val_start'][0]:.3f} "
+            f"| {s['val_end'][0]:.3f} ± {s['val_end'][1]:.3f} | {s['gain'][0]:+.3f} ± {s['gain'][1]:.3f} "
+            f"| {s['wall_s_median']:.0f} | {s['fresh_rollouts'][0]:.0f} |"
+        )
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"{dt.date.today().isoformat()}-default.json"
     path.write_text(json.dumps({"runs": runs, "summary": summary, "extra": a.extra}, indent=1))

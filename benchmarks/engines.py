@@ -50,8 +50,13 @@ def worker(engine_name: str, model_name: str, questions: int, n: int, tokens: in
     from exgrpo_cli.policy.model import load_model, load_tokenizer
     from exgrpo_cli.rollout.base import SamplingSpec
 
-    cfg = compose_config([*model_overrides(model_name), "trainer.output_dir=/tmp/exgrpo-bench-engines",
-                          f"model.max_response_tokens={tokens}"])
+    cfg = compose_config(
+        [
+            *model_overrides(model_name),
+            "trainer.output_dir=/tmp/exgrpo-bench-engines",
+            f"model.max_response_tokens={tokens}",
+        ]
+    )
     tok = load_tokenizer(cfg.model)
     model = load_model(cfg.model, torch.device("cpu"))
     template = get_template(cfg.model.template)
@@ -68,7 +73,7 @@ def worker(engine_name: str, model_name: str, questions: int, n: int, tokens: in
     startup = time.perf_counter() - t0
     calls, syncs = [], []
     for rep in range(repeats + 1):  # call 0 warms up (allocator, vLLM's first-batch paths)
-        qs = train[rep * questions:(rep + 1) * questions]
+        qs = train[rep * questions : (rep + 1) * questions]
         prompts = [tok(template.render(q, tok), add_special_tokens=False)["input_ids"] for q in qs]
         t0 = time.perf_counter()
         out = engine.generate(prompts, [n] * len(prompts), SamplingSpec(1.0, 1.0, tokens, seed=rep))
@@ -78,12 +83,19 @@ def worker(engine_name: str, model_name: str, questions: int, n: int, tokens: in
             calls.append({"s": dt, "tokens": generated, "rollouts": len(out)})
             syncs.append(engine.sync_weights(model))
     engine.close()
-    return {"engine": engine_name, "model": model_name, "startup_s": startup, "calls": calls,
-            "sync_s": syncs, "threads": torch.get_num_threads()}
+    return {
+        "engine": engine_name,
+        "model": model_name,
+        "startup_s": startup,
+        "calls": calls,
+        "sync_s": syncs,
+        "threads": torch.get_num_threads(),
+    }
 
 
-def run(quick: bool, model: str | None = None, repeats: int | None = None, threads: int = 0,
-        log=log_stderr) -> dict:  # noqa: ANN001
+def run(
+    quick: bool, model: str | None = None, repeats: int | None = None, threads: int = 0, log=log_stderr
+) -> dict:  # noqa: ANN001
     model = model or ("tiny" if quick or not smollm2_available() else "smollm2-135m")
     repeats = repeats or (3 if model == "tiny" else 2)
     q, n, tokens = BATCH[model]
@@ -98,8 +110,22 @@ def run(quick: bool, model: str | None = None, repeats: int | None = None, threa
         for name, py in (("hf", main_python()), ("vllm", vllm_py)):
             if py is None:
                 continue
-            args = [py, __file__, "--worker", name, "--model", model, "--questions", str(q), "--n", str(n),
-                    "--tokens", str(tokens), "--repeats", str(repeats)]
+            args = [
+                py,
+                __file__,
+                "--worker",
+                name,
+                "--model",
+                model,
+                "--questions",
+                str(q),
+                "--n",
+                str(n),
+                "--tokens",
+                str(tokens),
+                "--repeats",
+                str(repeats),
+            ]
             # in-process vLLM binds its own OpenMP threads to cores: the same count as HF
             env = thread_env(threads)
             if threads:
@@ -111,15 +137,24 @@ def run(quick: bool, model: str | None = None, repeats: int | None = None, threa
             r = last_json_line(proc.stdout)
             r["peak_rss_mb"] = proc.peak_rss_mb
             sides[name].append(r)
-            log(f"  engines block {b + 1}/{blocks}: {name} "
-                f"{Stat([c['tokens'] / c['s'] for c in r['calls']]).median:.0f} tok/s")
+            log(
+                f"  engines block {b + 1}/{blocks}: {name} "
+                f"{Stat([c['tokens'] / c['s'] for c in r['calls']]).median:.0f} tok/s"
+            )
     tps = {k: [c["tokens"] / c["s"] for r in v for c in r["calls"]] for k, v in sides.items()}
-    out = {"model": model, "questions": q, "n": n, "max_new_tokens": tokens, "repeats": repeats,
-           "threads": threads, "notes": notes,
-           "tokens_per_s": {k: Stat(v).as_json() for k, v in tps.items()},
-           "vllm_sync_s": Stat([s for r in sides["vllm"] for s in r["sync_s"]]).as_json(),
-           "startup_s": {k: Stat([r["startup_s"] for r in v]).as_json() for k, v in sides.items()},
-           "peak_rss_mb": {k: Stat([r["peak_rss_mb"] for r in v]).as_json() for k, v in sides.items()}}
+    out = {
+        "model": model,
+        "questions": q,
+        "n": n,
+        "max_new_tokens": tokens,
+        "repeats": repeats,
+        "threads": threads,
+        "notes": notes,
+        "tokens_per_s": {k: Stat(v).as_json() for k, v in tps.items()},
+        "vllm_sync_s": Stat([s for r in sides["vllm"] for s in r["sync_s"]]).as_json(),
+        "startup_s": {k: Stat([r["startup_s"] for r in v]).as_json() for k, v in sides.items()},
+        "peak_rss_mb": {k: Stat([r["peak_rss_mb"] for r in v]).as_json() for k, v in sides.items()},
+    }
     if tps["hf"] and tps["vllm"]:
         out["speedup"] = ratio_stat(tps["vllm"], tps["hf"]).as_json()
     return out
@@ -127,11 +162,20 @@ def run(quick: bool, model: str | None = None, repeats: int | None = None, threa
 
 def render(res: dict) -> str:
     t = res["tokens_per_s"]
-    rows = [[f"HF (exgrpo loop), {res['model']}", Stat(t["hf"]["values"]).fmt(".4g"), "0 (same module)",
-             f"{res['startup_s']['hf']['median']:.1f}"],
-            [f"vLLM, {res['model']}", Stat(t["vllm"]["values"]).fmt(".4g"),
-             Stat([x * 1000 for x in res["vllm_sync_s"]["values"]]).fmt(".0f") + " ms",
-             f"{res['startup_s']['vllm']['median']:.1f}" if t["vllm"]["values"] else "n/a"]]
+    rows = [
+        [
+            f"HF (exgrpo loop), {res['model']}",
+            Stat(t["hf"]["values"]).fmt(".4g"),
+            "0 (same module)",
+            f"{res['startup_s']['hf']['median']:.1f}",
+        ],
+        [
+            f"vLLM, {res['model']}",
+            Stat(t["vllm"]["values"]).fmt(".4g"),
+            Stat([x * 1000 for x in res["vllm_sync_s"]["values"]]).fmt(".0f") + " ms",
+            f"{res['startup_s']['vllm']['median']:.1f}" if t["vllm"]["values"] else "n/a",
+        ],
+    ]
     if "speedup" in res:
         rows.append(["vLLM / HF (paired calls)", Stat(res["speedup"]["values"]).fmt(".2f") + "x", "", ""])
     batch = f"{res['questions']} questions x K={res['n']}, {res['max_new_tokens']} new tokens"

@@ -59,8 +59,9 @@ def _sync(device) -> None:  # noqa: ANN001
 def update_flops(model, prompt_lens: list[int], response_lens: list[int]) -> float:  # noqa: ANN001
     cfg = model.config
     d, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
-    layer_params = sum(p.numel() for n, p in model.named_parameters()
-                       if ".layers." in n and p.dim() == 2)  # the layers' matmul weights
+    layer_params = sum(
+        p.numel() for n, p in model.named_parameters() if ".layers." in n and p.dim() == 2
+    )  # the layers' matmul weights
     flops = 0.0
     for p, r in zip(prompt_lens, response_lens):
         seq = p + r
@@ -90,16 +91,29 @@ def measure(model_name: str, repeats: int, device) -> dict:  # noqa: ANN001
     groups = []
     for g in range(rows // cfg.rollout.n):
         prompt = rng.integers(3, V, plen).tolist()
-        resp = [Response(rng.integers(3, V, int(rng.integers(lo, hi + 1))).tolist(), None,
-                         reward=float(rng.random() < 0.4)) for _ in range(cfg.rollout.n)]
+        resp = [
+            Response(
+                rng.integers(3, V, int(rng.integers(lo, hi + 1))).tolist(),
+                None,
+                reward=float(rng.random() < 0.4),
+            )
+            for _ in range(cfg.rollout.n)
+        ]
         groups.append(Group(Question(f"q{g}", "", ""), prompt, resp))
     batch = build_mixed_batch(groups)
     adv = group_advantages(batch.rewards, batch.group_index)
     a = cfg.algo
-    settings = UpdateSettings(clip_eps=a.clip_eps, beta=None, importance_correction=True,
-                              entropy_coef=a.entropy_coef, max_response_tokens=hi, updates=1,
-                              micro_batch_tokens=token_budget(a.micro_batch_tokens, device),
-                              grad_clip=a.grad_clip, skip_grad_norm_above=float("inf"))
+    settings = UpdateSettings(
+        clip_eps=a.clip_eps,
+        beta=None,
+        importance_correction=True,
+        entropy_coef=a.entropy_coef,
+        max_response_tokens=hi,
+        updates=1,
+        micro_batch_tokens=token_budget(a.micro_batch_tokens, device),
+        grad_clip=a.grad_clip,
+        skip_grad_norm_above=float("inf"),
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-9)  # a real step that leaves the model usable
     times = []
     for i in range(repeats + 1):
@@ -110,10 +124,15 @@ def measure(model_name: str, repeats: int, device) -> dict:  # noqa: ANN001
         if i:
             times.append(time.perf_counter() - t0)
     flops = update_flops(model, [len(p) for p in batch.prompt_ids], [len(r) for r in batch.response_ids])
-    return {"model": model_name, "rows": len(batch), "tokens": sum(len(p) + len(r) for p, r in
-                                                                   zip(batch.prompt_ids, batch.response_ids)),
-            "params": sum(p.numel() for p in model.parameters()), "update_s": Stat(times).as_json(),
-            "flops": flops, "flops_per_s": Stat([flops / t for t in times]).as_json()}
+    return {
+        "model": model_name,
+        "rows": len(batch),
+        "tokens": sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)),
+        "params": sum(p.numel() for p in model.parameters()),
+        "update_s": Stat(times).as_json(),
+        "flops": flops,
+        "flops_per_s": Stat([flops / t for t in times]).as_json(),
+    }
 
 
 def run(quick: bool, models: list[str] | None = None, repeats: int | None = None, threads: int = 0) -> dict:
@@ -125,8 +144,11 @@ def run(quick: bool, models: list[str] | None = None, repeats: int | None = None
     models = models or (["tiny"] if quick or not smollm2_available() else ["tiny", "smollm2-135m"])
     repeats = repeats or (3 if quick else 5)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-           "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", "")}
+    out = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "threads": torch.get_num_threads(),
+        "dtype": str(dtype).replace("torch.", ""),
+    }
     peaks = [matmul_peak(device, dtype, n) for n in ((4096, 8192) if device.type == "cuda" else (512, 1024))]
     out["matmul_peak_flops"] = max(peaks)
     chip = next((v for k, v in CHIP_PEAK_TFLOPS.items() if k in out["device"]), None)
@@ -145,11 +167,19 @@ def render(res: dict) -> str:
     rows = []
     for r in res["models"]:
         name = f"{r['model']} ({r['params'] / 1e6:.2f}M params), {r['rows']} rows / {r['tokens']} tokens"
-        rows.append([name,
-                     Stat(r["update_s"]["values"]).fmt(".3g"), f"{r['flops_per_s']['median'] / 1e9:.1f}",
-                     f"{r['mfu_vs_matmul']:.1%}", f"{r['mfu_vs_chip']:.2%}" if "mfu_vs_chip" in r else "-"])
-    head = (f"update on {res['device']} ({res['dtype']}, {res['threads']} threads; "
-            f"matmul peak {res['matmul_peak_flops'] / 1e9:.1f} GFLOP/s)")
+        rows.append(
+            [
+                name,
+                Stat(r["update_s"]["values"]).fmt(".3g"),
+                f"{r['flops_per_s']['median'] / 1e9:.1f}",
+                f"{r['mfu_vs_matmul']:.1%}",
+                f"{r['mfu_vs_chip']:.2%}" if "mfu_vs_chip" in r else "-",
+            ]
+        )
+    head = (
+        f"update on {res['device']} ({res['dtype']}, {res['threads']} threads; "
+        f"matmul peak {res['matmul_peak_flops'] / 1e9:.1f} GFLOP/s)"
+    )
     return table([head, "s/update", "GFLOP/s", "MFU vs matmul", "MFU vs chip"], rows)
 
 

@@ -42,8 +42,9 @@ def build_trainer(ratio: float):  # noqa: ANN201 - a Trainer
     from exgrpo_cli.train.loop import Trainer
     from exgrpo_cli.train.run import make_optimizer
 
-    cfg = compose_config([f"replay.ratio={ratio}", "replay.start_threshold=0",
-                          "trainer.output_dir=/tmp/exgrpo-bench-overhead"])
+    cfg = compose_config(
+        [f"replay.ratio={ratio}", "replay.start_threshold=0", "trainer.output_dir=/tmp/exgrpo-bench-overhead"]
+    )
     torch.manual_seed(cfg.trainer.seed)
     tok, model = load_tokenizer(cfg.model), load_model(cfg.model, torch.device("cpu"))
     template = get_template(cfg.model.template)
@@ -51,13 +52,21 @@ def build_trainer(ratio: float):  # noqa: ANN201 - a Trainer
     p = cfg.replay
     scorer = RewardScorer(requires_think=template.requires_think, workers=1)
     buffer = ExperienceBuffer(cfg.rollout.n, p.bucket_edges, p.max_experiences)
-    return Trainer(cfg, model, tok, template, build_engine(cfg, model, tok), scorer,
-                   make_optimizer(cfg, model), QuestionSampler(train, cfg.trainer.seed), buffer,
-                   DelayedStart(p.start_threshold))
+    return Trainer(
+        cfg,
+        model,
+        tok,
+        template,
+        build_engine(cfg, model, tok),
+        scorer,
+        make_optimizer(cfg, model),
+        QuestionSampler(train, cfg.trainer.seed),
+        buffer,
+        DelayedStart(p.start_threshold),
+    )
 
 
-def run(quick: bool, steps: int | None = None, threads: int = 0, warmup: int = 2,
-        log=log_stderr) -> dict:  # noqa: ANN001
+def run(quick: bool, steps: int | None = None, threads: int = 0, warmup: int = 2, log=log_stderr) -> dict:  # noqa: ANN001
     import torch
 
     if threads:
@@ -67,29 +76,36 @@ def run(quick: bool, steps: int | None = None, threads: int = 0, warmup: int = 2
     rows: dict[float, list[dict]] = {r: [] for r in RATIOS}
     try:
         for step in range(1, steps + 1):
-            for r in (RATIOS if step % 2 else RATIOS[::-1]):
+            for r in RATIOS if step % 2 else RATIOS[::-1]:
                 m = trainers[r].train_step(step)
                 if step > warmup:
                     rows[r].append(m)
             if step > warmup:
-                log(f"  overhead step {step}/{steps}: ratio 0 {rows[0.0][-1]['timing/step']:.2f} s, "
-                    f"ratio 0.5 {rows[0.5][-1]['timing/step']:.2f} s")
+                log(
+                    f"  overhead step {step}/{steps}: ratio 0 {rows[0.0][-1]['timing/step']:.2f} s, "
+                    f"ratio 0.5 {rows[0.5][-1]['timing/step']:.2f} s"
+                )
     finally:
         for t in trainers.values():
             t.scorer.close()
     step_s = {r: [x["timing/step"] for x in v] for r, v in rows.items()}
     mixed = rows[0.5]
     per_side = lambda key: {str(r): Stat([x[key] for x in v]).as_json() for r, v in rows.items()}  # noqa: E731
-    return {"steps": steps, "warmup": warmup, "threads": torch.get_num_threads(),
-            "step_s": {str(r): Stat(v).as_json() for r, v in step_s.items()},
-            "ratio": ratio_stat(step_s[0.5], step_s[0.0]).as_json(),
-            "replay_parts_s": {p: Stat([x.get(f"timing/{p}", 0.0) for x in mixed]).as_json() for p in PARTS},
-            "replayed_questions": Stat([x["replay/replayed_questions"] for x in mixed]).as_json(),
-            "rows": Stat([x["rollout/rows"] for x in mixed]).as_json(),
-            # what else differs at equal rows: a replayed question needs K-1 fresh samples, and
-            # the policies (hence response lengths) drift apart
-            "generated": per_side("rollout/responses"), "update_s": per_side("timing/update"),
-            "response_length": per_side("rollout/response_length")}
+    return {
+        "steps": steps,
+        "warmup": warmup,
+        "threads": torch.get_num_threads(),
+        "step_s": {str(r): Stat(v).as_json() for r, v in step_s.items()},
+        "ratio": ratio_stat(step_s[0.5], step_s[0.0]).as_json(),
+        "replay_parts_s": {p: Stat([x.get(f"timing/{p}", 0.0) for x in mixed]).as_json() for p in PARTS},
+        "replayed_questions": Stat([x["replay/replayed_questions"] for x in mixed]).as_json(),
+        "rows": Stat([x["rollout/rows"] for x in mixed]).as_json(),
+        # what else differs at equal rows: a replayed question needs K-1 fresh samples, and
+        # the policies (hence response lengths) drift apart
+        "generated": per_side("rollout/responses"),
+        "update_s": per_side("timing/update"),
+        "response_length": per_side("rollout/response_length"),
+    }
 
 
 def render(res: dict) -> str:
@@ -97,16 +113,23 @@ def render(res: dict) -> str:
     ratio = Stat(res["ratio"]["values"])
     parts = res["replay_parts_s"]
     share = {p: parts[p]["median"] / s5.median for p in ("select", "select_scoring", "buffer")}
-    rows = [["s/step, replay.ratio=0", s0.fmt(".3g")], ["s/step, replay.ratio=0.5", s5.fmt(".3g")],
-            ["ratio 0.5 / ratio 0 (paired steps)", ratio.fmt(".3f") + "x"],
-            ["replayed questions per step", f"{res['replayed_questions']['median']:.0f} of 16"]]
+    rows = [
+        ["s/step, replay.ratio=0", s0.fmt(".3g")],
+        ["s/step, replay.ratio=0.5", s5.fmt(".3g")],
+        ["ratio 0.5 / ratio 0 (paired steps)", ratio.fmt(".3f") + "x"],
+        ["replayed questions per step", f"{res['replayed_questions']['median']:.0f} of 16"],
+    ]
     g, ln, up = res["generated"], res["response_length"], res["update_s"]
     both = lambda d, f: f"{d['0.0']['median']:{f}} / {d['0.5']['median']:{f}}"  # noqa: E731
-    rows += [["rollouts generated per step (ratio 0 / 0.5)", both(g, ".0f")],
-             ["mean response tokens (ratio 0 / 0.5)", both(ln, ".1f")],
-             ["timing/update s (ratio 0 / 0.5)", both(up, ".3g")]]
-    rows += [[f"timing/{p} (ratio 0.5)", f"{parts[p]['median'] * 1000:.1f} ms ({share[p]:.1%} of the step)"]
-             for p in ("select", "select_scoring", "buffer")]
+    rows += [
+        ["rollouts generated per step (ratio 0 / 0.5)", both(g, ".0f")],
+        ["mean response tokens (ratio 0 / 0.5)", both(ln, ".1f")],
+        ["timing/update s (ratio 0 / 0.5)", both(up, ".3g")],
+    ]
+    rows += [
+        [f"timing/{p} (ratio 0.5)", f"{parts[p]['median'] * 1000:.1f} ms ({share[p]:.1%} of the step)"]
+        for p in ("select", "select_scoring", "buffer")
+    ]
     return table(["ExGRPO overhead (tiny model, 16 questions x K=8)", "value"], rows)
 
 

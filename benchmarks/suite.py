@@ -39,9 +39,13 @@ import vs_trl  # noqa: E402
 from common import RESULTS, last_json_line, machine_info, main_python  # noqa: E402
 
 SECTIONS = {"vs_trl": vs_trl, "overhead": overhead, "engines": engines, "buffer": buffer_scale, "mfu": mfu}
-TITLES = {"vs_trl": "1. exgrpo vs TRL GRPOTrainer", "overhead": "2. ExGRPO overhead per step",
-          "engines": "3. rollout engines", "buffer": "4. replay buffer at scale",
-          "mfu": "5. training math (MFU)"}
+TITLES = {
+    "vs_trl": "1. exgrpo vs TRL GRPOTrainer",
+    "overhead": "2. ExGRPO overhead per step",
+    "engines": "3. rollout engines",
+    "buffer": "4. replay buffer at scale",
+    "mfu": "5. training math (MFU)",
+}
 THREADED = {"vs_trl", "overhead", "engines", "mfu"}
 
 
@@ -82,15 +86,22 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     a = p.parse_args()
     t0 = time.perf_counter()
-    results = {"date": dt.datetime.now().isoformat(timespec="seconds"), "threads": a.threads,
-               "mode": "quick" if a.quick else "full", "machine": machine_info(), "sections": {}}
+    results = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "threads": a.threads,
+        "mode": "quick" if a.quick else "full",
+        "machine": machine_info(),
+        "sections": {},
+    }
     for name in a.only or list(SECTIONS):
         print(f"# {TITLES[name]} ...", file=sys.stderr, flush=True)
         results["sections"][name] = run_section(name, a.quick, a.threads)
     results["total_s"] = time.perf_counter() - t0
     m = results["machine"]
-    print(f"\n# exgrpo benchmark suite ({results['mode']}, {a.threads or 'all'} torch thread(s), "
-          f"{m.get('cpus')} x {m.get('cpu', '?')}, load average at start {m.get('loadavg_start', 0):.1f})")
+    print(
+        f"\n# exgrpo benchmark suite ({results['mode']}, {a.threads or 'all'} torch thread(s), "
+        f"{m.get('cpus')} x {m.get('cpu', '?')}, load average at start {m.get('loadavg_start', 0):.1f})"
+    )
     print(render_all(results))
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"{dt.date.today().isoformat()}{'-quick' if a.quick else ''}.json"

@@ -60,17 +60,41 @@ def main() -> None:
 
     K, Q, algo = cfg.rollout.n, cfg.algo.questions_per_step, cfg.algo
     args = GRPOConfig(
-        output_dir=tmp, max_steps=a.steps, per_device_train_batch_size=Q * K, num_generations=K,
-        gradient_accumulation_steps=1, max_completion_length=cfg.model.max_response_tokens,
-        learning_rate=algo.lr, weight_decay=algo.weight_decay, adam_beta1=algo.betas[0],
-        adam_beta2=algo.betas[1], max_grad_norm=algo.grad_clip, lr_scheduler_type="constant",
-        warmup_steps=0, loss_type="dr_grpo", scale_rewards="none", beta=0.0, epsilon=algo.clip_eps,
-        entropy_coef=algo.entropy_coef, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-        top_k=0, use_vllm=False, use_cpu=True, bf16=False, fp16=False, report_to="none",
-        logging_steps=1, save_strategy="no", seed=cfg.trainer.seed, dataloader_num_workers=0,
-        log_completions=False, disable_dropout=True,
+        output_dir=tmp,
+        max_steps=a.steps,
+        per_device_train_batch_size=Q * K,
+        num_generations=K,
+        gradient_accumulation_steps=1,
+        max_completion_length=cfg.model.max_response_tokens,
+        learning_rate=algo.lr,
+        weight_decay=algo.weight_decay,
+        adam_beta1=algo.betas[0],
+        adam_beta2=algo.betas[1],
+        max_grad_norm=algo.grad_clip,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        loss_type="dr_grpo",
+        scale_rewards="none",
+        beta=0.0,
+        epsilon=algo.clip_eps,
+        entropy_coef=algo.entropy_coef,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=0,
+        use_vllm=False,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        seed=cfg.trainer.seed,
+        dataloader_num_workers=0,
+        log_completions=False,
+        disable_dropout=True,
         # TRL turns activation checkpointing on by default; exgrpo follows the model preset
-        gradient_checkpointing=cfg.model.gradient_checkpointing)
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+    )
 
     class StepClock(TrainerCallback):
         """Wall time of each optimizer step: generation, reward, forward/backward and update."""
@@ -91,13 +115,27 @@ def main() -> None:
                 self.lengths.append(float(logs["completions/mean_length"]))
 
     clock = StepClock()
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[clock])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[clock],
+    )
     trainer.train()
     scorer.close()
-    print(json.dumps({"step_s": clock.times, "response_length": clock.lengths, "rollouts_per_step": Q * K,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "optimizer": type(trainer.optimizer).__name__}))
+    print(
+        json.dumps(
+            {
+                "step_s": clock.times,
+                "response_length": clock.lengths,
+                "rollouts_per_step": Q * K,
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "optimizer": type(trainer.optimizer).__name__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -47,21 +47,40 @@ WORKLOADS = {
 
 def run_exgrpo(overrides: list[str], steps: int, out: Path, threads: int) -> dict:
     rows, proc = exgrpo_train(["replay.ratio=0", f"trainer.steps={steps}", *overrides], out, threads)
-    return {"step_s": [r["timing/step"] for r in rows],
-            "response_length": [r["rollout/response_length"] for r in rows],
-            "rollouts": [r["rollout/responses"] for r in rows], "peak_rss_mb": proc.peak_rss_mb,
-            "tree_peak_rss_mb": proc.tree_peak_rss_mb, "wall_s": proc.wall_s}
+    return {
+        "step_s": [r["timing/step"] for r in rows],
+        "response_length": [r["rollout/response_length"] for r in rows],
+        "rollouts": [r["rollout/responses"] for r in rows],
+        "peak_rss_mb": proc.peak_rss_mb,
+        "tree_peak_rss_mb": proc.tree_peak_rss_mb,
+        "wall_s": proc.wall_s,
+    }
 
 
 def run_trl(overrides: list[str], steps: int, threads: int) -> dict:
     py = python_of(BENCH_PY)
-    proc = run_measured([py, str(Path(__file__).with_name("trl_worker.py")), "--steps", str(steps), "--",
-                         f"trainer.threads={threads}", *overrides], env=thread_env(threads))
+    proc = run_measured(
+        [
+            py,
+            str(Path(__file__).with_name("trl_worker.py")),
+            "--steps",
+            str(steps),
+            "--",
+            f"trainer.threads={threads}",
+            *overrides,
+        ],
+        env=thread_env(threads),
+    )
     r = last_json_line(proc.stdout)
     n = len(r["step_s"])
-    return {"step_s": r["step_s"], "response_length": r["response_length"][:n],
-            "rollouts": [r["rollouts_per_step"]] * n, "peak_rss_mb": proc.peak_rss_mb,
-            "tree_peak_rss_mb": proc.tree_peak_rss_mb, "wall_s": proc.wall_s}
+    return {
+        "step_s": r["step_s"],
+        "response_length": r["response_length"][:n],
+        "rollouts": [r["rollouts_per_step"]] * n,
+        "peak_rss_mb": proc.peak_rss_mb,
+        "tree_peak_rss_mb": proc.tree_peak_rss_mb,
+        "wall_s": proc.wall_s,
+    }
 
 
 def per_step(run: dict, warmup: int) -> tuple[list[float], list[float]]:
@@ -80,10 +99,18 @@ def compare(model: str, runs: int, steps: int, warmup: int, threads: int, log=pr
         for i in range(runs):
             sides["trl"].append(run_trl(overrides, steps, threads))
             sides["exgrpo"].append(run_exgrpo(overrides, steps, Path(tmp) / f"{model}-{i}", threads))
-            log(f"  {model} run {i + 1}/{runs}: TRL {_mean(sides['trl'][-1]['step_s'][warmup:]):.2f} s/step, "
-                f"exgrpo {_mean(sides['exgrpo'][-1]['step_s'][warmup:]):.2f} s/step")
-    out: dict = {"model": model, "overrides": overrides, "runs": runs, "steps": steps, "warmup": warmup,
-                 "threads": threads}
+            log(
+                f"  {model} run {i + 1}/{runs}: TRL {_mean(sides['trl'][-1]['step_s'][warmup:]):.2f} s/step, "
+                f"exgrpo {_mean(sides['exgrpo'][-1]['step_s'][warmup:]):.2f} s/step"
+            )
+    out: dict = {
+        "model": model,
+        "overrides": overrides,
+        "runs": runs,
+        "steps": steps,
+        "warmup": warmup,
+        "threads": threads,
+    }
     paired = {"rollouts_per_s": ([], []), "tokens_per_s": ([], [])}
     for name, rs in sides.items():
         roll, tok = [], []
@@ -91,17 +118,22 @@ def compare(model: str, runs: int, steps: int, warmup: int, threads: int, log=pr
             a, b = per_step(r, warmup)
             roll += a
             tok += b
-        out[name] = {"rollouts_per_s": Stat(roll).as_json(), "tokens_per_s": Stat(tok).as_json(),
-                     "peak_rss_mb": Stat([r["peak_rss_mb"] for r in rs]).as_json(),
-                     "tree_peak_rss_mb": Stat([r["tree_peak_rss_mb"] for r in rs]).as_json(),
-                     "step_s": Stat([s for r in rs for s in r["step_s"][warmup:]]).as_json(), "raw": rs}
+        out[name] = {
+            "rollouts_per_s": Stat(roll).as_json(),
+            "tokens_per_s": Stat(tok).as_json(),
+            "peak_rss_mb": Stat([r["peak_rss_mb"] for r in rs]).as_json(),
+            "tree_peak_rss_mb": Stat([r["tree_peak_rss_mb"] for r in rs]).as_json(),
+            "step_s": Stat([s for r in rs for s in r["step_s"][warmup:]]).as_json(),
+            "raw": rs,
+        }
         k = 0 if name == "exgrpo" else 1
         paired["rollouts_per_s"][k].extend(roll)
         paired["tokens_per_s"][k].extend(tok)
     out["speedup_rollouts"] = ratio_stat(*paired["rollouts_per_s"]).as_json()
     out["speedup_tokens"] = ratio_stat(*paired["tokens_per_s"]).as_json()
-    out["memory_ratio"] = ratio_stat([r["peak_rss_mb"] for r in sides["exgrpo"]],
-                                     [r["peak_rss_mb"] for r in sides["trl"]]).as_json()
+    out["memory_ratio"] = ratio_stat(
+        [r["peak_rss_mb"] for r in sides["exgrpo"]], [r["peak_rss_mb"] for r in sides["trl"]]
+    ).as_json()
     return out
 
 
@@ -117,18 +149,41 @@ def render(results: list[dict]) -> str:
             continue
         for side in ("trl", "exgrpo"):
             s = r[side]
-            rows.append([r["model"], "TRL GRPOTrainer" if side == "trl" else "exgrpo (ratio=0)",
-                         Stat(s["rollouts_per_s"]["values"]).fmt(".3g"),
-                         Stat(s["tokens_per_s"]["values"]).fmt(".4g"),
-                         f"{s['peak_rss_mb']['median']:.0f} / {s['tree_peak_rss_mb']['median']:.0f}", "", ""])
+            rows.append(
+                [
+                    r["model"],
+                    "TRL GRPOTrainer" if side == "trl" else "exgrpo (ratio=0)",
+                    Stat(s["rollouts_per_s"]["values"]).fmt(".3g"),
+                    Stat(s["tokens_per_s"]["values"]).fmt(".4g"),
+                    f"{s['peak_rss_mb']['median']:.0f} / {s['tree_peak_rss_mb']['median']:.0f}",
+                    "",
+                    "",
+                ]
+            )
         rows[-1][5] = Stat(r["speedup_rollouts"]["values"]).fmt(".2f") + "x"
         rows[-1][6] = f"{r['memory_ratio']['median']:.2f}x"
-    return table(["model", "trainer", "rollouts/s", "gen tokens/s", "peak RSS MB (proc / tree)",
-                  "exgrpo/TRL rollouts/s", "exgrpo/TRL RSS"], rows)
+    return table(
+        [
+            "model",
+            "trainer",
+            "rollouts/s",
+            "gen tokens/s",
+            "peak RSS MB (proc / tree)",
+            "exgrpo/TRL rollouts/s",
+            "exgrpo/TRL RSS",
+        ],
+        rows,
+    )
 
 
-def run(quick: bool, runs: int | None = None, steps: int | None = None, models: list[str] | None = None,
-        threads: int = 0, log=print) -> dict:  # noqa: ANN001
+def run(
+    quick: bool,
+    runs: int | None = None,
+    steps: int | None = None,
+    models: list[str] | None = None,
+    threads: int = 0,
+    log=print,
+) -> dict:  # noqa: ANN001
     if python_of(BENCH_PY) is None:
         return {"skipped": "no .venv-bench with TRL: run `make bench-venv` first", "results": []}
     models = models or (["tiny"] if quick else ["tiny", "smollm2-135m"])
@@ -143,8 +198,13 @@ def run(quick: bool, runs: int | None = None, steps: int | None = None, models: 
         try:
             results.append(compare(model, r, s, warmup=1, threads=threads, log=log))
         except RuntimeError as err:  # one model's failure must not lose the other's figures
-            results.append({"model": model, "skipped": f"failed: {str(err).splitlines()[0][:300]}",
-                            "detail": str(err)[-3000:]})
+            results.append(
+                {
+                    "model": model,
+                    "skipped": f"failed: {str(err).splitlines()[0][:300]}",
+                    "detail": str(err)[-3000:],
+                }
+            )
     return {"results": results}
 
 

@@ -219,8 +219,9 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     """Refuse out-of-range or inconsistent values; raise ConfigError naming the key."""
     m, d, r, a, p, t = cfg.model, cfg.data, cfg.rollout, cfg.algo, cfg.replay, cfg.trainer
     _one_of("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
-    _one_of("model.attn_implementation", m.attn_implementation,
-            ("auto", "sdpa", "eager", "flash_attention_2"))
+    _one_of(
+        "model.attn_implementation", m.attn_implementation, ("auto", "sdpa", "eager", "flash_attention_2")
+    )
     _check(m.max_prompt_tokens >= 1, "model.max_prompt_tokens", m.max_prompt_tokens, ">= 1")
     _check(m.max_response_tokens >= 1, "model.max_response_tokens", m.max_response_tokens, ">= 1")
     _check(bool(m.path), "model.path", m.path, "a HF id, a local folder, builtin:tiny or pypi:<package>")
@@ -243,16 +244,24 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _one_of("data.source", d.source, ("synthetic", "jsonl", "parquet", "hf"))
     _one_of("data.on_bad_row", d.on_bad_row, ("skip", "error"))
     if d.source in ("jsonl", "parquet"):
-        _check(bool(d.path) and os.path.isfile(os.path.expanduser(d.path)), "data.path", d.path,
-               f"an existing {d.source} file")
+        _check(
+            bool(d.path) and os.path.isfile(os.path.expanduser(d.path)),
+            "data.path",
+            d.path,
+            f"an existing {d.source} file",
+        )
     if d.source == "hf":
         _check(bool(d.path), "data.path", d.path, "a Hugging Face dataset id")
     s = d.synthetic
     _check(s.num_train >= 1, "data.synthetic.num_train", s.num_train, ">= 1")
     _check(s.num_val >= 1, "data.synthetic.num_val", s.num_val, ">= 1")
     _check(1 <= s.max_digits <= 4, "data.synthetic.max_digits", s.max_digits, "1..4")
-    _check(bool(s.ops) and set(s.ops) <= {"+", "-", "*"}, "data.synthetic.ops", s.ops,
-           "a non-empty list of +, -, *")
+    _check(
+        bool(s.ops) and set(s.ops) <= {"+", "-", "*"},
+        "data.synthetic.ops",
+        s.ops,
+        "a non-empty list of +, -, *",
+    )
 
     _one_of("rollout.engine", r.engine, ("hf", "vllm"))
     _check(r.n >= 2, "rollout.n", r.n, ">= 2 (a group needs at least two responses)")
@@ -261,15 +270,20 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
 
     _check(a.questions_per_step >= 1, "algo.questions_per_step", a.questions_per_step, ">= 1")
     _check(a.updates_per_step >= 1, "algo.updates_per_step", a.updates_per_step, ">= 1")
-    _check(a.updates_per_step <= a.questions_per_step, "algo.updates_per_step",
-           a.updates_per_step, "<= algo.questions_per_step")
+    _check(
+        a.updates_per_step <= a.questions_per_step,
+        "algo.updates_per_step",
+        a.updates_per_step,
+        "<= algo.questions_per_step",
+    )
     _check(a.lr > 0 and math.isfinite(a.lr), "algo.lr", a.lr, "a finite number > 0")
     _check(a.weight_decay >= 0, "algo.weight_decay", a.weight_decay, ">= 0")
     _check(a.grad_clip > 0, "algo.grad_clip", a.grad_clip, "> 0")
     _check(a.clip_eps > 0, "algo.clip_eps", a.clip_eps, "> 0")
     _check(a.entropy_coef >= 0, "algo.entropy_coef", a.entropy_coef, ">= 0")
-    _check(len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), "algo.betas", a.betas,
-           "two numbers in [0, 1)")
+    _check(
+        len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), "algo.betas", a.betas, "two numbers in [0, 1)"
+    )
     _check(a.micro_batch_tokens >= 0, "algo.micro_batch_tokens", a.micro_batch_tokens, ">= 0 (0: auto)")
 
     _check(0.0 <= p.ratio <= 1.0, "replay.ratio", p.ratio, "a number in [0, 1]")
@@ -283,10 +297,13 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         e = list(p.bucket_edges)
         _check(len(e) >= 1, "replay.bucket_edges", e, "a non-empty list")
         _check(all(0.0 < x < 1.0 for x in e), "replay.bucket_edges", e, "values inside (0, 1)")
-        _check(all(x < y for x, y in zip(e, e[1:])), "replay.bucket_edges", e,
-               "strictly increasing values")
-    _check(0.0 <= p.readmit_retired_fraction <= 1.0, "replay.readmit_retired_fraction",
-           p.readmit_retired_fraction, "[0, 1]")
+        _check(all(x < y for x, y in zip(e, e[1:])), "replay.bucket_edges", e, "strictly increasing values")
+    _check(
+        0.0 <= p.readmit_retired_fraction <= 1.0,
+        "replay.readmit_retired_fraction",
+        p.readmit_retired_fraction,
+        "[0, 1]",
+    )
     _check(p.readmit_every >= 0, "replay.readmit_every", p.readmit_every, ">= 0")
     _check(p.max_experiences >= 0, "replay.max_experiences", p.max_experiences, ">= 0 (0: no cap)")
     _check(p.entropy_batch_size >= 1, "replay.entropy_batch_size", p.entropy_batch_size, ">= 1")
@@ -301,11 +318,16 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", t.max_skipped_steps, ">= 1")
     _one_of("trainer.device", t.device, ("auto", "cpu", "cuda"))
     _check(t.threads >= 0, "trainer.threads", t.threads, ">= 0")
-    _one_of("trainer.fsdp_mixed_precision", t.fsdp_mixed_precision,
-            ("", "bf16", "bfloat16", "fp16", "float16"))
+    _one_of(
+        "trainer.fsdp_mixed_precision", t.fsdp_mixed_precision, ("", "bf16", "bfloat16", "fp16", "float16")
+    )
     if t.resume not in ("auto", "never"):
-        _check(os.path.isdir(t.resume), "trainer.resume", t.resume,
-               "auto, never or an existing checkpoint folder")
+        _check(
+            os.path.isdir(t.resume),
+            "trainer.resume",
+            t.resume,
+            "auto, never or an existing checkpoint folder",
+        )
 
     e = cfg.eval
     _one_of("eval.suite", e.suite, ("synthetic", "id", "ood", "paper", "custom"))
@@ -315,8 +337,12 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(e.temperature >= 0, "eval.temperature", e.temperature, ">= 0")
     _check(e.limit >= 0, "eval.limit", e.limit, ">= 0")
     if command == "eval" and e.suite == "custom" and not e.regrade:
-        _check(bool(e.path) and os.path.isfile(e.path), "eval.path", e.path,
-               "an existing parquet/jsonl file for the custom suite")
+        _check(
+            bool(e.path) and os.path.isfile(e.path),
+            "eval.path",
+            e.path,
+            "an existing parquet/jsonl file for the custom suite",
+        )
     if e.regrade:
         _check(os.path.isfile(e.regrade), "eval.regrade", e.regrade, "an existing generations.jsonl")
     _check(cfg.ablation.seeds >= 1, "ablation.seeds", cfg.ablation.seeds, ">= 1")

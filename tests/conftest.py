@@ -39,11 +39,22 @@ def tiny_model() -> Path:
 
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update(WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false")
+    env.update(
+        WANDB_MODE="disabled",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     return env
 
 
 def run_cli(args: list[str], cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "exgrpo_cli", *args], cwd=cwd or REPO, env=cli_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "exgrpo_cli", *args],
+        cwd=cwd or REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

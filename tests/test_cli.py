@@ -36,8 +36,10 @@ def test_cfg_job_with_overrides(tmp_path):
     assert "ratio: 0.25" in res.stdout and "Elliott/Qwen2.5-Math-7B-16k-think" in res.stdout
 
 
-@pytest.mark.parametrize("override,key", [("replay.ratio=1.5", "replay.ratio"),
-                                          ("replay.bucket_edges=[0.7,0.2]", "replay.bucket_edges")])
+@pytest.mark.parametrize(
+    "override,key",
+    [("replay.ratio=1.5", "replay.ratio"), ("replay.bucket_edges=[0.7,0.2]", "replay.bucket_edges")],
+)
 def test_invalid_value_exit_code_2_before_loading(tmp_path, override, key):
     t0 = time.perf_counter()
     res = run_cli(["train", override, f"hydra.run.dir={tmp_path}"], cwd=tmp_path)

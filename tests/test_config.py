@@ -56,24 +56,27 @@ def test_replay_none_is_on_policy():
     assert _compose(["replay=none"]).replay.ratio == 0.0
 
 
-@pytest.mark.parametrize("override,key", [
-    ("replay.ratio=1.5", "replay.ratio"),
-    ("replay.ratio=-0.1", "replay.ratio"),
-    ("replay.beta=-1", "replay.beta"),
-    ("replay.sigma=0", "replay.sigma"),
-    ("replay.bucket_edges=[0.5,0.25]", "replay.bucket_edges"),
-    ("replay.bucket_edges=[0.0,0.5]", "replay.bucket_edges"),
-    ("replay.bucket_edges=[0.5,1.2]", "replay.bucket_edges"),
-    ("replay.trajectory_selection=best", "replay.trajectory_selection"),
-    ("rollout.n=1", "rollout.n"),
-    ("trainer.steps=0", "trainer.steps"),
-    ("data.source=jsonl", "data.path"),
-    ("data.source=parquet data.path=/nonexistent.parquet", "data.path"),
-    ("model.path=/nonexistent/model", "model.path"),
-    ("model.template=nope", "model.template"),
-    ("algo.lr=0", "algo.lr"),
-    ("trainer.fsdp_mixed_precision=fp8", "trainer.fsdp_mixed_precision"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("replay.ratio=1.5", "replay.ratio"),
+        ("replay.ratio=-0.1", "replay.ratio"),
+        ("replay.beta=-1", "replay.beta"),
+        ("replay.sigma=0", "replay.sigma"),
+        ("replay.bucket_edges=[0.5,0.25]", "replay.bucket_edges"),
+        ("replay.bucket_edges=[0.0,0.5]", "replay.bucket_edges"),
+        ("replay.bucket_edges=[0.5,1.2]", "replay.bucket_edges"),
+        ("replay.trajectory_selection=best", "replay.trajectory_selection"),
+        ("rollout.n=1", "rollout.n"),
+        ("trainer.steps=0", "trainer.steps"),
+        ("data.source=jsonl", "data.path"),
+        ("data.source=parquet data.path=/nonexistent.parquet", "data.path"),
+        ("model.path=/nonexistent/model", "model.path"),
+        ("model.template=nope", "model.template"),
+        ("algo.lr=0", "algo.lr"),
+        ("trainer.fsdp_mixed_precision=fp8", "trainer.fsdp_mixed_precision"),
+    ],
+)
 def test_invalid_values_name_the_key(override: str, key: str):
     cfg = _compose(override.split())
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -32,9 +32,18 @@ def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     tok = AutoTokenizer.from_pretrained(TINY)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
-                      tie_word_embeddings=False, eos_token_id=EOS, pad_token_id=PAD)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=512,
+        intermediate_size=1376,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("qwen2-random")
     Qwen2ForCausalLM(cfg).to(DTYPE).save_pretrained(out)
@@ -80,9 +89,16 @@ def _train_steps(model, steps: int = 5, lr: float = 1e-3) -> tuple[float, float]
     for _ in range(steps):
         logp, _ = forward_logprobs(model, sb)
         assert logp.dtype in (DTYPE, torch.float32)
-        loss = exgrpo_policy_loss(logp, logp.detach(), adv, sb.response_mask,
-                                  torch.zeros(8, dtype=torch.bool, device=DEVICE), clip_eps=0.2, beta=0.1,
-                                  normalizer=8 * 48.0)
+        loss = exgrpo_policy_loss(
+            logp,
+            logp.detach(),
+            adv,
+            sb.response_mask,
+            torch.zeros(8, dtype=torch.bool, device=DEVICE),
+            clip_eps=0.2,
+            beta=0.1,
+            normalizer=8 * 48.0,
+        )
         opt.zero_grad()
         loss.backward()
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
@@ -91,8 +107,15 @@ def _train_steps(model, steps: int = 5, lr: float = 1e-3) -> tuple[float, float]
     return before, _gap(model, sb, adv)
 
 
-@pytest.mark.parametrize("attn", ["sdpa", pytest.param("flash_attention_2", marks=pytest.mark.skipif(
-    not HAS_FLASH, reason="flash-attn is not installed"))])
+@pytest.mark.parametrize(
+    "attn",
+    [
+        "sdpa",
+        pytest.param(
+            "flash_attention_2", marks=pytest.mark.skipif(not HAS_FLASH, reason="flash-attn is not installed")
+        ),
+    ],
+)
 def test_bf16_train_steps_follow_the_advantages(qwen2_dir: Path, attn: str) -> None:
     before, after = _train_steps(_load(qwen2_dir, attn))
     assert after > before + 0.05, (before, after)
@@ -128,13 +151,18 @@ def _engine_diff(engine, model, prompts: list[list[int]]) -> float:  # noqa: ANN
     from exgrpo_cli.rollout.base import SamplingSpec
 
     out = engine.generate(prompts, [4] * len(prompts), SamplingSpec(1.0, 1.0, 32, seed=0))
-    sb = pack([prompts[o.prompt_index] for o in out], [o.response_ids for o in out], list(range(len(out))),
-              PAD, torch.device(DEVICE))
+    sb = pack(
+        [prompts[o.prompt_index] for o in out],
+        [o.response_ids for o in out],
+        list(range(len(out))),
+        PAD,
+        torch.device(DEVICE),
+    )
     with torch.no_grad():
         lp, _ = forward_logprobs(model, sb)
     diffs = []
     for r, o in enumerate(out):
-        trainer = lp[r, :len(o.response_ids)].float().cpu()  # log-probs are response-aligned
+        trainer = lp[r, : len(o.response_ids)].float().cpu()  # log-probs are response-aligned
         diffs.append((trainer - torch.tensor(o.logprobs)).abs())
     return float(torch.cat(diffs).mean())
 
@@ -145,8 +173,15 @@ def test_vllm_sync_and_sleep_on_one_gpu(qwen2_dir: Path) -> None:
 
     model = _load(qwen2_dir, "sdpa")
     # dummy weights at start: the first sync must bring the trainer's in
-    engine = VLLMEngine(str(qwen2_dir), [EOS], dtype=DTYPE_NAME, max_model_len=256, load_format="dummy",
-                        gpu_memory_utilization=0.3, sleep_mode=True)
+    engine = VLLMEngine(
+        str(qwen2_dir),
+        [EOS],
+        dtype=DTYPE_NAME,
+        max_model_len=256,
+        load_format="dummy",
+        gpu_memory_utilization=0.3,
+        sleep_mode=True,
+    )
     prompts, _ = _rows(3)
     try:
         engine.sync_weights(model)
@@ -159,8 +194,10 @@ def test_vllm_sync_and_sleep_on_one_gpu(qwen2_dir: Path) -> None:
         freed = torch.cuda.mem_get_info()[0] - free_awake
         engine.sync_weights(model)  # wakes the weights only, then loads the new ones
         fresh = _engine_diff(engine, model, prompts)  # generate wakes the KV cache too
-        print(f"\nvLLM vs trainer ({DTYPE_NAME}): synced {synced:.4f}, stale {stale:.4f}, after sleep+sync "
-              f"{fresh:.4f}; sleep freed {freed / 2**30:.1f} GiB")
+        print(
+            f"\nvLLM vs trainer ({DTYPE_NAME}): synced {synced:.4f}, stale {stale:.4f}, after sleep+sync "
+            f"{fresh:.4f}; sleep freed {freed / 2**30:.1f} GiB"
+        )
         assert synced < 0.05 and fresh < 0.05, (synced, fresh)
         assert stale > 3 * max(fresh, 0.01), (stale, fresh)
         assert freed > 2**30, f"sleep freed only {freed / 2**20:.0f} MiB"
@@ -168,20 +205,36 @@ def test_vllm_sync_and_sleep_on_one_gpu(qwen2_dir: Path) -> None:
         engine.close()
 
 
-@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.skipif(
-    not HAS_VLLM, reason="vllm is not installed"))])
+@pytest.mark.parametrize(
+    "engine",
+    ["hf", pytest.param("vllm", marks=pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed"))],
+)
 def test_train_cli_bf16_on_gpu(qwen2_dir: Path, tmp_path: Path, engine: str) -> None:
     """The real command on the GPU: bf16, attention `auto` (flash-attn when installed), and with
     rollout=vllm a weight sync after every step (the log-prob gap stays at bf16 rounding)."""
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    res = run_cli(["train", f"rollout={engine}", f"model.path={qwen2_dir}", f"model.dtype={DTYPE_NAME}",
-                   f"trainer.device={DEVICE}", "trainer.steps=3", "algo.questions_per_step=8", "rollout.n=4",
-                   "algo.lr=1e-4", "trainer.val_questions=8", "trainer.val_samples=1",
-                   "logger.wandb.mode=disabled", "logger.console=false", "rollout.gpu_memory_utilization=0.3",
-                   f"hydra.run.dir={out}"],
-                  timeout=1200)
+    res = run_cli(
+        [
+            "train",
+            f"rollout={engine}",
+            f"model.path={qwen2_dir}",
+            f"model.dtype={DTYPE_NAME}",
+            f"trainer.device={DEVICE}",
+            "trainer.steps=3",
+            "algo.questions_per_step=8",
+            "rollout.n=4",
+            "algo.lr=1e-4",
+            "trainer.val_questions=8",
+            "trainer.val_samples=1",
+            "logger.wandb.mode=disabled",
+            "logger.console=false",
+            "rollout.gpu_memory_utilization=0.3",
+            f"hydra.run.dir={out}",
+        ],
+        timeout=1200,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     assert sorted(rows) == [0, 1, 2, 3]

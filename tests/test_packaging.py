@@ -19,8 +19,23 @@ def test_explicit_package_list_matches_the_folders():
 
 def test_non_editable_install_finds_its_configs(tmp_path):
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(wheels)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(REPO),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     wheel = next(wheels.glob("exgrpo-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "exgrpo_cli/conf/config.yaml" in names and "exgrpo_cli/conf/model/tiny.yaml" in names
@@ -30,11 +45,18 @@ def test_non_editable_install_finds_its_configs(tmp_path):
     zipfile.ZipFile(wheel).extractall(site)
     env = cli_env() | {"PYTHONPATH": str(site)}
     probe = "import exgrpo_cli.cli as c; print(c.__file__); print(c.config_dir())"
-    res = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     where, conf = res.stdout.split()
     assert where.startswith(str(site)) and conf == str(site / "exgrpo_cli" / "conf")
-    res = subprocess.run([sys.executable, "-m", "exgrpo_cli", "train", "model=qwen2.5-math-7b", "--cfg",
-                          "job"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "exgrpo_cli", "train", "model=qwen2.5-math-7b", "--cfg", "job"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Elliott/Qwen2.5-Math-7B-16k-think" in res.stdout

@@ -73,8 +73,12 @@ def test_reloaded_tokenizer_splits_like_the_trained_one(two_builds):
     builder must train with that one, or the reloaded model sees text split unlike its training data."""
     (out, _), _ = two_builds
     _, reloaded = _load(out)
-    pool = [make_question(str(i), a, op, b) for i, (a, op, b) in
-            enumerate([(3, "+", 4), (98, "*", 97), (10, "-", 57), (0, "*", 5), (41, "+", 59)])]
+    pool = [
+        make_question(str(i), a, op, b)
+        for i, (a, op, b) in enumerate(
+            [(3, "+", 4), (98, "*", 97), (10, "-", 57), (0, "*", 5), (41, "+", 59)]
+        )
+    ]
     built = tiny_builder.build_tokenizer(pool)
     assert type(reloaded).__name__ == "Qwen2Tokenizer"
     for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "\\boxed{"):
@@ -90,8 +94,12 @@ def test_generate_from_loaded_folder(two_builds):
     (out, _), _ = two_builds
     model, tok = _load(out)
     qs = [make_question("a", 3, "+", 4), make_question("b", 12, "*", 34)]
-    enc = tok([TEMPLATES["think_short"].render(q, tok) for q in qs], return_tensors="pt", padding=True,
-              add_special_tokens=False)
+    enc = tok(
+        [TEMPLATES["think_short"].render(q, tok) for q in qs],
+        return_tensors="pt",
+        padding=True,
+        add_special_tokens=False,
+    )
     torch.manual_seed(0)
     gen = model.generate(**enc, max_new_tokens=8)  # the saved generation config samples
     assert gen.shape[0] == 2 and gen.shape[1] <= enc["input_ids"].shape[1] + 8
@@ -162,7 +170,7 @@ def test_direct_fraction_of_warm_start_answers_skips_the_reasoning():
     direct = tok.encode("<think></think>", add_special_tokens=False)
 
     def share(examples):
-        return sum(r[:len(direct)] == direct for _, r in examples) / len(examples)
+        return sum(r[: len(direct)] == direct for _, r in examples) / len(examples)
 
     assert share(tiny_builder.encode_examples(pool, tok)) == 0.0
     mixed = tiny_builder.encode_examples(pool, tok, direct_fraction=0.4, seed=3)
@@ -170,5 +178,5 @@ def test_direct_fraction_of_warm_start_answers_skips_the_reasoning():
     assert mixed == tiny_builder.encode_examples(pool, tok, direct_fraction=0.4, seed=3)
     for q, (_, response) in zip(pool[:20], mixed[:20]):  # skipped or not, the answer is right
         m = q.meta
-        solve = direct_answer if response[:len(direct)] == direct else worked_solution
+        solve = direct_answer if response[: len(direct)] == direct else worked_solution
         assert tok.decode(response) == solve(m["a"], m["op"], m["b"]) + "<|im_end|>"

@@ -13,8 +13,9 @@ from pathlib import Path
 from exgrpo_cli.ablation.summary import RunResult, mean_curve
 
 
-def plot_curves(groups: list[tuple[str, list[RunResult]]], path: Path, title: str,
-                baseline: str = "") -> Path:
+def plot_curves(
+    groups: list[tuple[str, list[RunResult]]], path: Path, title: str, baseline: str = ""
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,8 +29,14 @@ def plot_curves(groups: list[tuple[str, list[RunResult]]], path: Path, title: st
         style = {"linewidth": 2.5} if name == baseline else {"linewidth": 1.4}
         (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=f"{name} (n={len(runs)})", **style)
         if len(runs) > 1:
-            ax.fill_between(xs, [y - s for y, s in zip(ys, sds)], [y + s for y, s in zip(ys, sds)],
-                            color=line.get_color(), alpha=0.15, linewidth=0)
+            ax.fill_between(
+                xs,
+                [y - s for y, s in zip(ys, sds)],
+                [y + s for y, s in zip(ys, sds)],
+                color=line.get_color(),
+                alpha=0.15,
+                linewidth=0,
+            )
     ax.set_xlabel("fresh rollouts (responses generated)")
     ax.set_ylabel("validation accuracy")
     ax.set_title(title)

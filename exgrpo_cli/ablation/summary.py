@@ -71,8 +71,14 @@ def run_result(rows: list[dict], wall_s: float = NAN, seed: int | None = None) -
             curve.append((int(row["step"]), seen, acc))
     if not curve:
         raise ValueError("the run logged no val/accuracy")
-    return RunResult(final=curve[-1][2], best=max(c[2] for c in curve), rollouts=seen,
-                     wall_s=wall_s, curve=curve, seed=seed)
+    return RunResult(
+        final=curve[-1][2],
+        best=max(c[2] for c in curve),
+        rollouts=seen,
+        wall_s=wall_s,
+        curve=curve,
+        seed=seed,
+    )
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -92,8 +98,20 @@ def summarize(groups: list[tuple[str, list[RunResult]]], baseline: str) -> list[
     for name, runs in groups:
         fm, fs = mean_std([r.final for r in runs])
         bm, bs = mean_std([r.best for r in runs])
-        rows.append(Row(name, len(runs), fm, fs, bm, bs, mean_std([r.rollouts for r in runs])[0],
-                        mean_std([r.wall_s for r in runs])[0], NAN, name == baseline))
+        rows.append(
+            Row(
+                name,
+                len(runs),
+                fm,
+                fs,
+                bm,
+                bs,
+                mean_std([r.rollouts for r in runs])[0],
+                mean_std([r.wall_s for r in runs])[0],
+                NAN,
+                name == baseline,
+            )
+        )
     ref = next((r.final_mean for r in rows if r.baseline), NAN)
     for r in rows:
         r.delta_final = r.final_mean - ref
@@ -118,8 +136,18 @@ def mean_curve(runs: list[RunResult]) -> tuple[list[float], list[float], list[fl
 
 # ----------------------------------------------------------------------------- writers
 
-CSV_COLUMNS = ("variant", "runs", "final_mean", "final_std", "best_mean", "best_std", "rollouts_mean",
-               "wall_s_mean", "delta_final", "baseline")
+CSV_COLUMNS = (
+    "variant",
+    "runs",
+    "final_mean",
+    "final_std",
+    "best_mean",
+    "best_std",
+    "rollouts_mean",
+    "wall_s_mean",
+    "delta_final",
+    "baseline",
+)
 
 
 def _csv_value(x) -> str | int | float:  # noqa: ANN001
@@ -135,9 +163,23 @@ def write_csv(rows: list[Row], path: Path) -> None:
         w = csv.writer(fh)
         w.writerow(CSV_COLUMNS)
         for r in rows:
-            w.writerow([_csv_value(x) for x in (r.variant, r.runs, r.final_mean, r.final_std, r.best_mean,
-                                                r.best_std, r.rollouts_mean, r.wall_mean, r.delta_final,
-                                                r.baseline)])
+            w.writerow(
+                [
+                    _csv_value(x)
+                    for x in (
+                        r.variant,
+                        r.runs,
+                        r.final_mean,
+                        r.final_std,
+                        r.best_mean,
+                        r.best_std,
+                        r.rollouts_mean,
+                        r.wall_mean,
+                        r.delta_final,
+                        r.baseline,
+                    )
+                ]
+            )
 
 
 def fmt(x: float, spec: str = ".3f", signed: bool = False) -> str:
@@ -153,15 +195,28 @@ def _pm(mean: float, std: float) -> str:
 def table_cells(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
     """Header and formatted cells shared by the markdown file and the console table."""
     base = next((r.variant for r in rows if r.baseline), "baseline")
-    header = ["variant", "runs", "final val acc", "best val acc", "fresh rollouts", "wall / run",
-              f"Δ final vs {base}"]
+    header = [
+        "variant",
+        "runs",
+        "final val acc",
+        "best val acc",
+        "fresh rollouts",
+        "wall / run",
+        f"Δ final vs {base}",
+    ]
     body = []
     for r in rows:
-        body.append([r.variant + (" (baseline)" if r.baseline else ""), str(r.runs),
-                     _pm(r.final_mean, r.final_std), _pm(r.best_mean, r.best_std),
-                     fmt(r.rollouts_mean, ".0f"),
-                     "-" if math.isnan(r.wall_mean) else f"{r.wall_mean:.0f} s",
-                     "" if r.baseline else fmt(r.delta_final, signed=True)])
+        body.append(
+            [
+                r.variant + (" (baseline)" if r.baseline else ""),
+                str(r.runs),
+                _pm(r.final_mean, r.final_std),
+                _pm(r.best_mean, r.best_std),
+                fmt(r.rollouts_mean, ".0f"),
+                "-" if math.isnan(r.wall_mean) else f"{r.wall_mean:.0f} s",
+                "" if r.baseline else fmt(r.delta_final, signed=True),
+            ]
+        )
     return header, body
 
 
@@ -170,8 +225,12 @@ def to_markdown(rows: list[Row], title: str, notes: list[str] | None = None) -> 
     lines = [f"# {title}", ""]
     lines += [f"| {' | '.join(header)} |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     lines += [f"| {' | '.join(c.replace('|', '/') for c in cells)} |" for cells in body]
-    lines += ["", "Mean ± sample std over seeds. final: `val/accuracy` at the last step; best: its max over "
-              "the run's validation points; fresh rollouts: sum of `rollout/responses`; wall: per run.", ""]
+    lines += [
+        "",
+        "Mean ± sample std over seeds. final: `val/accuracy` at the last step; best: its max over "
+        "the run's validation points; fresh rollouts: sum of `rollout/responses`; wall: per run.",
+        "",
+    ]
     lines += [f"- {n}" for n in notes or []]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -181,8 +240,12 @@ def rich_table(rows: list[Row], title: str):  # noqa: ANN201 - a rich Table
     from rich.table import Table
 
     header, body = table_cells(rows)
-    t = Table(title=title, box=box.SIMPLE_HEAD, caption=f"mean ± sample std over seeds; {header[-1]}",
-              caption_justify="left")
+    t = Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        caption=f"mean ± sample std over seeds; {header[-1]}",
+        caption_justify="left",
+    )
     for i, h in enumerate(header[:-1] + ["Δ final"]):
         t.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
     for r, cells in zip(rows, body):

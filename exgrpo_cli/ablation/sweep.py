@@ -73,8 +73,10 @@ def _check_override(where: str, o: Any) -> str:
 def parse_variants(raw: Mapping[str, Any]) -> list[Variant]:
     """Validate `ablation.variants` (name -> list of overrides, in the preset's order)."""
     if not raw:
-        raise SweepError("ablation.variants is empty: choose a sweep with ablation=<name>, or define "
-                         "variants in a preset (name: [key=value, ...])")
+        raise SweepError(
+            "ablation.variants is empty: choose a sweep with ablation=<name>, or define "
+            "variants in a preset (name: [key=value, ...])"
+        )
     variants, slugs = [], {}
     for name, ov in raw.items():
         if ov is None:
@@ -82,13 +84,15 @@ def parse_variants(raw: Mapping[str, Any]) -> list[Variant]:
         if isinstance(ov, str):
             ov = [ov]
         if not isinstance(ov, (list, tuple)):
-            raise SweepError(f"ablation.variants.{name}: a list of overrides such as [replay.shaping=false] "
-                             f"(got {ov!r})")
+            raise SweepError(
+                f"ablation.variants.{name}: a list of overrides such as [replay.shaping=false] (got {ov!r})"
+            )
         overrides = tuple(_check_override(f"ablation.variants.{name}", o) for o in ov)
         slug = slugify(str(name))
         if slug in slugs:
-            raise SweepError(f"ablation.variants: {slugs[slug]!r} and {name!r} would share the folder "
-                             f"{slug!r}")
+            raise SweepError(
+                f"ablation.variants: {slugs[slug]!r} and {name!r} would share the folder {slug!r}"
+            )
         slugs[slug] = name
         variants.append(Variant(str(name), slug, overrides))
     return variants
@@ -118,8 +122,14 @@ def pick_baseline(names: list[str], requested: str) -> str:
     return requested
 
 
-def plan_jobs(variants: list[Variant], seeds: list[int], sweep_dir: Path, base: Iterable[str],
-              inherited: Iterable[str], name: str = "") -> list[Job]:
+def plan_jobs(
+    variants: list[Variant],
+    seeds: list[int],
+    sweep_dir: Path,
+    base: Iterable[str],
+    inherited: Iterable[str],
+    name: str = "",
+) -> list[Job]:
     """Variant-major order: every seed of the first variant, then the next variant.
 
     With a sweep `name`, each run is also named for W&B (group = the sweep, name = variant-seed),
@@ -151,8 +161,9 @@ def train_argv(job: Job, python: str = sys.executable) -> list[str]:
     return [python, "-m", "exgrpo_cli", "train", *job.overrides, f"hydra.run.dir={hydra_value(job.run_dir)}"]
 
 
-def multirun_argv(jobs: list[Job], launcher: str, launcher_overrides: Iterable[str],
-                  python: str = sys.executable) -> list[str]:
+def multirun_argv(
+    jobs: list[Job], launcher: str, launcher_overrides: Iterable[str], python: str = sys.executable
+) -> list[str]:
     """One `exgrpo train -m` over the seeds of one variant, run by a Hydra launcher plugin.
 
     Each seed lands in the same `<sweep>/<variant>/seed<k>` dir as in the sequential mode, so
@@ -161,9 +172,19 @@ def multirun_argv(jobs: list[Job], launcher: str, launcher_overrides: Iterable[s
     first = jobs[0]
     shared = [o for o in first.overrides if override_key(o) != "trainer.seed"]
     seeds = ",".join(str(j.seed) for j in jobs)
-    return [python, "-m", "exgrpo_cli", "train", "-m", f"hydra/launcher={launcher}", *launcher_overrides,
-            *shared, f"trainer.seed={seeds}", f"hydra.sweep.dir={hydra_value(first.run_dir.parent)}",
-            "hydra.sweep.subdir=seed${trainer.seed}"]
+    return [
+        python,
+        "-m",
+        "exgrpo_cli",
+        "train",
+        "-m",
+        f"hydra/launcher={launcher}",
+        *launcher_overrides,
+        *shared,
+        f"trainer.seed={seeds}",
+        f"hydra.sweep.dir={hydra_value(first.run_dir.parent)}",
+        "hydra.sweep.subdir=seed${trainer.seed}",
+    ]
 
 
 def shell_command(argv: list[str]) -> str:
@@ -174,6 +195,7 @@ def shell_command(argv: list[str]) -> str:
 
 
 # ----------------------------------------------------------------------------- run bookkeeping
+
 
 def read_json(path: Path) -> dict | None:
     try:
@@ -232,9 +254,15 @@ def write_marker(job: Job, finished: bool, wall_s: float | None, returncode: int
     path = job.run_dir / MARKER
     prev = read_json(path) or {}
     total = None if wall_s is None else float(prev.get("wall_s") or 0.0) + wall_s
-    marker = {"variant": job.variant.name, "seed": job.seed, "finished": finished, "wall_s": total,
-              "attempts": int(prev.get("attempts", 0)) + 1, "returncode": returncode,
-              "overrides": list(job.overrides)}
+    marker = {
+        "variant": job.variant.name,
+        "seed": job.seed,
+        "finished": finished,
+        "wall_s": total,
+        "attempts": int(prev.get("attempts", 0)) + 1,
+        "returncode": returncode,
+        "overrides": list(job.overrides),
+    }
     job.run_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(marker, indent=1))
@@ -242,11 +270,24 @@ def write_marker(job: Job, finished: bool, wall_s: float | None, returncode: int
     return marker
 
 
-def write_plan(sweep_dir: Path, name: str, variants: list[Variant], seeds: list[int], baseline: str,
-               base: list[str], inherited: list[str]) -> None:
+def write_plan(
+    sweep_dir: Path,
+    name: str,
+    variants: list[Variant],
+    seeds: list[int],
+    baseline: str,
+    base: list[str],
+    inherited: list[str],
+) -> None:
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    plan = {"name": name, "baseline": baseline, "seeds": seeds, "base": base, "inherited": inherited,
-            "variants": [{"name": v.name, "dir": v.slug, "overrides": list(v.overrides)} for v in variants]}
+    plan = {
+        "name": name,
+        "baseline": baseline,
+        "seeds": seeds,
+        "base": base,
+        "inherited": inherited,
+        "variants": [{"name": v.name, "dir": v.slug, "overrides": list(v.overrides)} for v in variants],
+    }
     (sweep_dir / PLAN_FILE).write_text(json.dumps(plan, indent=1))
 
 
@@ -258,5 +299,9 @@ def read_plan(sweep_dir: Path) -> dict:
     found = sorted({p.parent.parent.name for p in sweep_dir.glob("*/seed*/metrics.jsonl")})
     if not found:
         raise SweepError(f"{sweep_dir} holds no sweep (no {PLAN_FILE}, no <variant>/seed<k>/metrics.jsonl)")
-    return {"name": sweep_dir.name, "baseline": found[0], "seeds": None,
-            "variants": [{"name": d, "dir": d, "overrides": []} for d in found]}
+    return {
+        "name": sweep_dir.name,
+        "baseline": found[0],
+        "seeds": None,
+        "variants": [{"name": d, "dir": d, "overrides": []} for d in found],
+    }

@@ -18,8 +18,10 @@ def group_advantages(rewards: Tensor, group_index: Tensor, scale_by_std: bool = 
     is divided by the group's sample standard deviation (+1e-6, so all-equal groups give 0).
     """
     if rewards.shape != group_index.shape or rewards.dim() != 1:
-        raise ValueError(f"rewards {tuple(rewards.shape)} and group_index {tuple(group_index.shape)} "
-                         "must be 1-D of the same length")
+        raise ValueError(
+            f"rewards {tuple(rewards.shape)} and group_index {tuple(group_index.shape)} "
+            "must be 1-D of the same length"
+        )
     rewards = rewards.float()
     num_groups = int(group_index.max().item()) + 1 if group_index.numel() else 0
     counts = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group_index, torch.ones_like(rewards))

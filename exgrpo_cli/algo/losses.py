@@ -45,9 +45,16 @@ class LossStats:
         return self
 
 
-def exgrpo_token_losses(logp: Tensor, behavior_logp: Tensor, advantages: Tensor, response_mask: Tensor,
-                        replay_mask: Tensor, *, clip_eps: float | None,
-                        beta: float | None) -> tuple[Tensor, Tensor]:
+def exgrpo_token_losses(
+    logp: Tensor,
+    behavior_logp: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    replay_mask: Tensor,
+    *,
+    clip_eps: float | None,
+    beta: float | None,
+) -> tuple[Tensor, Tensor]:
     """Token losses [B,T] (zero outside the mask) and a bool [B,T] of clipped fresh tokens."""
     mask = response_mask.bool()
     log_ratio = (logp - behavior_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
@@ -77,22 +84,38 @@ def exgrpo_token_losses(logp: Tensor, behavior_logp: Tensor, advantages: Tensor,
     return losses, clip_hit & ~is_replay
 
 
-def exgrpo_policy_loss(logp: Tensor, behavior_logp: Tensor, advantages: Tensor, response_mask: Tensor,
-                       replay_mask: Tensor, *, clip_eps: float | None, beta: float | None,
-                       normalizer: float) -> Tensor:
+def exgrpo_policy_loss(
+    logp: Tensor,
+    behavior_logp: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    replay_mask: Tensor,
+    *,
+    clip_eps: float | None,
+    beta: float | None,
+    normalizer: float,
+) -> Tensor:
     """Scalar ExGRPO policy loss.
 
     logp, behavior_logp: [B,T] log-probs of the response tokens under the current and the
     behaviour policy; advantages: [B]; response_mask: [B,T] (1 on response tokens);
     replay_mask: bool [B] (True for replayed rows); normalizer: the Dr.GRPO constant.
     """
-    losses, _ = exgrpo_token_losses(logp, behavior_logp, advantages, response_mask, replay_mask,
-                                    clip_eps=clip_eps, beta=beta)
+    losses, _ = exgrpo_token_losses(
+        logp, behavior_logp, advantages, response_mask, replay_mask, clip_eps=clip_eps, beta=beta
+    )
     return losses.sum() / normalizer
 
 
-def loss_stats(losses: Tensor, logp: Tensor, behavior_logp: Tensor, response_mask: Tensor,
-               replay_mask: Tensor, clip_hit: Tensor, normalizer: float) -> LossStats:
+def loss_stats(
+    losses: Tensor,
+    logp: Tensor,
+    behavior_logp: Tensor,
+    response_mask: Tensor,
+    replay_mask: Tensor,
+    clip_hit: Tensor,
+    normalizer: float,
+) -> LossStats:
     """The detached sums behind loss/on_policy, loss/off_policy, loss/clip_fraction, ..."""
     with torch.no_grad():
         mask = response_mask.bool()

@@ -89,11 +89,15 @@ def run(cfg: ExgrpoConfig) -> None:
     _warn_changed(done, console)
     todo = [j for j in jobs if j not in done]
     partial = sum(sw.completed_step(j.run_dir) is not None for j in todo)
-    console.print(f"[bold]exgrpo ablate {a.name}[/]: {len(variants)} variants x {len(seeds)} seeds = "
-                  f"{len(jobs)} runs ({len(done)} finished already"
-                  + (f", {partial} to resume" if partial else "") + f"); sweep dir {sweep}\n"
-                  f"restart with ablation.sweep_dir={sweep} to keep finished runs", highlight=False,
-                  soft_wrap=True)
+    console.print(
+        f"[bold]exgrpo ablate {a.name}[/]: {len(variants)} variants x {len(seeds)} seeds = "
+        f"{len(jobs)} runs ({len(done)} finished already"
+        + (f", {partial} to resume" if partial else "")
+        + f"); sweep dir {sweep}\n"
+        f"restart with ablation.sweep_dir={sweep} to keep finished runs",
+        highlight=False,
+        soft_wrap=True,
+    )
     try:
         if launcher == "basic":
             failed = _run_sequential(todo, console)
@@ -103,8 +107,12 @@ def run(cfg: ExgrpoConfig) -> None:
         _fail(f"interrupted; to continue, rerun the same command with ablation.sweep_dir={sweep}", 130)
     summarize_dir(sweep, a.baseline, console)
     if failed:
-        _fail(f"{len(failed)} run(s) failed: " + ", ".join(j.label for j in failed)
-              + f"; rerun with ablation.sweep_dir={sweep} to retry only those", 1)
+        _fail(
+            f"{len(failed)} run(s) failed: "
+            + ", ".join(j.label for j in failed)
+            + f"; rerun with ablation.sweep_dir={sweep} to retry only those",
+            1,
+        )
 
 
 def _print_commands(jobs, variants, launcher: str, launcher_overrides: list[str]) -> None:  # noqa: ANN001
@@ -113,17 +121,22 @@ def _print_commands(jobs, variants, launcher: str, launcher_overrides: list[str]
             print(sw.shell_command(sw.train_argv(j)))
         return
     for v in variants:
-        print(sw.shell_command(sw.multirun_argv([j for j in jobs if j.variant == v], launcher,
-                                                launcher_overrides)))
+        print(
+            sw.shell_command(
+                sw.multirun_argv([j for j in jobs if j.variant == v], launcher, launcher_overrides)
+            )
+        )
 
 
 def _warn_changed(done: list[sw.Job], console) -> None:  # noqa: ANN001
     for j in done:
         marker = sw.read_json(j.run_dir / sw.MARKER) or {}
         if marker.get("overrides") is not None and marker["overrides"] != list(j.overrides):
-            console.print(f"[yellow]warning[/]: {j.label} finished with other overrides "
-                          f"({' '.join(marker['overrides'])}); kept (delete {j.run_dir} to rerun it)",
-                          highlight=False)
+            console.print(
+                f"[yellow]warning[/]: {j.label} finished with other overrides "
+                f"({' '.join(marker['overrides'])}); kept (delete {j.run_dir} to rerun it)",
+                highlight=False,
+            )
 
 
 def _tail(path: Path, n: int = 15) -> str:
@@ -185,19 +198,26 @@ def _run_sequential(todo: list[sw.Job], console) -> list[sw.Job]:  # noqa: ANN00
         spent.append(wall)
         if not finished:
             failed.append(job)
-            console.print(f"  [red]failed[/] (exit {rc}) after {wall:.0f} s; last lines of {log}:\n"
-                          f"{_tail(log)}", highlight=False, markup=False)
+            console.print(
+                f"  [red]failed[/] (exit {rc}) after {wall:.0f} s; last lines of {log}:\n{_tail(log)}",
+                highlight=False,
+                markup=False,
+            )
             continue
         final = run_result(read_metrics(job.run_dir / "metrics.jsonl")).final
         eta = sum(spent) / len(spent) * (len(todo) - i)
         left = f"{eta:.0f} s" if eta < 90 else f"{eta / 60:.0f} min"
-        console.print(f"  done in {wall:.0f} s: final val/accuracy {final:.3f}"
-                      + (f"; about {left} to go" if i < len(todo) else ""), highlight=False)
+        console.print(
+            f"  done in {wall:.0f} s: final val/accuracy {final:.3f}"
+            + (f"; about {left} to go" if i < len(todo) else ""),
+            highlight=False,
+        )
     return failed
 
 
-def _run_with_launcher(todo: list[sw.Job], variants, launcher: str, launcher_overrides: list[str],
-                       console) -> list[sw.Job]:  # noqa: ANN001
+def _run_with_launcher(
+    todo: list[sw.Job], variants, launcher: str, launcher_overrides: list[str], console
+) -> list[sw.Job]:  # noqa: ANN001
     failed = []
     for v in variants:
         jobs = [j for j in todo if j.variant == v]
@@ -206,8 +226,10 @@ def _run_with_launcher(todo: list[sw.Job], variants, launcher: str, launcher_ove
         argv = sw.multirun_argv(jobs, launcher, launcher_overrides)
         vdir = jobs[0].run_dir.parent
         vdir.mkdir(parents=True, exist_ok=True)
-        console.print(f"{v.name}: seeds {', '.join(str(j.seed) for j in jobs)} via hydra/launcher={launcher}",
-                      highlight=False)
+        console.print(
+            f"{v.name}: seeds {', '.join(str(j.seed) for j in jobs)} via hydra/launcher={launcher}",
+            highlight=False,
+        )
         with open(vdir / sw.TRAIN_LOG, "a", encoding="utf-8") as fh:
             fh.write(f"$ {sw.shell_command(argv)}\n")
             fh.flush()
@@ -246,8 +268,13 @@ def summarize_dir(sweep: Path, baseline: str, console) -> None:  # noqa: ANN001
             marker = sw.read_json(d / sw.MARKER) or {}
             wall = marker.get("wall_s")
             try:
-                runs.append(sm.run_result(sm.read_metrics(d / "metrics.jsonl"),
-                                          sm.NAN if wall is None else float(wall), marker.get("seed")))
+                runs.append(
+                    sm.run_result(
+                        sm.read_metrics(d / "metrics.jsonl"),
+                        sm.NAN if wall is None else float(wall),
+                        marker.get("seed"),
+                    )
+                )
             except ValueError as err:
                 notes.append(f"{v['name']}: {d.name} left out ({err})")
         groups.append((v["name"], runs))

@@ -96,12 +96,14 @@ def row_to_question(row: dict, idx: int, cfg: DataConfig, prefix: str) -> tuple[
         return None, f"row {idx}: missing or empty answer ({cfg.answer_key})"
     uid = str(row.get("id") or dig(row, "extra_info.index") or idx)
     meta = {k: row[k] for k in ("data_source", "difficulty", "source") if k in row}
-    return Question(uid=f"{prefix}-{uid}", question=raw_q, answer=raw_a.strip(), messages=messages,
-                    meta=meta), ""
+    return Question(
+        uid=f"{prefix}-{uid}", question=raw_q, answer=raw_a.strip(), messages=messages, meta=meta
+    ), ""
 
 
-def questions_from_rows(rows: Iterable[dict], cfg: DataConfig, prefix: str,
-                        report: LoadReport) -> list[Question]:
+def questions_from_rows(
+    rows: Iterable[dict], cfg: DataConfig, prefix: str, report: LoadReport
+) -> list[Question]:
     out, seen = [], set()
     for idx, row in enumerate(rows):
         report.rows += 1
@@ -113,8 +115,9 @@ def questions_from_rows(rows: Iterable[dict], cfg: DataConfig, prefix: str,
             report.skip(why, cfg.on_bad_row == "error")
             continue
         if q.uid in seen:  # keep ids unique: they key the replay buffer
-            q = Question(uid=f"{q.uid}#{idx}", question=q.question, answer=q.answer,
-                         messages=q.messages, meta=q.meta)
+            q = Question(
+                uid=f"{q.uid}#{idx}", question=q.question, answer=q.answer, messages=q.messages, meta=q.meta
+            )
         seen.add(q.uid)
         out.append(q)
     return out
@@ -125,8 +128,9 @@ def load_questions(cfg: DataConfig) -> tuple[list[Question], list[Question], Loa
     report = LoadReport()
     if cfg.source == "synthetic":
         s = cfg.synthetic
-        train, val = synthetic.train_and_val(s.num_train, s.num_val, max_digits=s.max_digits,
-                                             ops=list(s.ops), seed=s.seed)
+        train, val = synthetic.train_and_val(
+            s.num_train, s.num_val, max_digits=s.max_digits, ops=list(s.ops), seed=s.seed
+        )
         return train, val, report
     if cfg.source == "hf":
         rows = _hf_rows(cfg.path, cfg.split)
@@ -137,13 +141,19 @@ def load_questions(cfg: DataConfig) -> tuple[list[Question], list[Question], Loa
         val = questions_from_rows(read_rows(cfg.val_path), cfg, "val", report)
     else:
         n_val = min(cfg.val_size, len(questions) // 10)
-        questions, val = questions[:len(questions) - n_val], questions[len(questions) - n_val:]
+        questions, val = questions[: len(questions) - n_val], questions[len(questions) - n_val :]
     if report.skipped:
-        log.warning("skipped %d of %d data rows; first reasons: %s", report.skipped, report.rows,
-                    "; ".join(report.reasons))
+        log.warning(
+            "skipped %d of %d data rows; first reasons: %s",
+            report.skipped,
+            report.rows,
+            "; ".join(report.reasons),
+        )
     if not questions:
-        raise DataError(f"no usable rows in {cfg.path} ({report.skipped} skipped: "
-                        f"{'; '.join(report.reasons) or 'empty file'})")
+        raise DataError(
+            f"no usable rows in {cfg.path} ({report.skipped} skipped: "
+            f"{'; '.join(report.reasons) or 'empty file'})"
+        )
     return questions, val, report
 
 
@@ -151,6 +161,8 @@ def _hf_rows(name: str, split: str) -> list[dict]:
     try:
         import datasets
     except ImportError as err:
-        raise DataError(f"data.source=hf needs the `datasets` package (pip install datasets) "
-                        f"to load {name!r}; or download it and point data.path at a parquet file") from err
+        raise DataError(
+            f"data.source=hf needs the `datasets` package (pip install datasets) "
+            f"to load {name!r}; or download it and point data.path at a parquet file"
+        ) from err
     return list(datasets.load_dataset(name, split=split))

@@ -117,8 +117,9 @@ def generate(n: int, *, max_digits: int, ops: list[str], seed: int, prefix: str)
     return out
 
 
-def train_and_val(num_train: int, num_val: int, *, max_digits: int, ops: list[str],
-                  seed: int) -> tuple[list[Question], list[Question]]:
+def train_and_val(
+    num_train: int, num_val: int, *, max_digits: int, ops: list[str], seed: int
+) -> tuple[list[Question], list[Question]]:
     """Disjoint training pool and held-out set, split at random from one stream of distinct questions.
 
     The split is shuffled because the stream is not stationary: distinct draws use up the few
@@ -127,6 +128,8 @@ def train_and_val(num_train: int, num_val: int, *, max_digits: int, ops: list[st
     pool = generate(num_train + num_val, max_digits=max_digits, ops=ops, seed=seed, prefix="syn")
     order = random.Random(seed + 1).sample(range(len(pool)), len(pool))
     train = [pool[i] for i in order[:num_train]]
-    val = [Question(uid=q.uid.replace("syn-", "syn-val-"), question=q.question, answer=q.answer,
-                    meta=q.meta) for q in (pool[i] for i in order[num_train:])]
+    val = [
+        Question(uid=q.uid.replace("syn-", "syn-val-"), question=q.question, answer=q.answer, meta=q.meta)
+        for q in (pool[i] for i in order[num_train:])
+    ]
     return train, val

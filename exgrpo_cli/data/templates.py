@@ -53,11 +53,17 @@ TEMPLATES: dict[str, Template] = {
     # the paper's Qwen2.5-Math/LUFFY-style models: think tags, data's own messages when given
     "think": Template("think", THINK_SYSTEM, chat=True, requires_think=True, use_data_messages=True),
     # instruct models without think tags (and DeepMath's messages)
-    "boxed_chat": Template("boxed_chat", BOXED_SYSTEM, chat=True, requires_think=False,
-                           use_data_messages=True),
+    "boxed_chat": Template(
+        "boxed_chat", BOXED_SYSTEM, chat=True, requires_think=False, use_data_messages=True
+    ),
     # Llama-3.1-8B base in the paper: no chat template, no think tags
-    "llama_base": Template("llama_base", None, chat=False, requires_think=False,
-                           plain_format="User: {question}\nAnswer: Let's think step by step."),
+    "llama_base": Template(
+        "llama_base",
+        None,
+        chat=False,
+        requires_think=False,
+        plain_format="User: {question}\nAnswer: Let's think step by step.",
+    ),
     "plain": Template("plain", None, chat=False, requires_think=False),
 }
 

@@ -69,8 +69,14 @@ PAPER_BENCHMARKS = (
     Benchmark("olympiad", "Olympiad", "id", file="test.id.parquet", data_source="olympiad_bench"),
     Benchmark("arc_c", "ARC-c", "ood", kind="choice", file="valid.arc_c.parquet"),
     Benchmark("gpqa", "GPQA-D", "ood", kind="choice", file="valid.gpqa.parquet"),
-    Benchmark("mmlu_pro", "MMLU-Pro", "ood", kind="choice", file="valid.mmlu_pro.parquet",
-              hf_id="TIGER-Lab/MMLU-Pro"),
+    Benchmark(
+        "mmlu_pro",
+        "MMLU-Pro",
+        "ood",
+        kind="choice",
+        file="valid.mmlu_pro.parquet",
+        hf_id="TIGER-Lab/MMLU-Pro",
+    ),
 )
 SYNTHETIC = Benchmark("synthetic", "Synthetic", "other", n=4)
 CUSTOM = Benchmark("custom", "Custom", "other", n=0)
@@ -112,8 +118,9 @@ def resolve(cfg: ExgrpoConfig) -> list[Benchmark]:
     names = list(cfg.eval.benchmarks) or SUITES[cfg.eval.suite]
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
-        raise BenchmarkDataError(f"unknown benchmark(s) {unknown} in eval.benchmarks; known: "
-                                 f"{', '.join(REGISTRY)}")
+        raise BenchmarkDataError(
+            f"unknown benchmark(s) {unknown} in eval.benchmarks; known: {', '.join(REGISTRY)}"
+        )
     order = list(REGISTRY)
     return [REGISTRY[n] for n in sorted(dict.fromkeys(names), key=order.index)]
 
@@ -132,7 +139,7 @@ def load_suite(cfg: ExgrpoConfig) -> list[LoadedBenchmark]:
             raise BenchmarkDataError(f"{err}{hint}") from None
         for lb in loaded:
             if cfg.eval.limit:
-                lb.questions, lb.repeats = lb.questions[:cfg.eval.limit], lb.repeats[:cfg.eval.limit]
+                lb.questions, lb.repeats = lb.questions[: cfg.eval.limit], lb.repeats[: cfg.eval.limit]
             out.append(lb)
     return out
 
@@ -140,8 +147,9 @@ def load_suite(cfg: ExgrpoConfig) -> list[LoadedBenchmark]:
 def _load_one(bench: Benchmark, cfg: ExgrpoConfig, cache: dict[Path, list[dict]]) -> list[LoadedBenchmark]:
     if bench.name == "synthetic":
         s = cfg.data.synthetic
-        _, val = synthetic.train_and_val(s.num_train, s.num_val, max_digits=s.max_digits,
-                                         ops=list(s.ops), seed=s.seed)
+        _, val = synthetic.train_and_val(
+            s.num_train, s.num_val, max_digits=s.max_digits, ops=list(s.ops), seed=s.seed
+        )
         return [LoadedBenchmark(bench, val, [1] * len(val), "built-in arithmetic held-out set")]
     if bench.name == "custom":
         return load_custom(cfg.eval.path, cfg.data)
@@ -151,8 +159,9 @@ def _load_one(bench: Benchmark, cfg: ExgrpoConfig, cache: dict[Path, list[dict]]
 # ----------------------------------------------------------------------------- official files
 
 
-def load_official(bench: Benchmark, data_dir: str, cache: dict[Path, list[dict]] | None = None
-                  ) -> LoadedBenchmark:
+def load_official(
+    bench: Benchmark, data_dir: str, cache: dict[Path, list[dict]] | None = None
+) -> LoadedBenchmark:
     """A paper benchmark from its official file in `data_dir`, else from the hub if it has an id."""
     cache = {} if cache is None else cache
     path = Path(data_dir).expanduser() / bench.file if data_dir else None
@@ -164,16 +173,20 @@ def load_official(bench: Benchmark, data_dir: str, cache: dict[Path, list[dict]]
             found = sorted({str(r.get("data_source")) for r in rows})
             rows = [r for r in rows if r.get("data_source") == bench.data_source]
             if not rows:
-                raise BenchmarkDataError(f"{bench.title}: {path} has no rows with data_source="
-                                         f"{bench.data_source} (it has: {', '.join(found)})")
+                raise BenchmarkDataError(
+                    f"{bench.title}: {path} has no rows with data_source="
+                    f"{bench.data_source} (it has: {', '.join(found)})"
+                )
         where = f"{path}" + (f" (data_source={bench.data_source})" if bench.data_source else "")
         return _grouped(bench, rows, where, "prompt", "reward_model.ground_truth")
     if bench.hf_id:
         return _load_hf(bench, path)
     filt = f" (the rows with data_source={bench.data_source})" if bench.data_source else ""
     where = f"eval.data_dir={data_dir!r}: {path} does not exist" if path else "eval.data_dir is not set"
-    raise BenchmarkDataError(f"{bench.title} needs the official file {bench.file}{filt}; {where}. "
-                             f"Get it from {LUFFY_DATA} and pass eval.data_dir=<its folder>")
+    raise BenchmarkDataError(
+        f"{bench.title} needs the official file {bench.file}{filt}; {where}. "
+        f"Get it from {LUFFY_DATA} and pass eval.data_dir=<its folder>"
+    )
 
 
 def _load_hf(bench: Benchmark, path: Path | None) -> LoadedBenchmark:
@@ -182,16 +195,21 @@ def _load_hf(bench: Benchmark, path: Path | None) -> LoadedBenchmark:
     try:
         import datasets
     except ImportError:
-        raise BenchmarkDataError(f"{bench.title} loads from the Hugging Face dataset {bench.hf_id!r}, which "
-                                 f"needs the `datasets` package (pip install datasets); {hint}") from None
+        raise BenchmarkDataError(
+            f"{bench.title} loads from the Hugging Face dataset {bench.hf_id!r}, which "
+            f"needs the `datasets` package (pip install datasets); {hint}"
+        ) from None
     try:
         ds = datasets.load_dataset(bench.hf_id, split=bench.hf_split)
     except Exception as err:  # network, auth, offline mode, a renamed split: all the same to the user
-        raise BenchmarkDataError(f"{bench.title}: could not load the Hugging Face dataset {bench.hf_id!r} "
-                                 f"(split {bench.hf_split}): {type(err).__name__}: {err}; {hint}") from None
+        raise BenchmarkDataError(
+            f"{bench.title}: could not load the Hugging Face dataset {bench.hf_id!r} "
+            f"(split {bench.hf_split}): {type(err).__name__}: {err}; {hint}"
+        ) from None
     rows = [options_row(r, bench.name) for r in ds]
-    return _grouped(bench, rows, f"hf:{bench.hf_id} (split {bench.hf_split})", "prompt",
-                    "reward_model.ground_truth")
+    return _grouped(
+        bench, rows, f"hf:{bench.hf_id} (split {bench.hf_split})", "prompt", "reward_model.ground_truth"
+    )
 
 
 def options_row(row: dict[str, Any], data_source: str) -> dict[str, Any]:
@@ -199,17 +217,20 @@ def options_row(row: dict[str, Any], data_source: str) -> dict[str, Any]:
     schema), written in the official schema with the options lettered as in the ARC-c file."""
     options = "\n".join(f"{LETTERS[i]}) {opt}" for i, opt in enumerate(row["options"]))
     user = f"{row['question']}\n\n{options}\n"
-    return {"data_source": data_source,
-            "prompt": [{"role": "system", "content": LUFFY_SYSTEM_PROMPT}, {"role": "user", "content": user}],
-            "reward_model": {"ground_truth": str(row["answer"]).strip()},
-            "extra_info": {"index": row.get("question_id")}}
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "system", "content": LUFFY_SYSTEM_PROMPT}, {"role": "user", "content": user}],
+        "reward_model": {"ground_truth": str(row["answer"]).strip()},
+        "extra_info": {"index": row.get("question_id")},
+    }
 
 
 # ----------------------------------------------------------------------------- grouping
 
 
-def group_rows(rows: list[dict], prefix: str, question_key: str, answer_key: str
-               ) -> tuple[list[Question], list[int], int]:
+def group_rows(
+    rows: list[dict], prefix: str, question_key: str, answer_key: str
+) -> tuple[list[Question], list[int], int]:
     """(distinct questions in first-seen order, rows per question, unusable rows skipped).
 
     Rows with the same prompt (the whole chat when there is one) and the same gold answer are one
@@ -238,15 +259,23 @@ def group_rows(rows: list[dict], prefix: str, question_key: str, answer_key: str
     return questions, repeats, skipped
 
 
-def _grouped(bench: Benchmark, rows: list[dict], where: str, question_key: str, answer_key: str
-             ) -> LoadedBenchmark:
+def _grouped(
+    bench: Benchmark, rows: list[dict], where: str, question_key: str, answer_key: str
+) -> LoadedBenchmark:
     questions, repeats, skipped = group_rows(rows, bench.name, question_key, answer_key)
     if skipped:
-        log.warning("%s: skipped %d of %d rows without a usable question or answer in %s",
-                    bench.title, skipped, len(rows), where)
+        log.warning(
+            "%s: skipped %d of %d rows without a usable question or answer in %s",
+            bench.title,
+            skipped,
+            len(rows),
+            where,
+        )
     if not questions:
-        raise BenchmarkDataError(f"{bench.title}: no usable rows in {where} (question key {question_key!r}, "
-                                 f"answer key {answer_key!r})")
+        raise BenchmarkDataError(
+            f"{bench.title}: no usable rows in {where} (question key {question_key!r}, "
+            f"answer key {answer_key!r})"
+        )
     return LoadedBenchmark(bench, questions, repeats, where)
 
 
@@ -273,8 +302,13 @@ def load_custom(path: str, data_cfg: DataConfig) -> list[LoadedBenchmark]:
         raise BenchmarkDataError(f"custom suite: {err} (set eval.path to a parquet or jsonl file)") from None
     qkey = _pick_key(rows, data_cfg.question_key, QUESTION_KEYS)
     akey = _pick_key(rows, data_cfg.answer_key, ANSWER_KEYS)
-    sources = list(dict.fromkeys(str(r.get("data_source")) for r in rows
-                                 if isinstance(r, dict) and r.get("data_source") is not None))
+    sources = list(
+        dict.fromkeys(
+            str(r.get("data_source"))
+            for r in rows
+            if isinstance(r, dict) and r.get("data_source") is not None
+        )
+    )
     stem = Path(path).stem
     if len(sources) <= 1:
         parts = [(replace(CUSTOM, title=stem), rows)]
@@ -282,10 +316,14 @@ def load_custom(path: str, data_cfg: DataConfig) -> list[LoadedBenchmark]:
         parts = []
         for src in sources:
             known = BY_DATA_SOURCE.get(src)
-            bench = (replace(known, n=0, file="", data_source=src) if known
-                     else Benchmark(src, src, "other", n=0, data_source=src))
-            parts.append((bench, [r for r in rows
-                                  if isinstance(r, dict) and str(r.get("data_source")) == src]))
+            bench = (
+                replace(known, n=0, file="", data_source=src)
+                if known
+                else Benchmark(src, src, "other", n=0, data_source=src)
+            )
+            parts.append(
+                (bench, [r for r in rows if isinstance(r, dict) and str(r.get("data_source")) == src])
+            )
     out = []
     for bench, part in parts:
         where = path + (f" (data_source={bench.data_source})" if bench.data_source else "")

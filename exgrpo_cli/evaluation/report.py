@@ -57,8 +57,9 @@ class ModelResult:
     benchmarks: list[BenchmarkResult] = field(default_factory=list)
 
     def averages(self) -> dict[str, float | None]:
-        return group_averages({b.name: b.score for b in self.benchmarks},
-                              {b.name: b.group for b in self.benchmarks})
+        return group_averages(
+            {b.name: b.score for b in self.benchmarks}, {b.name: b.group for b in self.benchmarks}
+        )
 
 
 def columns(models: list[ModelResult]) -> list[tuple[str, str, str]]:
@@ -104,22 +105,32 @@ def rich_table(models: list[ModelResult], title: str = "exgrpo eval") -> Table:
 
 def markdown(models: list[ModelResult], settings: dict[str, Any]) -> str:
     cols = columns(models)
-    lines = ["# exgrpo eval", "",
-             "Scores in %; " + ", ".join(f"{k}={v}" for k, v in settings.items()), "",
-             "| Model | " + " | ".join(f"{h} ({m})" for _, h, m in cols) + " |",
-             "|---|" + "---:|" * len(cols)]
+    lines = [
+        "# exgrpo eval",
+        "",
+        "Scores in %; " + ", ".join(f"{k}={v}" for k, v in settings.items()),
+        "",
+        "| Model | " + " | ".join(f"{h} ({m})" for _, h, m in cols) + " |",
+        "|---|" + "---:|" * len(cols),
+    ]
     for m in models:
         lines.append(f"| {m.label} | " + " | ".join(_cell(m, key) for key, _, _ in cols) + " |")
-    lines += ["", "## Details", "",
-              "| Model | Benchmark | Questions | Samples/question | Metric | Score | pass@k | "
-              "No answer | Seconds | Source |",
-              "|---|---|---:|---:|---|---:|---:|---:|---:|---|"]
+    lines += [
+        "",
+        "## Details",
+        "",
+        "| Model | Benchmark | Questions | Samples/question | Metric | Score | pass@k | "
+        "No answer | Seconds | Source |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
     for m in models:
         for b in m.benchmarks:
             pk = "-" if b.pass_at_k is None or b.k == 1 else f"pass@{b.k} {100 * b.pass_at_k:.1f}"
-            lines.append(f"| {m.label} | {b.title} | {b.questions} | {b.samples_per_question} | {b.metric} | "
-                         f"{100 * b.score:.1f} | {pk} | {100 * b.no_answer:.1f}% | {b.seconds:.0f} | "
-                         f"{b.source} |")
+            lines.append(
+                f"| {m.label} | {b.title} | {b.questions} | {b.samples_per_question} | {b.metric} | "
+                f"{100 * b.score:.1f} | {pk} | {100 * b.no_answer:.1f}% | {b.seconds:.0f} | "
+                f"{b.source} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -130,8 +141,7 @@ def results_dict(models: list[ModelResult], suite: str, settings: dict[str, Any]
         for b in m.benchmarks:
             d = asdict(b)
             benches[d.pop("name")] = d
-        out_models.append({"label": m.label, "path": m.path, "benchmarks": benches,
-                           "averages": m.averages()})
+        out_models.append({"label": m.label, "path": m.path, "benchmarks": benches, "averages": m.averages()})
     return {"suite": suite, "settings": settings, "models": out_models}
 
 
@@ -141,8 +151,9 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_reports(out_dir: Path, models: list[ModelResult], suite: str, settings: dict[str, Any]
-                  ) -> dict[str, Any]:
+def write_reports(
+    out_dir: Path, models: list[ModelResult], suite: str, settings: dict[str, Any]
+) -> dict[str, Any]:
     """Write results.json and results.md into `out_dir`; returns the results dict."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = results_dict(models, suite, settings)
@@ -151,8 +162,9 @@ def write_reports(out_dir: Path, models: list[ModelResult], suite: str, settings
     return results
 
 
-def print_table(models: list[ModelResult], console: Console | None = None,
-                title: str = "exgrpo eval") -> None:
+def print_table(
+    models: list[ModelResult], console: Console | None = None, title: str = "exgrpo eval"
+) -> None:
     if console is None:
         # rich lays a pipe or a log file out 80 columns wide: too narrow for the paper's 12 columns
         console = Console() if Console().is_terminal else Console(width=200)

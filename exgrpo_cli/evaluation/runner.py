@@ -57,8 +57,10 @@ def resolve_model_path(path: str) -> str:
         ckpt = latest_checkpoint(p / "checkpoints")
         if ckpt is not None:
             return str(ckpt / "model")
-        raise ConfigError(f"invalid model path {path!r}: the folder holds no model (config.json), "
-                          "checkpoint (model/) or run (checkpoints/)")
+        raise ConfigError(
+            f"invalid model path {path!r}: the folder holds no model (config.json), "
+            "checkpoint (model/) or run (checkpoints/)"
+        )
     if path.startswith(("/", ".", "~")):
         raise ConfigError(f"invalid model path {path!r}: no such folder")
     return path  # a Hugging Face id
@@ -81,10 +83,17 @@ def models_to_run(cfg: ExgrpoConfig) -> list[tuple[str, str]]:
 
 def settings(cfg: ExgrpoConfig) -> dict[str, Any]:
     e = cfg.eval
-    return {"temperature": e.temperature, "top_p": e.top_p,
-            "max_new_tokens": e.max_new_tokens or cfg.model.max_response_tokens,
-            "n": e.n or "paper default", "k": e.k, "limit": e.limit or "all",
-            "template": cfg.model.template, "engine": cfg.rollout.engine, "seed": cfg.trainer.seed}
+    return {
+        "temperature": e.temperature,
+        "top_p": e.top_p,
+        "max_new_tokens": e.max_new_tokens or cfg.model.max_response_tokens,
+        "n": e.n or "paper default",
+        "k": e.k,
+        "limit": e.limit or "all",
+        "template": cfg.model.template,
+        "engine": cfg.rollout.engine,
+        "seed": cfg.trainer.seed,
+    }
 
 
 def benchmark_seed(seed: int, name: str) -> int:
@@ -93,16 +102,35 @@ def benchmark_seed(seed: int, name: str) -> int:
     return seed * 1_000_003 + zlib.crc32(name.encode())
 
 
-def summarize(bench: Benchmark, source: str, correct: list[list[float]], extracted: list[list[Any]],
-              k: int, seconds: float = 0.0, timeouts: int = 0, errors: int = 0) -> BenchmarkResult:
+def summarize(
+    bench: Benchmark,
+    source: str,
+    correct: list[list[float]],
+    extracted: list[list[Any]],
+    k: int,
+    seconds: float = 0.0,
+    timeouts: int = 0,
+    errors: int = 0,
+) -> BenchmarkResult:
     samples = max((len(r) for r in correct), default=0)
     flat = [x for row in extracted for x in row]
     return BenchmarkResult(
-        name=bench.name, title=bench.title, group=bench.group, kind=bench.kind, source=source,
-        questions=len(correct), samples_per_question=samples, metric=metric_name(samples),
-        score=avg_at_n(correct), pass_at_k=mean_pass_at_k(correct, k), k=k,
+        name=bench.name,
+        title=bench.title,
+        group=bench.group,
+        kind=bench.kind,
+        source=source,
+        questions=len(correct),
+        samples_per_question=samples,
+        metric=metric_name(samples),
+        score=avg_at_n(correct),
+        pass_at_k=mean_pass_at_k(correct, k),
+        k=k,
         no_answer=sum(x is None for x in flat) / max(len(flat), 1),
-        timeouts=timeouts, errors=errors, seconds=seconds)
+        timeouts=timeouts,
+        errors=errors,
+        seconds=seconds,
+    )
 
 
 def _rows(label: str, lb: LoadedBenchmark, res, requires_think: bool) -> Iterable[dict]:  # noqa: ANN001
@@ -110,17 +138,36 @@ def _rows(label: str, lb: LoadedBenchmark, res, requires_think: bool) -> Iterabl
     kinds = lb.kinds()
     for i, q in enumerate(res.questions):
         for j, response in enumerate(res.responses[i]):
-            yield {"model": label, "benchmark": b.name, "title": b.title, "group": b.group,
-                   "question_id": q.uid, "sample": j, "prompt": res.prompts[i], "response": response,
-                   "extracted": res.extracted[i][j], "gold": q.answer, "kind": kinds[i],
-                   "requires_think": requires_think, "correct": res.correct[i][j] > 0.5}
+            yield {
+                "model": label,
+                "benchmark": b.name,
+                "title": b.title,
+                "group": b.group,
+                "question_id": q.uid,
+                "sample": j,
+                "prompt": res.prompts[i],
+                "response": response,
+                "extracted": res.extracted[i][j],
+                "gold": q.answer,
+                "kind": kinds[i],
+                "requires_think": requires_think,
+                "correct": res.correct[i][j] > 0.5,
+            }
 
 
 # ----------------------------------------------------------------------------- generate
 
 
-def evaluate_model(cfg: ExgrpoConfig, label: str, path: str, suite: list[LoadedBenchmark],
-                   template: Template, scorer, gen_fh, console: Console) -> ModelResult:  # noqa: ANN001
+def evaluate_model(
+    cfg: ExgrpoConfig,
+    label: str,
+    path: str,
+    suite: list[LoadedBenchmark],
+    template: Template,
+    scorer,
+    gen_fh,
+    console: Console,
+) -> ModelResult:  # noqa: ANN001
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
     import torch
 
@@ -143,21 +190,45 @@ def evaluate_model(cfg: ExgrpoConfig, label: str, path: str, suite: list[LoadedB
     try:
         for lb in suite:
             n = lb.samples_per_question(e.n)
-            spec = SamplingSpec(temperature, e.top_p, e.max_new_tokens or cfg.model.max_response_tokens,
-                                seed=benchmark_seed(cfg.trainer.seed, lb.bench.name))
+            spec = SamplingSpec(
+                temperature,
+                e.top_p,
+                e.max_new_tokens or cfg.model.max_response_tokens,
+                seed=benchmark_seed(cfg.trainer.seed, lb.bench.name),
+            )
             t0 = time.time()
             with _Progress(console, f"{label} {lb.bench.title}", len(lb.questions)) as tick:
-                res = sample_and_grade(engine, tokenizer, template, lb.questions, scorer, n=n, spec=spec,
-                                       kinds=lb.kinds(),
-                                       chunk=max(1, e.batch_size) * n, progress=tick)
+                res = sample_and_grade(
+                    engine,
+                    tokenizer,
+                    template,
+                    lb.questions,
+                    scorer,
+                    n=n,
+                    spec=spec,
+                    kinds=lb.kinds(),
+                    chunk=max(1, e.batch_size) * n,
+                    progress=tick,
+                )
             for row in _rows(label, lb, res, template.requires_think):
                 gen_fh.write(json.dumps(row, ensure_ascii=False) + "\n")
             gen_fh.flush()
-            br = summarize(lb.bench, lb.source, res.correct, res.extracted, e.k, time.time() - t0,
-                           res.timeouts, res.errors)
+            br = summarize(
+                lb.bench,
+                lb.source,
+                res.correct,
+                res.extracted,
+                e.k,
+                time.time() - t0,
+                res.timeouts,
+                res.errors,
+            )
             result.benchmarks.append(br)
-            console.print(f"{label}  {br.title}: {br.questions} question(s) x {n}  {br.metric} "
-                          f"{100 * br.score:.1f}  ({br.seconds:.0f}s)", highlight=False)
+            console.print(
+                f"{label}  {br.title}: {br.questions} question(s) x {n}  {br.metric} "
+                f"{100 * br.score:.1f}  ({br.seconds:.0f}s)",
+                highlight=False,
+            )
     finally:
         engine.close()
         del engine, model
@@ -178,8 +249,14 @@ class _Progress:
         if self.console.is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn(self.what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                console=self.console, transient=True)
+            self.bar = Progress(
+                TextColumn(self.what),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            )
             self.bar.start()
             self.task = self.bar.add_task(self.what, total=self.total)
         return self.tick
@@ -220,12 +297,14 @@ def run_eval(cfg: ExgrpoConfig) -> dict[str, Any]:
     return finish(cfg, out, results, cfg.eval.suite, settings(cfg))
 
 
-def finish(cfg: ExgrpoConfig, out: Path, results: list[ModelResult], suite: str,
-           run_settings: dict[str, Any]) -> dict[str, Any]:
+def finish(
+    cfg: ExgrpoConfig, out: Path, results: list[ModelResult], suite: str, run_settings: dict[str, Any]
+) -> dict[str, Any]:
     written = write_reports(out, results, suite, run_settings)
     print_table(results, title=f"exgrpo eval: {suite}")
-    Console(stderr=True).print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / GENERATIONS}",
-                               highlight=False)
+    Console(stderr=True).print(
+        f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / GENERATIONS}", highlight=False
+    )
     _log_wandb(cfg, out, results)
     return written
 
@@ -246,8 +325,13 @@ def _log_wandb(cfg: ExgrpoConfig, out: Path, results: list[ModelResult]) -> None
         for group, value in m.averages().items():
             if value is not None:
                 metrics[f"eval/avg_{group}{suffix}"] = value
-    logger = MetricLogger(str(out), dataclasses.replace(cfg.logger, console=False), dataclasses.asdict(cfg),
-                          total_steps=1, job_type="eval")
+    logger = MetricLogger(
+        str(out),
+        dataclasses.replace(cfg.logger, console=False),
+        dataclasses.asdict(cfg),
+        total_steps=1,
+        job_type="eval",
+    )
     try:
         logger.log(0, metrics)
     finally:
@@ -265,8 +349,9 @@ def read_generations(path: str) -> list[dict]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as err:
-                    raise ConfigError(f"invalid eval.regrade={path!r}: line {n} is not JSON "
-                                      f"({err.msg})") from None
+                    raise ConfigError(
+                        f"invalid eval.regrade={path!r}: line {n} is not JSON ({err.msg})"
+                    ) from None
     need = {"model", "benchmark", "question_id", "sample", "response", "gold", "kind"}
     bad = next((i for i, r in enumerate(rows) if not need <= set(r)), None)
     if bad is not None:
@@ -284,8 +369,11 @@ def regrade_rows(rows: list[dict], timeout_s: float = 5.0) -> list[dict]:
     for think in sorted({bool(r.get("requires_think", False)) for r in out}):
         idx = [i for i, r in enumerate(out) if bool(r.get("requires_think", False)) == think]
         with RewardScorer(requires_think=think, workers=workers, timeout_s=timeout_s) as sc:
-            res = sc.score([out[i]["response"] for i in idx], [str(out[i]["gold"]) for i in idx],
-                           kinds=[out[i]["kind"] for i in idx])
+            res = sc.score(
+                [out[i]["response"] for i in idx],
+                [str(out[i]["gold"]) for i in idx],
+                kinds=[out[i]["kind"] for i in idx],
+            )
         for i, reward, ext in zip(idx, res.rewards, res.extracted):
             out[i]["extracted"], out[i]["correct"] = ext, reward > 0.5
     return out
@@ -304,9 +392,12 @@ def results_from_rows(rows: list[dict], k: int, source: str) -> list[ModelResult
             first = next(iter(questions.values()))[0]
             known = REGISTRY.get(name)
             any_choice = any(r["kind"] == "choice" for q in questions.values() for r in q)
-            bench = Benchmark(name, first.get("title") or (known.title if known else name),
-                              first.get("group") or (known.group if known else "other"),
-                              kind=known.kind if known else ("choice" if any_choice else "math"))
+            bench = Benchmark(
+                name,
+                first.get("title") or (known.title if known else name),
+                first.get("group") or (known.group if known else "other"),
+                kind=known.kind if known else ("choice" if any_choice else "math"),
+            )
             ordered = [sorted(q, key=lambda r: r["sample"]) for q in questions.values()]
             correct = [[float(bool(r["correct"])) for r in q] for q in ordered]
             extracted = [[r.get("extracted") for r in q] for q in ordered]

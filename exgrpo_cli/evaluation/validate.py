@@ -35,9 +35,19 @@ class SampledResult:
         return sum(any(c > 0.5 for c in row) for row in self.correct) / max(len(self.correct), 1)
 
 
-def sample_and_grade(engine: RolloutEngine, tokenizer, template: Template, questions: list[Question],
-                     scorer, *, n: int, spec: SamplingSpec, kinds: list[str] | None = None,
-                     chunk: int = 256, progress: Callable[[int], None] | None = None) -> SampledResult:
+def sample_and_grade(
+    engine: RolloutEngine,
+    tokenizer,
+    template: Template,
+    questions: list[Question],
+    scorer,
+    *,
+    n: int,
+    spec: SamplingSpec,
+    kinds: list[str] | None = None,
+    chunk: int = 256,
+    progress: Callable[[int], None] | None = None,
+) -> SampledResult:
     """Generate n responses per question (in chunks of `chunk` sequences) and grade them.
 
     `progress`, when given, is called with the number of questions generated after each chunk."""
@@ -59,9 +69,16 @@ def sample_and_grade(engine: RolloutEngine, tokenizer, template: Template, quest
     flat_gold = [q.answer for q in questions for _ in range(n)]
     flat_kind = None if kinds is None else [k for k in kinds for _ in range(n)]
     graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind)
-    correct = [graded.rewards[i * n:(i + 1) * n] for i in range(len(questions))]
+    correct = [graded.rewards[i * n : (i + 1) * n] for i in range(len(questions))]
     # a minimal scorer (a test double) may return only `.rewards`
     got = getattr(graded, "extracted", None) or [None] * len(flat_resp)
-    extracted = [got[i * n:(i + 1) * n] for i in range(len(questions))]
-    return SampledResult(questions, texts, correct, extracted, texts_in,
-                         getattr(graded, "timeouts", 0), getattr(graded, "errors", 0))
+    extracted = [got[i * n : (i + 1) * n] for i in range(len(questions))]
+    return SampledResult(
+        questions,
+        texts,
+        correct,
+        extracted,
+        texts_in,
+        getattr(graded, "timeouts", 0),
+        getattr(graded, "errors", 0),
+    )

@@ -40,8 +40,13 @@ def plot_report(rep: dict[str, Any], path: Path) -> Path:
     # Two y axes: a bucket's experiences are several times its questions.
     q = ax.bar([x - 0.2 for x in xs], [b["questions"] for b in rep["buckets"]], width=0.4, label="questions")
     ax2 = ax.twinx()
-    e = ax2.bar([x + 0.2 for x in xs], [b["experiences"] for b in rep["buckets"]], width=0.4,
-                color="tab:purple", label="experiences")
+    e = ax2.bar(
+        [x + 0.2 for x in xs],
+        [b["experiences"] for b in rep["buckets"]],
+        width=0.4,
+        color="tab:purple",
+        label="experiences",
+    )
     ax.set_xticks(xs, labels)
     ax.set_xlabel("bucket (latest accuracy)")
     ax.set_ylabel("questions")
@@ -50,8 +55,10 @@ def plot_report(rep: dict[str, Any], path: Path) -> Path:
         a.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title("questions and experiences per bucket")
     ax.legend([q, e], ["questions", "experiences"], fontsize=8, loc="upper left")
-    fig.suptitle(f"replay buffer at step {rep.get('step')}: {rep['questions']} questions, "
-                 f"{rep['experiences']} experiences, {rep['retired']} retired")
+    fig.suptitle(
+        f"replay buffer at step {rep.get('step')}: {rep['questions']} questions, "
+        f"{rep['experiences']} experiences, {rep['retired']} retired"
+    )
     _hist(axes[1], rep["response_length"], "stored response length", "tokens")
     _hist(axes[2], rep["behavior_logp_mean"], "behaviour log-prob (mean per experience)", "log-prob")
     fig.tight_layout()

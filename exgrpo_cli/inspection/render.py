@@ -46,17 +46,28 @@ def _header(rep: dict[str, Any]) -> Table:
     t.add_row("checkpoint", str(rep.get("checkpoint", "-")))
     t.add_row("step", _fmt(rep.get("step")))
     t.add_row("delayed start", start)
-    t.add_row("questions", f"{rep['questions']:,} buffered, {rep['retired']:,} retired"
-              + (f" ({rep['pending_retire']} pending)" if rep.get("pending_retire") else ""))
-    t.add_row("experiences", f"{rep['experiences']:,} ({rep['stored_tokens']:,} tokens, "
-              f"{rep['megabytes']:.2f} MB of arrays; group size K={rep['group_size']})")
+    t.add_row(
+        "questions",
+        f"{rep['questions']:,} buffered, {rep['retired']:,} retired"
+        + (f" ({rep['pending_retire']} pending)" if rep.get("pending_retire") else ""),
+    )
+    t.add_row(
+        "experiences",
+        f"{rep['experiences']:,} ({rep['stored_tokens']:,} tokens, "
+        f"{rep['megabytes']:.2f} MB of arrays; group size K={rep['group_size']})",
+    )
     return t
 
 
 def _buckets(rep: dict[str, Any]) -> Table:
     # No box and 14-cell bars: the table must fit an 80-column terminal (or a CI log).
-    t = Table(title="buckets (latest accuracy of each buffered question)", title_justify="left",
-              box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1))
+    t = Table(
+        title="buckets (latest accuracy of each buffered question)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1),
+    )
     t.add_column("bucket", justify="right")
     t.add_column("acc", justify="right")
     t.add_column("questions", justify="right", no_wrap=True)
@@ -66,9 +77,14 @@ def _buckets(rep: dict[str, Any]) -> Table:
     bq = max([b["questions"] for b in rep["buckets"]] + [0])
     be = max([b["experiences"] for b in rep["buckets"]] + [0])
     for b in rep["buckets"]:
-        t.add_row(str(b["bucket"]), f"{b['accuracy']:.3f}", f"{b['questions']:,}",
-                  Text(bar(b["questions"], bq, 14), style="cyan"), f"{b['experiences']:,}",
-                  Text(bar(b["experiences"], be, 14), style="magenta"))
+        t.add_row(
+            str(b["bucket"]),
+            f"{b['accuracy']:.3f}",
+            f"{b['questions']:,}",
+            Text(bar(b["questions"], bq, 14), style="cyan"),
+            f"{b['experiences']:,}",
+            Text(bar(b["experiences"], be, 14), style="magenta"),
+        )
     return t
 
 
@@ -101,22 +117,36 @@ def distribution_table(title: str, dist: dict[str, Any], digits: int = 3) -> Gro
 
 def _top(rep: dict[str, Any]) -> Table:
     t = Table(title="questions with the most experiences", title_justify="left")
-    for name, just in (("question id", "left"), ("bucket", "right"), ("acc", "right"),
-                       ("experiences", "right"), ("mean length", "right")):
+    for name, just in (
+        ("question id", "left"),
+        ("bucket", "right"),
+        ("acc", "right"),
+        ("experiences", "right"),
+        ("mean length", "right"),
+    ):
         t.add_column(name, justify=just)
     for q in rep["top_questions"]:
-        t.add_row(q["uid"], str(q["bucket"]), f"{q['accuracy']:.3f}", str(q["experiences"]),
-                  f"{q['mean_length']:.1f}")
+        t.add_row(
+            q["uid"],
+            str(q["bucket"]),
+            f"{q['accuracy']:.3f}",
+            str(q["experiences"]),
+            f"{q['mean_length']:.1f}",
+        )
     return t
 
 
 def render_report(rep: dict[str, Any]) -> Group:
     parts = [_header(rep), Text(""), _buckets(rep)]
     if rep["experiences"]:
-        parts += [Text(""), distribution_table("stored response length (tokens)", rep["response_length"]),
-                  Text(""), distribution_table("behaviour log-prob, mean per experience",
-                                               rep["behavior_logp_mean"]),
-                  Text(""), _top(rep)]
+        parts += [
+            Text(""),
+            distribution_table("stored response length (tokens)", rep["response_length"]),
+            Text(""),
+            distribution_table("behaviour log-prob, mean per experience", rep["behavior_logp_mean"]),
+            Text(""),
+            _top(rep),
+        ]
     return Group(*parts)
 
 

@@ -43,8 +43,10 @@ def resolve_checkpoint(target: str) -> Path:
                 return found
     if (path / "checkpoints").is_dir() or path.name == "checkpoints":
         raise TargetError(f"{path} holds no complete checkpoint yet")
-    raise TargetError(f"{path} is neither a run dir (with checkpoints/) nor a checkpoint dir "
-                      "(with replay/ and trainer_state.json)")
+    raise TargetError(
+        f"{path} is neither a run dir (with checkpoints/) nor a checkpoint dir "
+        "(with replay/ and trainer_state.json)"
+    )
 
 
 def run_dir_of(checkpoint: Path) -> Path | None:
@@ -80,12 +82,27 @@ def distribution(values: np.ndarray, bins: int = 10, integer: bool = False) -> d
     """count, mean, min, p10, median, p90, max and a histogram of `values` (None when empty)."""
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0:
-        return {"count": 0, "mean": None, "min": None, "p10": None, "median": None, "p90": None,
-                "max": None, "histogram": histogram(v)}
+        return {
+            "count": 0,
+            "mean": None,
+            "min": None,
+            "p10": None,
+            "median": None,
+            "p90": None,
+            "max": None,
+            "histogram": histogram(v),
+        }
     p10, p50, p90 = np.percentile(v, [10, 50, 90])
-    return {"count": int(v.size), "mean": float(v.mean()), "min": float(v.min()), "p10": float(p10),
-            "median": float(p50), "p90": float(p90), "max": float(v.max()),
-            "histogram": histogram(v, bins, integer)}
+    return {
+        "count": int(v.size),
+        "mean": float(v.mean()),
+        "min": float(v.min()),
+        "p10": float(p10),
+        "median": float(p50),
+        "p90": float(p90),
+        "max": float(v.max()),
+        "histogram": histogram(v, bins, integer),
+    }
 
 
 def segment_means(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -98,8 +115,9 @@ def segment_means(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return sums / lengths
 
 
-def buffer_report(buf: ExperienceBuffer, trainer_state: dict | None = None, top: int = 5,
-                  bins: int = 10) -> dict[str, Any]:
+def buffer_report(
+    buf: ExperienceBuffer, trainer_state: dict | None = None, top: int = 5, bins: int = 10
+) -> dict[str, Any]:
     """Everything inspect-buffer prints, as plain data (see render.py for the text view)."""
     state = buf.state_dict()
     arrays, index = state["arrays"], state["index"]
@@ -107,12 +125,22 @@ def buffer_report(buf: ExperienceBuffer, trainer_state: dict | None = None, top:
     lengths = meta[:, _LEN]
     counts = arrays["experience_counts"]
     qbuckets = np.asarray(index["question_buckets"], dtype=np.int64)
-    exp_per_bucket = np.bincount(qbuckets, weights=counts, minlength=buf.num_buckets).astype(np.int64) \
-        if counts.size else np.zeros(buf.num_buckets, dtype=np.int64)
+    exp_per_bucket = (
+        np.bincount(qbuckets, weights=counts, minlength=buf.num_buckets).astype(np.int64)
+        if counts.size
+        else np.zeros(buf.num_buckets, dtype=np.int64)
+    )
     sizes = buf.bucket_sizes()
     centres = buf.bucket_centres()
-    buckets = [{"bucket": b + 1, "accuracy": centres[b], "questions": int(sizes[b]),
-                "experiences": int(exp_per_bucket[b])} for b in range(buf.num_buckets)]
+    buckets = [
+        {
+            "bucket": b + 1,
+            "accuracy": centres[b],
+            "questions": int(sizes[b]),
+            "experiences": int(exp_per_bucket[b]),
+        }
+        for b in range(buf.num_buckets)
+    ]
     logp_means = segment_means(arrays["behavior_logp"], lengths)
     # Stable sort on -count: ties keep the buffer's insertion order, so the list is deterministic.
     order = np.argsort(-counts, kind="stable")[:top]
@@ -123,9 +151,15 @@ def buffer_report(buf: ExperienceBuffer, trainer_state: dict | None = None, top:
     for i in order.tolist():
         e0 = int(exp_ends[i] - counts[i])
         n_tok = int(tok_ends[exp_ends[i] - 1] - (tok_ends[e0 - 1] if e0 else 0))
-        top_questions.append({"uid": uids[i], "bucket": int(qbuckets[i]) + 1,
-                              "accuracy": centres[int(qbuckets[i])], "experiences": int(counts[i]),
-                              "mean_length": n_tok / int(counts[i])})
+        top_questions.append(
+            {
+                "uid": uids[i],
+                "bucket": int(qbuckets[i]) + 1,
+                "accuracy": centres[int(qbuckets[i])],
+                "experiences": int(counts[i]),
+                "mean_length": n_tok / int(counts[i]),
+            }
+        )
     ts = trainer_state or {}
     return {
         "step": ts.get("step"),

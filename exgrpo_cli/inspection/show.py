@@ -51,8 +51,9 @@ def _find_question(cfg: ExgrpoConfig, uid: str):  # noqa: ANN202 - Question | No
     return None, f"{uid} is not among the run's questions (data.source={cfg.data.source})"
 
 
-def show_question(checkpoint: Path, buf: ExperienceBuffer, uid: str, fallback: ExgrpoConfig,
-                  score: bool) -> dict[str, Any]:
+def show_question(
+    checkpoint: Path, buf: ExperienceBuffer, uid: str, fallback: ExgrpoConfig, score: bool
+) -> dict[str, Any]:
     """A JSON-able description of `uid`'s experiences; raises KeyError when it is not buffered."""
     if uid not in buf:
         state = "retired (solved by a whole group)" if buf.is_retired(uid) else "not in the buffer"
@@ -66,13 +67,25 @@ def show_question(checkpoint: Path, buf: ExperienceBuffer, uid: str, fallback: E
     exps = buf.experiences(uid)
     q, note = _find_question(cfg, uid)
     bucket = next(b for b in range(buf.num_buckets) if uid in set(buf.questions_in_bucket(b)))
-    rows = [{"step": e.step, "length": int(e.response_ids.size),
-             "behavior_logp_mean": float(np.mean(e.behavior_logp)),
-             "text": tok.decode(e.response_ids.tolist(), skip_special_tokens=False)} for e in exps]
-    out: dict[str, Any] = {"uid": uid, "question": q.question if q else None,
-                           "answer": q.answer if q else None, "note": note, "config": source,
-                           "bucket": bucket + 1, "accuracy": buf.bucket_centres()[bucket],
-                           "experiences": rows}
+    rows = [
+        {
+            "step": e.step,
+            "length": int(e.response_ids.size),
+            "behavior_logp_mean": float(np.mean(e.behavior_logp)),
+            "text": tok.decode(e.response_ids.tolist(), skip_special_tokens=False),
+        }
+        for e in exps
+    ]
+    out: dict[str, Any] = {
+        "uid": uid,
+        "question": q.question if q else None,
+        "answer": q.answer if q else None,
+        "note": note,
+        "config": source,
+        "bucket": bucket + 1,
+        "accuracy": buf.bucket_centres()[bucket],
+        "experiences": rows,
+    }
     if score:
         if q is None:
             raise KeyError(f"cannot score {uid!r}: its prompt is unknown ({note})")
@@ -96,17 +109,26 @@ def _entropies(cfg: ExgrpoConfig, mcfg, tok, prompt: str, exps) -> list[float]: 
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     budget = token_budget(cfg.algo.micro_batch_tokens, next(model.parameters()).device)
-    return score_candidates(model, [ids] * len(exps), [e.response_ids.tolist() for e in exps],
-                            mode="lowest_entropy", temperature=cfg.rollout.temperature, pad_id=pad,
-                            token_budget=budget, max_rows=cfg.replay.entropy_batch_size)
+    return score_candidates(
+        model,
+        [ids] * len(exps),
+        [e.response_ids.tolist() for e in exps],
+        mode="lowest_entropy",
+        temperature=cfg.rollout.temperature,
+        pad_id=pad,
+        token_budget=budget,
+        max_rows=cfg.replay.entropy_batch_size,
+    )
 
 
 def print_show(info: dict[str, Any], console) -> None:  # noqa: ANN001 - a rich Console
     from rich.markup import escape
 
     c = console
-    c.print(f"[bold]question {escape(info['uid'])}[/]  bucket {info['bucket']} "
-            f"(accuracy {info['accuracy']:.3f}), {len(info['experiences'])} stored responses")
+    c.print(
+        f"[bold]question {escape(info['uid'])}[/]  bucket {info['bucket']} "
+        f"(accuracy {info['accuracy']:.3f}), {len(info['experiences'])} stored responses"
+    )
     if info["question"] is not None:
         c.print(f"[bold]Q:[/] {escape(info['question'])}   [bold]gold:[/] {escape(str(info['answer']))}")
     else:
@@ -115,10 +137,13 @@ def print_show(info: dict[str, Any], console) -> None:  # noqa: ANN001 - a rich 
     scored = [r["entropy"] for r in info["experiences"] if "entropy" in r]
     lowest = min(range(len(scored)), key=scored.__getitem__) if scored else None
     for i, r in enumerate(info["experiences"]):
-        head = (f"#{i} step {r['step']}  {r['length']} tokens  "
-                f"behaviour log-prob mean {r['behavior_logp_mean']:.3f}")
+        head = (
+            f"#{i} step {r['step']}  {r['length']} tokens  "
+            f"behaviour log-prob mean {r['behavior_logp_mean']:.3f}"
+        )
         if "entropy" in r:
-            head += f"  entropy {r['entropy']:.4f}" + ("  <- lowest: replayed by lowest_entropy"
-                                                      if i == lowest else "")
+            head += f"  entropy {r['entropy']:.4f}" + (
+                "  <- lowest: replayed by lowest_entropy" if i == lowest else ""
+            )
         c.print(f"[cyan]{head}[/]", soft_wrap=True)
         c.print(escape(r["text"]), highlight=False)

@@ -62,8 +62,16 @@ def _jsonable(v: Any) -> Any:
 
 
 class MetricLogger:
-    def __init__(self, output_dir: str, cfg: LoggerConfig, run_config: dict, total_steps: int,
-                 start_step: int = 0, wandb_id: str | None = None, job_type: str = "train") -> None:
+    def __init__(
+        self,
+        output_dir: str,
+        cfg: LoggerConfig,
+        run_config: dict,
+        total_steps: int,
+        start_step: int = 0,
+        wandb_id: str | None = None,
+        job_type: str = "train",
+    ) -> None:
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._drop_rows_after(start_step)
@@ -77,9 +85,16 @@ class MetricLogger:
         self._t0 = time.time()
         if cfg.console and self.live:
             self._progress = Progress(
-                TextColumn("[bold]exgrpo[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[line]}"),
-                console=self.console, transient=False)
+                TextColumn("[bold]exgrpo[/]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[line]}"),
+                console=self.console,
+                transient=False,
+            )
             self._progress.start()
             self._task = self._progress.add_task("train", total=total_steps, completed=start_step, line="")
         self.wandb_run = None
@@ -93,14 +108,24 @@ class MetricLogger:
 
         w = self.cfg.wandb
         self.wandb_run = wandb.init(
-            project=w.project, entity=w.entity or None, name=w.name or None, group=w.group or None,
-            tags=list(w.tags) or None, config=run_config, dir=output_dir, mode=mode, job_type=job_type,
-            id=self.wandb_id, resume="allow" if self.wandb_id else None,
+            project=w.project,
+            entity=w.entity or None,
+            name=w.name or None,
+            group=w.group or None,
+            tags=list(w.tags) or None,
+            config=run_config,
+            dir=output_dir,
+            mode=mode,
+            job_type=job_type,
+            id=self.wandb_id,
+            resume="allow" if self.wandb_id else None,
         )
         self.wandb_id = self.wandb_run.id
         if mode == "offline":
-            self.print(f"W&B is offline (not logged in): sync later with `wandb sync {output_dir}/wandb/"
-                       f"offline-run-*`, or set logger.wandb.mode=disabled")
+            self.print(
+                f"W&B is offline (not logged in): sync later with `wandb sync {output_dir}/wandb/"
+                f"offline-run-*`, or set logger.wandb.mode=disabled"
+            )
 
     def _drop_rows_after(self, step: int) -> None:
         """A run killed after its last checkpoint logged steps that the resumed run repeats:
@@ -129,8 +154,11 @@ class MetricLogger:
         self._fh.flush()
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
-        line = "  ".join(lbl + " " + fmt.format(metrics[k]) for k, lbl, fmt in CONSOLE_KEYS
-                         if isinstance(metrics.get(k), (int, float)) and math.isfinite(metrics[k]))
+        line = "  ".join(
+            lbl + " " + fmt.format(metrics[k])
+            for k, lbl, fmt in CONSOLE_KEYS
+            if isinstance(metrics.get(k), (int, float)) and math.isfinite(metrics[k])
+        )
         if self._progress is not None:
             self._progress.update(self._task, completed=step, line=line)
         elif self.cfg.console:

@@ -82,8 +82,9 @@ def optimizer_state_from_files(folder: Path) -> dict:
     tensors = load_file(str(folder / "optimizer.safetensors"))
     state = {}
     for pid, entries in meta["state"].items():
-        state[int(pid)] = {n: tensors[e["tensor"]] if "tensor" in e else e["value"]
-                           for n, e in entries.items()}
+        state[int(pid)] = {
+            n: tensors[e["tensor"]] if "tensor" in e else e["value"] for n, e in entries.items()
+        }
     return {"state": state, "param_groups": meta["param_groups"]}
 
 

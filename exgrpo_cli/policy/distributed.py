@@ -24,8 +24,12 @@ import torch
 
 log = logging.getLogger(__name__)
 
-MIXED_PRECISION = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-                   "fp16": torch.float16, "float16": torch.float16}
+MIXED_PRECISION = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
 
 
 @dataclass(frozen=True)
@@ -91,8 +95,13 @@ def decoder_layers(model) -> torch.nn.ModuleList:  # noqa: ANN001 - an HF causal
     return layers
 
 
-def wrap_fsdp2(model, dist: DistInfo, *, mixed_precision: str | None = None,  # noqa: ANN001, ANN201
-               reshard_after_forward: bool = True):
+def wrap_fsdp2(
+    model,
+    dist: DistInfo,
+    *,
+    mixed_precision: str | None = None,  # noqa: ANN001, ANN201
+    reshard_after_forward: bool = True,
+):
     """Shard `model` in place over all ranks: each decoder layer, then the root (embeddings, norm,
     lm_head). Returns the same module, now an FSDPModule whose parameters are DTensors.
 
@@ -110,11 +119,13 @@ def wrap_fsdp2(model, dist: DistInfo, *, mixed_precision: str | None = None,  # 
             raise ValueError(f"mixed_precision={mixed_precision!r}: use one of {sorted(MIXED_PRECISION)}")
         if dist.device.type == "cuda":
             # reduce in fp32: averaging bf16 gradients over ranks loses the small ones
-            mp = MixedPrecisionPolicy(param_dtype=MIXED_PRECISION[mixed_precision],
-                                      reduce_dtype=torch.float32)
+            mp = MixedPrecisionPolicy(
+                param_dtype=MIXED_PRECISION[mixed_precision], reduce_dtype=torch.float32
+            )
         else:
-            log.warning("FSDP mixed precision %s ignored on a CPU (bf16 is ~100x slower there)",
-                        mixed_precision)
+            log.warning(
+                "FSDP mixed precision %s ignored on a CPU (bf16 is ~100x slower there)", mixed_precision
+            )
     mesh = init_device_mesh(dist.device.type, (dist.world_size,))
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
@@ -175,8 +186,12 @@ def full_optimizer_state_dict(model, optimizer: torch.optim.Optimizer, dist: Dis
     return {"state": {index[n]: st for n, st in sd["state"].items()}, "param_groups": groups}
 
 
-def load_full_optimizer_state_dict(model, optimizer: torch.optim.Optimizer, state: dict,  # noqa: ANN001
-                                   dist: DistInfo) -> None:
+def load_full_optimizer_state_dict(
+    model,
+    optimizer: torch.optim.Optimizer,
+    state: dict,  # noqa: ANN001
+    dist: DistInfo,
+) -> None:
     """Inverse of `full_optimizer_state_dict` (rank 0 passes the state, the others anything)."""
     if not dist.distributed:
         optimizer.load_state_dict(state)
@@ -194,6 +209,7 @@ def load_full_optimizer_state_dict(model, optimizer: torch.optim.Optimizer, stat
 
 
 # ------------------------------------------------------------------ small collectives
+
 
 def is_main(dist: DistInfo) -> bool:
     return dist.is_main
@@ -237,8 +253,12 @@ def all_reduce_dict(values: dict[str, float], dist: DistInfo, op: str = "mean") 
     import torch.distributed as tdist
 
     keys = sorted(values)
-    ops = {"mean": tdist.ReduceOp.SUM, "sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX,
-           "min": tdist.ReduceOp.MIN}
+    ops = {
+        "mean": tdist.ReduceOp.SUM,
+        "sum": tdist.ReduceOp.SUM,
+        "max": tdist.ReduceOp.MAX,
+        "min": tdist.ReduceOp.MIN,
+    }
     buf = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=dist.device)
     # max of (n, -n) over ranks: n_max and -n_min in one collective
     count = torch.tensor([len(keys), -len(keys)], dtype=torch.float64, device=dist.device)

@@ -34,16 +34,25 @@ class SequenceBatch:
     @property
     def targets(self) -> Tensor:
         """The response tokens [B, R] (pad beyond each row's length)."""
-        return self.input_ids[:, self.input_ids.shape[1] - self.response_mask.shape[1]:]
+        return self.input_ids[:, self.input_ids.shape[1] - self.response_mask.shape[1] :]
 
 
-def pack(prompts: list[list[int]], responses: list[list[int]], rows: list[int], pad_id: int,
-         device: torch.device) -> SequenceBatch:
+def pack(
+    prompts: list[list[int]], responses: list[list[int]], rows: list[int], pad_id: int, device: torch.device
+) -> SequenceBatch:
     P = max(len(prompts[i]) for i in rows)
     R = max(len(responses[i]) for i in rows)
     # one tensor conversion for the whole batch instead of one per row
-    ids = torch.tensor([[pad_id] * (P - len(prompts[i])) + list(prompts[i]) + list(responses[i])
-                        + [pad_id] * (R - len(responses[i])) for i in rows], dtype=torch.long)
+    ids = torch.tensor(
+        [
+            [pad_id] * (P - len(prompts[i]))
+            + list(prompts[i])
+            + list(responses[i])
+            + [pad_id] * (R - len(responses[i]))
+            for i in rows
+        ],
+        dtype=torch.long,
+    )
     plen = torch.tensor([len(prompts[i]) for i in rows])[:, None]
     rlen = torch.tensor([len(responses[i]) for i in rows])[:, None]
     col = torch.arange(P + R)[None, :]
@@ -80,8 +89,12 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
 def response_logits(model, batch: SequenceBatch) -> Tensor:  # noqa: ANN001
     """Logits [B, R, V] of the positions that predict the response tokens."""
     keep = batch.response_mask.shape[1] + 1
-    kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                  position_ids=batch.position_ids, use_cache=False)
+    kwargs = dict(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
     try:
         logits = model(**kwargs, logits_to_keep=keep).logits
     except TypeError:  # a remote-code model without logits_to_keep: project everything, then cut
@@ -89,8 +102,9 @@ def response_logits(model, batch: SequenceBatch) -> Tensor:  # noqa: ANN001
     return logits[:, -keep:-1]
 
 
-def forward_logprobs(model, batch: SequenceBatch, *, temperature: float = 1.0,
-                     with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def forward_logprobs(
+    model, batch: SequenceBatch, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """Log-probs [B, R] of the response tokens (and per-token entropies when asked)."""
     logits = response_logits(model, batch)
     logp = token_logprobs(logits, batch.targets, temperature)

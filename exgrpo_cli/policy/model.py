@@ -30,7 +30,8 @@ def resolve_path(path: str, gguf_file: str = "") -> str:
         folder = BUILTIN[path]
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(
-                f"the built-in model is missing from {folder}; rebuild it with `make tiny-model`")
+                f"the built-in model is missing from {folder}; rebuild it with `make tiny-model`"
+            )
         return str(folder)
     return os.path.expanduser(path)
 
@@ -77,15 +78,19 @@ def load_model(cfg: ModelConfig, device: torch.device):
     path = resolve_path(cfg.path, cfg.gguf_file)
     if device.type == "cpu" and cfg.dtype != "float32":
         log.warning("model.dtype=%s on a CPU is ~100x slower than float32", cfg.dtype)
-    kwargs = {"trust_remote_code": cfg.trust_remote_code, "dtype": DTYPES[cfg.dtype],
-              "attn_implementation": attn_implementation(cfg.attn_implementation, device)}
+    kwargs = {
+        "trust_remote_code": cfg.trust_remote_code,
+        "dtype": DTYPES[cfg.dtype],
+        "attn_implementation": attn_implementation(cfg.attn_implementation, device),
+    }
     if cfg.gguf_file:
         kwargs["gguf_file"] = cfg.gguf_file
     else:
         hf_cfg = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
         if not any(a.endswith("ForCausalLM") for a in (hf_cfg.architectures or [])):
-            raise ValueError(f"model.path={cfg.path!r} is not a causal LM "
-                             f"(architectures: {hf_cfg.architectures})")
+            raise ValueError(
+                f"model.path={cfg.path!r} is not a causal LM (architectures: {hf_cfg.architectures})"
+            )
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if cfg.gguf_file:
         # dequantised GGUF weights are plain tensors; drop the quantizer so save_pretrained works

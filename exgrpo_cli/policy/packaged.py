@@ -38,21 +38,23 @@ def packaged_folder(path: str, gguf_file: str = "") -> str:
     """The folder of the installed distribution named by `pypi:<dist>` that holds `gguf_file`
     (any .gguf file when it is empty): what transformers' `from_pretrained(folder, gguf_file=...)`
     expects. Raises FileNotFoundError with the install command when it is not installed."""
-    dist = path[len(SCHEME):]
+    dist = path[len(SCHEME) :]
     try:
         files = importlib.metadata.distribution(dist).files or []
     except importlib.metadata.PackageNotFoundError:
         raise FileNotFoundError(
-            f"model.path={path}: the package {dist} is not installed; install it with "
-            f"{install_hint(dist)}") from None
+            f"model.path={path}: the package {dist} is not installed; install it with {install_hint(dist)}"
+        ) from None
     want = gguf_file or ".gguf"
     for f in files:
         if str(f).endswith(want) and (not gguf_file or Path(str(f)).name == gguf_file):
             located = Path(str(importlib.metadata.distribution(dist).locate_file(f)))
             if located.is_file():
                 return str(located.parent)
-    raise FileNotFoundError(f"model.path={path}: the package {dist} is installed but holds no "
-                            f"{gguf_file or 'GGUF file'}; reinstall it with {install_hint(dist)}")
+    raise FileNotFoundError(
+        f"model.path={path}: the package {dist} is installed but holds no "
+        f"{gguf_file or 'GGUF file'}; reinstall it with {install_hint(dist)}"
+    )
 
 
 def missing_requirement(path: str, gguf_file: str) -> str | None:
@@ -64,7 +66,9 @@ def missing_requirement(path: str, gguf_file: str) -> str | None:
             return str(err)
     missing = [m for m in GGUF_LOADERS if importlib.util.find_spec(m) is None] if gguf_file else []
     if missing:
-        hint = install_hint(path[len(SCHEME):]) if is_packaged(path) else "`pip install 'exgrpo[gguf]'`"
-        return (f"model.gguf_file={gguf_file}: transformers reads GGUF files with the packages "
-                f"{' and '.join(GGUF_LOADERS)}; {', '.join(missing)} is not installed: install with {hint}")
+        hint = install_hint(path[len(SCHEME) :]) if is_packaged(path) else "`pip install 'exgrpo[gguf]'`"
+        return (
+            f"model.gguf_file={gguf_file}: transformers reads GGUF files with the packages "
+            f"{' and '.join(GGUF_LOADERS)}; {', '.join(missing)} is not installed: install with {hint}"
+        )
     return None

@@ -79,8 +79,16 @@ def _tokenizer_corpus(questions: list[Question]) -> list[str]:
     corpus = [t.system or t.render(q, None) for q in questions[:20] for t in TEMPLATES.values()]
     for q in questions:
         m = q.meta
-        corpus += ["system\n", SHORT_SYSTEM, "\n", "user\n", q.question, "\n", "assistant\n",
-                   worked_solution(m["a"], m["op"], m["b"])]
+        corpus += [
+            "system\n",
+            SHORT_SYSTEM,
+            "\n",
+            "user\n",
+            q.question,
+            "\n",
+            "assistant\n",
+            worked_solution(m["a"], m["op"], m["b"]),
+        ]
     return corpus
 
 
@@ -91,14 +99,19 @@ def build_tokenizer(questions: list[Question]) -> PreTrainedTokenizerFast:
     # every consumer (the trainer, vLLM, a user's script) loads then splits text the way the model
     # was trained. Qwen2's regex already gives each digit its own pre-token (carries stay learnable).
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     specials = [PAD, IM_START, IM_END]
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, min_frequency=2, special_tokens=specials, show_progress=False,
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=specials,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # any text stays encodable
     )
     tok.train_from_iterator(_tokenizer_corpus(questions), trainer=trainer)
@@ -106,8 +119,14 @@ def build_tokenizer(questions: list[Question]) -> PreTrainedTokenizerFast:
     # added before it, their ids would collide with the special tokens the trainer puts first.
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in FORMAT_TOKENS])
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=None, eos_token=IM_END, pad_token=PAD, unk_token=None,
-        padding_side="left", chat_template=CHAT_TEMPLATE, model_max_length=256,
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token=IM_END,
+        pad_token=PAD,
+        unk_token=None,
+        padding_side="left",
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=256,
         clean_up_tokenization_spaces=False,
     )
 
@@ -115,26 +134,46 @@ def build_tokenizer(questions: list[Question]) -> PreTrainedTokenizerFast:
 # ------------------------------------------------------------------------------------- model
 def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-6,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        use_cache=True, dtype="float32",
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        use_cache=True,
+        dtype="float32",
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).float()
     model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
         # the rollout default: plain temperature-1 sampling from the full policy (HF would otherwise
         # truncate to the top 50 tokens, and HF only accepts top_k together with do_sample)
-        do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
     )
     return model
 
 
 # --------------------------------------------------------------------------------------- SFT
-def encode_examples(questions: list[Question], tokenizer, *, direct_fraction: float = 0.0,  # noqa: ANN001
-                    seed: int = 0) -> list[tuple[list[int], list[int]]]:
+def encode_examples(
+    questions: list[Question],
+    tokenizer,
+    *,
+    direct_fraction: float = 0.0,  # noqa: ANN001
+    seed: int = 0,
+) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, response ids) per question. Tokenized apart, as rollouts will see them.
 
     A seeded `direct_fraction` of the responses skip the reasoning (`direct_answer`): the answer is
@@ -148,8 +187,12 @@ def encode_examples(questions: list[Question], tokenizer, *, direct_fraction: fl
         m = q.meta
         solve = direct_answer if rng.random() < direct_fraction else worked_solution
         response = solve(m["a"], m["op"], m["b"]) + IM_END
-        out.append((tokenizer.encode(prompt, add_special_tokens=False),
-                    tokenizer.encode(response, add_special_tokens=False)))
+        out.append(
+            (
+                tokenizer.encode(prompt, add_special_tokens=False),
+                tokenizer.encode(response, add_special_tokens=False),
+            )
+        )
     return out
 
 
@@ -163,12 +206,21 @@ def _batch(examples, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
         n = len(p) + len(r)
         ids[i, :n] = torch.tensor(p + r)
         mask[i, :n] = 1
-        labels[i, len(p):n] = torch.tensor(r)
+        labels[i, len(p) : n] = torch.tensor(r)
     return ids, mask, labels
 
 
-def sft(model, examples, *, steps: int, batch_size: int, lr: float, seed: int, pad_id: int,  # noqa: ANN001
-        log_every: int = 25) -> list[float]:
+def sft(
+    model,
+    examples,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    pad_id: int,  # noqa: ANN001
+    log_every: int = 25,
+) -> list[float]:
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = max(1, min(30, steps // 10))
@@ -198,8 +250,9 @@ def sft(model, examples, *, steps: int, batch_size: int, lr: float, seed: int, p
         opt.step()
         losses.append(loss.item())
         if step % log_every == 0 or step == steps - 1:
-            print(f"  sft step {step + 1:4d}/{steps}  loss {loss.item():.4f}  lr {lr_at(step):.2e}",
-                  flush=True)
+            print(
+                f"  sft step {step + 1:4d}/{steps}  loss {loss.item():.4f}  lr {lr_at(step):.2e}", flush=True
+            )
     model.eval()
     return losses
 
@@ -225,24 +278,39 @@ def is_correct(text: str, gold: str) -> bool:
 
 
 @torch.no_grad()
-def sampled_accuracy(model, tokenizer, questions: list[Question], *, k: int, seed: int,  # noqa: ANN001
-                     max_new_tokens: int = 48, chunk: int = 32) -> dict:
+def sampled_accuracy(
+    model,
+    tokenizer,
+    questions: list[Question],
+    *,
+    k: int,
+    seed: int,  # noqa: ANN001
+    max_new_tokens: int = 48,
+    chunk: int = 32,
+) -> dict:
     """Per-question correct counts out of k samples at temperature 1.0 (full distribution)."""
     torch.manual_seed(seed)
     counts, lengths, by_kind = [], [], {}
     by_habit = {"direct": [0, 0], "reasoning": [0, 0]}  # [responses, correct] per habit
     for start in range(0, len(questions), chunk):
-        qs = questions[start:start + chunk]
+        qs = questions[start : start + chunk]
         prompts = [TEMPLATES["think_short"].render(q, tokenizer) for q in qs]
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             num_return_sequences=k, max_new_tokens=max_new_tokens)
-        new = out[:, enc["input_ids"].shape[1]:]
+        out = model.generate(
+            **enc,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            num_return_sequences=k,
+            max_new_tokens=max_new_tokens,
+        )
+        new = out[:, enc["input_ids"].shape[1] :]
         texts = tokenizer.batch_decode(new, skip_special_tokens=True)
         lengths += (new != tokenizer.pad_token_id).sum(1).tolist()
         for i, q in enumerate(qs):
             c = 0
-            for t in texts[i * k:(i + 1) * k]:
+            for t in texts[i * k : (i + 1) * k]:
                 ok = is_correct(t, q.answer)
                 habit = by_habit["direct" if t.startswith("<think></think>") else "reasoning"]
                 habit[0] += 1
@@ -275,45 +343,81 @@ def sft_pool(exclude: list[Question], seed: int, size: int = SFT_POOL) -> list[Q
     those answers: it then scores far higher on them than on held-out questions (measured: ~0.46 vs
     0.33 sampled accuracy with 85% of the pool seen), and RL on memorised questions barely transfers."""
     excluded = {(q.meta["a"], q.meta["op"], q.meta["b"]) for q in exclude}
-    pool = generate(size + len(exclude), max_digits=DATA["max_digits"], ops=DATA["ops"],
-                    seed=DATA["seed"] + 1 + seed, prefix="sft")
+    pool = generate(
+        size + len(exclude),
+        max_digits=DATA["max_digits"],
+        ops=DATA["ops"],
+        seed=DATA["seed"] + 1 + seed,
+        prefix="sft",
+    )
     return [q for q in pool if (q.meta["a"], q.meta["op"], q.meta["b"]) not in excluded][:size]
 
 
 # ------------------------------------------------------------------------------------------ main
-def build(out: str | Path, *, sft_steps: int = SFT_STEPS, seed: int = 0, threads: int = 1, lr: float = 3e-3,
-          batch_size: int = 64, direct_fraction: float = DIRECT_FRACTION, eval_questions: int = 256,
-          eval_k: int = 8, argv: list[str] | None = None) -> dict:
+def build(
+    out: str | Path,
+    *,
+    sft_steps: int = SFT_STEPS,
+    seed: int = 0,
+    threads: int = 1,
+    lr: float = 3e-3,
+    batch_size: int = 64,
+    direct_fraction: float = DIRECT_FRACTION,
+    eval_questions: int = 256,
+    eval_k: int = 8,
+    argv: list[str] | None = None,
+) -> dict:
     t0 = time.time()
     torch.set_num_threads(threads)
     random.seed(seed)
-    train, val = train_and_val(DATA["num_train"], DATA["num_val"], max_digits=DATA["max_digits"],
-                               ops=DATA["ops"], seed=DATA["seed"])
+    train, val = train_and_val(
+        DATA["num_train"], DATA["num_val"], max_digits=DATA["max_digits"], ops=DATA["ops"], seed=DATA["seed"]
+    )
     tokenizer = build_tokenizer(train)
     model = build_model(tokenizer, seed)
     n_params = sum(p.numel() for p in model.parameters())
     # the RL pool and the held-out set hold every one-digit question (there are only 300), so the warm
     # start never sees one and scores 0-20% on them: hard questions for RL, measured and kept as they are
-    examples = encode_examples(sft_pool(train + val, seed), tokenizer, direct_fraction=direct_fraction,
-                               seed=seed)
+    examples = encode_examples(
+        sft_pool(train + val, seed), tokenizer, direct_fraction=direct_fraction, seed=seed
+    )
     longest = max(len(r) for _, r in examples)
-    print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params:,} parameters; "
-          f"prompt tokens <= {max(len(p) for p, _ in examples)}, response tokens <= {longest}", flush=True)
+    print(
+        f"tokenizer: {len(tokenizer)} tokens; model: {n_params:,} parameters; "
+        f"prompt tokens <= {max(len(p) for p, _ in examples)}, response tokens <= {longest}",
+        flush=True,
+    )
 
-    losses = sft(model, examples, steps=sft_steps, batch_size=batch_size, lr=lr, seed=seed,
-                 pad_id=tokenizer.pad_token_id) if sft_steps > 0 else []
+    losses = (
+        sft(
+            model,
+            examples,
+            steps=sft_steps,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            pad_id=tokenizer.pad_token_id,
+        )
+        if sft_steps > 0
+        else []
+    )
     sft_s = time.time() - t0
 
     result = None
     if eval_questions > 0:
         result = sampled_accuracy(model, tokenizer, val[:eval_questions], k=eval_k, seed=seed + 1)
-        print(f"held-out sampled accuracy (T=1.0, K={eval_k}, {result['num_questions']} questions): "
-              f"{result['accuracy']:.3f}\n  by kind {result['accuracy_by_kind']}", flush=True)
+        print(
+            f"held-out sampled accuracy (T=1.0, K={eval_k}, {result['num_questions']} questions): "
+            f"{result['accuracy']:.3f}\n  by kind {result['accuracy_by_kind']}",
+            flush=True,
+        )
         print(f"questions with c/{eval_k} correct, c=0..{eval_k}: {result['histogram']}", flush=True)
-        print(f"mean response tokens {result['mean_response_tokens']:.1f}, "
-              f"truncated at 48: {result['truncated_fraction']:.3%}, "
-              f"no reasoning: {result['direct_fraction']:.1%}; accuracy {result['accuracy_by_habit']}",
-              flush=True)
+        print(
+            f"mean response tokens {result['mean_response_tokens']:.1f}, "
+            f"truncated at 48: {result['truncated_fraction']:.3%}, "
+            f"no reasoning: {result['direct_fraction']:.1%}; accuracy {result['accuracy_by_habit']}",
+            flush=True,
+        )
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -321,12 +425,20 @@ def build(out: str | Path, *, sft_steps: int = SFT_STEPS, seed: int = 0, threads
     tokenizer.save_pretrained(out)
     info = {
         "command": "python -m exgrpo_cli.policy.tiny_builder " + shlex.join(argv or []),
-        "seed": seed, "sft_steps": sft_steps, "lr": lr, "batch_size": batch_size, "threads": threads,
+        "seed": seed,
+        "sft_steps": sft_steps,
+        "lr": lr,
+        "batch_size": batch_size,
+        "threads": threads,
         "direct_fraction": direct_fraction,
-        "data": DATA, "template": "think_short", "vocab_size": len(tokenizer), "num_parameters": n_params,
+        "data": DATA,
+        "template": "think_short",
+        "vocab_size": len(tokenizer),
+        "num_parameters": n_params,
         "longest_response_tokens": longest,
         "final_sft_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
-        "heldout_sampled": result, "sft_seconds": round(sft_s, 1),
+        "heldout_sampled": result,
+        "sft_seconds": round(sft_s, 1),
         "wall_seconds": round(time.time() - t0, 1),
         "torch": torch.__version__,
     }
@@ -337,24 +449,40 @@ def build(out: str | Path, *, sft_steps: int = SFT_STEPS, seed: int = 0, threads
 
 def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m exgrpo_cli.policy.tiny_builder", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m exgrpo_cli.policy.tiny_builder",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", required=True, help="output folder (the shipped one: exgrpo_cli/assets/tiny)")
     p.add_argument("--sft-steps", type=int, default=SFT_STEPS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (results depend on it)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--direct-fraction", type=float, default=DIRECT_FRACTION,
-                   help="share of warm-start answers given without reasoning (an empty <think></think>)")
+    p.add_argument(
+        "--direct-fraction",
+        type=float,
+        default=DIRECT_FRACTION,
+        help="share of warm-start answers given without reasoning (an empty <think></think>)",
+    )
     p.add_argument("--eval-questions", type=int, default=256, help="held-out questions scored (0: skip)")
     p.add_argument("--eval-k", type=int, default=8, help="samples per held-out question")
     a = p.parse_args(argv)
     if not 0.0 <= a.direct_fraction <= 1.0:
         p.error(f"--direct-fraction must be in [0, 1], got {a.direct_fraction}")
-    return build(a.out, sft_steps=a.sft_steps, seed=a.seed, threads=a.threads, lr=a.lr,
-                 batch_size=a.batch_size, direct_fraction=a.direct_fraction,
-                 eval_questions=a.eval_questions, eval_k=a.eval_k, argv=argv)
+    return build(
+        a.out,
+        sft_steps=a.sft_steps,
+        seed=a.seed,
+        threads=a.threads,
+        lr=a.lr,
+        batch_size=a.batch_size,
+        direct_fraction=a.direct_fraction,
+        eval_questions=a.eval_questions,
+        eval_k=a.eval_k,
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

@@ -66,8 +66,9 @@ def _content_hash(ids: np.ndarray) -> int:
 class ExperienceBuffer:
     """Question id -> stored correct responses, bucketed by latest accuracy, plus the retired set."""
 
-    def __init__(self, group_size: int, bucket_edges: Sequence[float] | None = None,
-                 max_experiences: int = 0):
+    def __init__(
+        self, group_size: int, bucket_edges: Sequence[float] | None = None, max_experiences: int = 0
+    ):
         if max_experiences < 0:
             raise ValueError(f"replay.max_experiences must be >= 0 (got {max_experiences})")
         self._scheme = BucketScheme(group_size, bucket_edges)
@@ -108,8 +109,14 @@ class ExperienceBuffer:
         return self._buckets[b].member(i)
 
     # ----------------------------------------------------------------- updates
-    def observe_group(self, uid: str, num_correct: int, correct: Sequence[tuple[np.ndarray, np.ndarray]],
-                      step: int, collect: bool) -> None:
+    def observe_group(
+        self,
+        uid: str,
+        num_correct: int,
+        correct: Sequence[tuple[np.ndarray, np.ndarray]],
+        step: int,
+        collect: bool,
+    ) -> None:
         """Apply one scored group (ALGORITHM.md section 2).
 
         ``num_correct`` is k out of K (for a replayed question it counts the replayed
@@ -165,8 +172,10 @@ class ExperienceBuffer:
             ids = np.ascontiguousarray(raw_ids, dtype=np.int32)
             logp = np.ascontiguousarray(raw_logp, dtype=np.float32)
             if ids.ndim != 1 or ids.shape != logp.shape or ids.size == 0:
-                raise ValueError(f"a response needs 1-D non-empty ids and log-probs of equal length "
-                                 f"(got {ids.shape} and {logp.shape})")
+                raise ValueError(
+                    f"a response needs 1-D non-empty ids and log-probs of equal length "
+                    f"(got {ids.shape} and {logp.shape})"
+                )
             h = _content_hash(ids)
             if any(h == h2 and np.array_equal(ids, a) for a, h2 in zip(ids_out, hashes)):
                 continue
@@ -184,7 +193,7 @@ class ExperienceBuffer:
             return False
         starts = np.concatenate([[0], np.cumsum(q.meta[:, _LEN])])
         # Compare the bytes too: a 64-bit hash collision must not drop a distinct response.
-        return any(np.array_equal(q.ids[starts[i]:starts[i + 1]], ids) for i in hits)
+        return any(np.array_equal(q.ids[starts[i] : starts[i + 1]], ids) for i in hits)
 
     def end_step(self) -> list[str]:
         """Retire the questions that reached k == K this step; returns them."""
@@ -289,7 +298,7 @@ class ExperienceBuffer:
         starts = np.concatenate([[0], np.cumsum(q.meta[:, _LEN])]).tolist()
         out = []
         for i in range(len(q.meta)):
-            ids, logp = q.ids[starts[i]:starts[i + 1]], q.logp[starts[i]:starts[i + 1]]
+            ids, logp = q.ids[starts[i] : starts[i + 1]], q.logp[starts[i] : starts[i + 1]]
             ids.flags.writeable = False
             logp.flags.writeable = False
             out.append(Experience(ids, logp, int(q.meta[i, _STEP])))
@@ -339,8 +348,9 @@ class ExperienceBuffer:
         if index.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"unsupported buffer format {index.get('format_version')!r}")
         if index["group_size"] != self.group_size:
-            raise ValueError(f"buffer was saved with group size {index['group_size']}, "
-                             f"this run uses {self.group_size}")
+            raise ValueError(
+                f"buffer was saved with group size {index['group_size']}, this run uses {self.group_size}"
+            )
         saved_edges = index["bucket_edges"]
         if saved_edges is None:
             saved_edges = default_bucket_edges(self.group_size)
@@ -351,8 +361,12 @@ class ExperienceBuffer:
         meta = np.asarray(arrays["meta"], dtype=np.int64).reshape(-1, 4)
         counts = np.asarray(arrays["experience_counts"], dtype=np.int64)
         uids, qbuckets = index["questions"], index["question_buckets"]
-        if not (len(uids) == len(qbuckets) == len(counts) and (counts > 0).all()
-                and int(counts.sum()) == len(meta) and int(meta[:, _LEN].sum()) == len(ids) == len(logp)):
+        if not (
+            len(uids) == len(qbuckets) == len(counts)
+            and (counts > 0).all()
+            and int(counts.sum()) == len(meta)
+            and int(meta[:, _LEN].sum()) == len(ids) == len(logp)
+        ):
             raise ValueError("inconsistent buffer state: array sizes do not match the index")
         self._clear()
         exp_ends = np.cumsum(counts).tolist()
@@ -365,8 +379,13 @@ class ExperienceBuffer:
             self._questions[uid] = q
             e0, t0 = e1, t1
         members = [uid for bucket in index["buckets"] for uid in bucket]
-        if len(index["buckets"]) != self.num_buckets or sorted(members) != sorted(uids) or any(
-                self._questions[u].bucket != b for b, bucket in enumerate(index["buckets"]) for u in bucket):
+        if (
+            len(index["buckets"]) != self.num_buckets
+            or sorted(members) != sorted(uids)
+            or any(
+                self._questions[u].bucket != b for b, bucket in enumerate(index["buckets"]) for u in bucket
+            )
+        ):
             raise ValueError("inconsistent buffer state: bucket membership does not match the questions")
         self._buckets = [IndexedSet(bucket) for bucket in index["buckets"]]
         self._retired = dict.fromkeys(index["retired"])

@@ -61,7 +61,9 @@ def build_mixed_batch(groups: list[Group]) -> MixedBatch:
             gidx.append(g)
             rmask.append(r.replayed)
     return MixedBatch(
-        prompt_ids=prompts, response_ids=responses, behavior_logp=behaviour,
+        prompt_ids=prompts,
+        response_ids=responses,
+        behavior_logp=behaviour,
         rewards=torch.tensor(rewards, dtype=torch.float32),
         group_index=torch.tensor(gidx, dtype=torch.long),
         replay_mask=torch.tensor(rmask, dtype=torch.bool),

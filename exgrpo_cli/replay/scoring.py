@@ -14,8 +14,17 @@ from exgrpo_cli.policy.forward import micro_batches, pack, response_logits
 
 
 @torch.no_grad()
-def score_candidates(model, prompts: list[list[int]], responses: list[list[int]], *, mode: str,
-                     temperature: float, pad_id: int, token_budget: int, max_rows: int) -> list[float]:
+def score_candidates(
+    model,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    *,
+    mode: str,
+    temperature: float,
+    pad_id: int,
+    token_budget: int,
+    max_rows: int,
+) -> list[float]:
     """One score per (prompt, response) row: mean token entropy, or mean NLL when mode=lowest_nll."""
     if not responses:
         return []
@@ -27,7 +36,7 @@ def score_candidates(model, prompts: list[list[int]], responses: list[list[int]]
     try:
         for chunk in micro_batches(lengths, token_budget):
             for start in range(0, len(chunk), max_rows):
-                rows = chunk[start:start + max_rows]
+                rows = chunk[start : start + max_rows]
                 batch = pack(prompts, responses, rows, pad_id, device)
                 logits = response_logits(model, batch)  # response positions only
                 if mode == "lowest_nll":

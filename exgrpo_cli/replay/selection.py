@@ -54,8 +54,9 @@ def gaussian_weights(bucket_centres: Sequence[float], mu: float, sigma: float) -
     return (np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)).tolist()
 
 
-def bucket_probabilities(bucket_centres: Sequence[float], nonempty: Sequence[bool],
-                         mu: float, sigma: float) -> list[float]:
+def bucket_probabilities(
+    bucket_centres: Sequence[float], nonempty: Sequence[bool], mu: float, sigma: float
+) -> list[float]:
     """Bucket sampling probabilities: Normal pdf(centre; mu, sigma), zero for empty buckets,
     normalised over the non-empty ones (all zeros when every bucket is empty).
 
@@ -85,8 +86,9 @@ def bucket_probabilities(bucket_centres: Sequence[float], nonempty: Sequence[boo
     return (w / w.sum()).tolist()
 
 
-def sample_bucket_counts(n: int, probs: Sequence[float], capacities: Sequence[int],
-                         rng: np.random.Generator) -> list[int]:
+def sample_bucket_counts(
+    n: int, probs: Sequence[float], capacities: Sequence[int], rng: np.random.Generator
+) -> list[int]:
     """Draw how many questions each bucket gives: multinomial(n, probs), capped by capacity.
 
     A bucket asked for more than it holds gives its excess to the buckets that still have
@@ -114,8 +116,9 @@ def sample_bucket_counts(n: int, probs: Sequence[float], capacities: Sequence[in
     return counts.tolist()
 
 
-def select_questions(buffer: BucketedQuestions, n: int, *, mode: str, mu: float, sigma: float,
-                     rng: np.random.Generator) -> list[str]:
+def select_questions(
+    buffer: BucketedQuestions, n: int, *, mode: str, mu: float, sigma: float, rng: np.random.Generator
+) -> list[str]:
     """Pick min(n, buffered) distinct buffered questions to replay.
 
     gaussian: bucket counts from ``sample_bucket_counts`` with ``bucket_probabilities``, then

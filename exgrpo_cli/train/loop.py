@@ -44,9 +44,16 @@ def shared_state_digest(trainer: Trainer) -> str:
     """A digest of the state every rank must share: buffer membership, buckets, retired set and
     sizes, the delayed-start switch and the sampler position (no token data: O(questions))."""
     b = trainer.buffer
-    state = [[b.questions_in_bucket(i) for i in range(b.num_buckets)], sorted(b.retired),
-             b.num_questions, b.num_experiences, b.stored_tokens, trainer.switch.state_dict(),
-             trainer.sampler.epoch, trainer.sampler.position]
+    state = [
+        [b.questions_in_bucket(i) for i in range(b.num_buckets)],
+        sorted(b.retired),
+        b.num_questions,
+        b.num_experiences,
+        b.stored_tokens,
+        trainer.switch.state_dict(),
+        trainer.sampler.epoch,
+        trainer.sampler.position,
+    ]
     return hashlib.blake2b(json.dumps(state).encode(), digest_size=8).hexdigest()
 
 
@@ -115,8 +122,9 @@ class Trainer:
         batch = build_mixed_batch(groups[r::W])  # group-relative advantages: a slice by group is exact
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
         with t("update"):
-            result = policy_update(self.model, self.optimizer, batch, advantages, self.update_settings(),
-                                   self.pad_id, self.dist)
+            result = policy_update(
+                self.model, self.optimizer, batch, advantages, self.update_settings(), self.pad_id, self.dist
+            )
         with t("sync"):
             self.engine.sync_weights(self.model)
         if self.replay_enabled:
@@ -126,8 +134,12 @@ class Trainer:
         if self.dist.distributed:
             self.check_ranks_agree(step)
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if result.skipped else 0
-        metrics = {**reward_metrics, **self.rollout_metrics(groups, batch),
-                   **self.loss_metrics(result, batch), **t}
+        metrics = {
+            **reward_metrics,
+            **self.rollout_metrics(groups, batch),
+            **self.loss_metrics(result, batch),
+            **t,
+        }
         if self.replay_enabled:
             metrics.update(self.buffer.metrics())
         metrics["replay/active"] = float(self.switch.active and self.replay_enabled)
@@ -150,10 +162,15 @@ class Trainer:
         after_start = self.replay_enabled and self.switch.active
         return UpdateSettings(
             clip_eps=None if after_start and not a.clip_after_start else a.clip_eps,
-            beta=p.beta if p.shaping else None, importance_correction=p.importance_correction,
-            entropy_coef=a.entropy_coef, max_response_tokens=self.cfg.model.max_response_tokens,
-            updates=a.updates_per_step, micro_batch_tokens=self.token_budget,
-            grad_clip=a.grad_clip, skip_grad_norm_above=a.skip_grad_norm_above)
+            beta=p.beta if p.shaping else None,
+            importance_correction=p.importance_correction,
+            entropy_coef=a.entropy_coef,
+            max_response_tokens=self.cfg.model.max_response_tokens,
+            updates=a.updates_per_step,
+            micro_batch_tokens=self.token_budget,
+            grad_clip=a.grad_clip,
+            skip_grad_norm_above=a.skip_grad_norm_above,
+        )
 
     # ------------------------------------------------------------------ stages
     def select_replay(self, step: int, timers: Timers | None = None) -> list[tuple[Question, Experience]]:
@@ -176,25 +193,34 @@ class Trainer:
                     responses.append(e.response_ids.tolist())
                     owners.append(u)
             with timers("select_scoring"):
-                flat = score_candidates(self.model, prompts, responses, mode=p.trajectory_selection,
-                                        temperature=self.cfg.rollout.temperature, pad_id=self.pad_id,
-                                        token_budget=self.token_budget,
-                                        max_rows=p.entropy_batch_size)
+                flat = score_candidates(
+                    self.model,
+                    prompts,
+                    responses,
+                    mode=p.trajectory_selection,
+                    temperature=self.cfg.rollout.temperature,
+                    pad_id=self.pad_id,
+                    token_budget=self.token_budget,
+                    max_rows=p.entropy_batch_size,
+                )
             for u, s in zip(owners, flat):
                 scores.setdefault(u, []).append(s)
-        picks = [choose_trajectory(scores.get(u, [0.0] * len(cands[u])), p.trajectory_selection, rng)
-                 for u in uids]
+        picks = [
+            choose_trajectory(scores.get(u, [0.0] * len(cands[u])), p.trajectory_selection, rng) for u in uids
+        ]
         # ranks score the same candidates, but float noise between their forwards (GPU kernels)
         # could flip an argmin: rank 0's choice holds for all
         picks = broadcast_object(picks, self.dist)
         chosen = [(self.questions[u], cands[u][i]) for u, i in zip(uids, picks)]
         picked_scores = [scores.get(u, [0.0] * len(cands[u]))[i] for u, i in zip(uids, picks)]
-        self._selected_entropy = float(np.mean(picked_scores)) if p.trajectory_selection != "random" \
-            else float("nan")
+        self._selected_entropy = (
+            float(np.mean(picked_scores)) if p.trajectory_selection != "random" else float("nan")
+        )
         return chosen
 
-    def rollout(self, fresh: list[Question], replayed: list[tuple[Question, Experience]],
-                step: int) -> list[Group]:
+    def rollout(
+        self, fresh: list[Question], replayed: list[tuple[Question, Experience]], step: int
+    ) -> list[Group]:
         K = self.cfg.rollout.n
         questions = fresh + [q for q, _ in replayed]
         counts = [K] * len(fresh) + [K - 1] * len(replayed)
@@ -210,14 +236,19 @@ class Trainer:
         if W > 1:  # every rank scores and stores every group: buffers stay identical across ranks
             outs = [o for part in all_gather_object(outs, self.dist) for o in part]
             outs.sort(key=lambda o: o.prompt_index)  # stable: a prompt's samples keep their order
-        groups = [Group(q, p, from_buffer=i >= len(fresh))
-                  for i, (q, p) in enumerate(zip(questions, prompts))]
+        groups = [
+            Group(q, p, from_buffer=i >= len(fresh)) for i, (q, p) in enumerate(zip(questions, prompts))
+        ]
         for o in outs:
             groups[o.prompt_index].responses.append(
-                Response(ids=o.response_ids, behavior_logp=o.logprobs, finished=o.finished))
-        for g, (_, exp) in zip(groups[len(fresh):], replayed):
-            g.responses.append(Response(ids=exp.response_ids.tolist(),
-                                        behavior_logp=exp.behavior_logp.tolist(), replayed=True))
+                Response(ids=o.response_ids, behavior_logp=o.logprobs, finished=o.finished)
+            )
+        for g, (_, exp) in zip(groups[len(fresh) :], replayed):
+            g.responses.append(
+                Response(
+                    ids=exp.response_ids.tolist(), behavior_logp=exp.behavior_logp.tolist(), replayed=True
+                )
+            )
         return groups
 
     def score(self, groups: list[Group]) -> dict[str, float]:
@@ -246,10 +277,13 @@ class Trainer:
             groups[gi].responses[ri].reward = rew
         fresh = [r.reward for g in groups for r in g.responses if not r.replayed]
         replayed = [r.reward for g in groups for r in g.responses if r.replayed]
-        out = {"reward/accuracy": float(np.mean(fresh)) if fresh else 0.0,
-               "reward/timeouts": float(timeouts), "reward/errors": float(errors),
-               "reward/solved_all": float(np.mean([g.num_correct == len(g.responses) for g in groups])),
-               "reward/solved_none": float(np.mean([g.num_correct == 0 for g in groups]))}
+        out = {
+            "reward/accuracy": float(np.mean(fresh)) if fresh else 0.0,
+            "reward/timeouts": float(timeouts),
+            "reward/errors": float(errors),
+            "reward/solved_all": float(np.mean([g.num_correct == len(g.responses) for g in groups])),
+            "reward/solved_none": float(np.mean([g.num_correct == 0 for g in groups])),
+        }
         if replayed:
             out["reward/replayed_accuracy"] = float(np.mean(replayed))
         return out
@@ -258,8 +292,11 @@ class Trainer:
         """ALGORITHM.md 2: retire K/K questions, bucket and store the rest (after the delayed start)."""
         collect = self.switch.active
         for g in groups:
-            correct = [(np.asarray(r.ids, dtype=np.int32), np.asarray(r.behavior_logp, dtype=np.float32))
-                       for r in g.responses if r.reward > 0.5 and not r.replayed and r.behavior_logp]
+            correct = [
+                (np.asarray(r.ids, dtype=np.int32), np.asarray(r.behavior_logp, dtype=np.float32))
+                for r in g.responses
+                if r.reward > 0.5 and not r.replayed and r.behavior_logp
+            ]
             self.buffer.observe_group(g.question.uid, g.num_correct, correct, step=step, collect=collect)
 
     def check_ranks_agree(self, step: int) -> None:
@@ -269,8 +306,10 @@ class Trainer:
         this fails the run at once with a message instead. Costs one small all-gather per step."""
         digests = all_gather_object(shared_state_digest(self), self.dist)
         if any(d != digests[0] for d in digests):
-            raise RuntimeError(f"step {step}: the ranks' replay buffers / sampler / delayed-start states "
-                               f"diverged (digest per rank: {digests})")
+            raise RuntimeError(
+                f"step {step}: the ranks' replay buffers / sampler / delayed-start states "
+                f"diverged (digest per rank: {digests})"
+            )
 
     def maybe_readmit(self, step: int) -> None:
         p = self.cfg.replay
@@ -281,24 +320,30 @@ class Trainer:
     def rollout_metrics(self, groups: list[Group], batch) -> dict[str, float]:  # noqa: ANN001
         fresh = [r for g in groups for r in g.responses if not r.replayed]
         lengths = [len(r.ids) for r in fresh]
-        return {"rollout/response_length": float(np.mean(lengths)) if lengths else 0.0,
-                "rollout/truncated": float(np.mean([not r.finished for r in fresh])) if fresh else 0.0,
-                "rollout/responses": float(len(fresh)),
-                "rollout/rows": float(len(batch))}
+        return {
+            "rollout/response_length": float(np.mean(lengths)) if lengths else 0.0,
+            "rollout/truncated": float(np.mean([not r.finished for r in fresh])) if fresh else 0.0,
+            "rollout/responses": float(len(fresh)),
+            "rollout/rows": float(len(batch)),
+        }
 
     def loss_metrics(self, res, batch) -> dict[str, float]:  # noqa: ANN001
         s = res.stats
         fresh_tokens = max(s.fresh_tokens, 1)
-        out = {"loss/total": res.loss_total, "loss/on_policy": s.on_policy_loss,
-               "loss/off_policy": s.off_policy_loss,
-               "loss/clip_fraction": s.clipped_tokens / fresh_tokens,
-               "loss/importance_weight_mean": s.replay_ratio_sum / s.replay_tokens if s.replay_tokens
-               else float("nan"),
-               "loss/entropy": res.entropy_sum / max(s.fresh_tokens + s.replay_tokens, 1),
-               "rollout/logprob_diff_mean": res.logprob_diff_sum / fresh_tokens,
-               "optim/grad_norm": float(np.mean(res.grad_norms)) if res.grad_norms else float("nan"),
-               "optim/skipped_steps": float(res.skipped),
-               "optim/lr": float(self.optimizer.param_groups[0]["lr"])}
+        out = {
+            "loss/total": res.loss_total,
+            "loss/on_policy": s.on_policy_loss,
+            "loss/off_policy": s.off_policy_loss,
+            "loss/clip_fraction": s.clipped_tokens / fresh_tokens,
+            "loss/importance_weight_mean": s.replay_ratio_sum / s.replay_tokens
+            if s.replay_tokens
+            else float("nan"),
+            "loss/entropy": res.entropy_sum / max(s.fresh_tokens + s.replay_tokens, 1),
+            "rollout/logprob_diff_mean": res.logprob_diff_sum / fresh_tokens,
+            "optim/grad_norm": float(np.mean(res.grad_norms)) if res.grad_norms else float("nan"),
+            "optim/skipped_steps": float(res.skipped),
+            "optim/lr": float(self.optimizer.param_groups[0]["lr"]),
+        }
         out["replay/selected_entropy_mean"] = getattr(self, "_selected_entropy", float("nan"))
         self._selected_entropy = float("nan")
         return out

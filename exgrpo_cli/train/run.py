@@ -74,8 +74,10 @@ def resolve_resume(cfg: ExgrpoConfig) -> Path | None:
         return ckpt.latest_checkpoint(root)
     if r == "never":
         if ckpt.complete_checkpoints(root) and not cfg.trainer.overwrite:
-            raise SystemExit(f"exgrpo train: {out} already holds checkpoints; trainer.resume=never refuses "
-                             "to overwrite them (set trainer.overwrite=true, or resume=auto)")
+            raise SystemExit(
+                f"exgrpo train: {out} already holds checkpoints; trainer.resume=never refuses "
+                "to overwrite them (set trainer.overwrite=true, or resume=auto)"
+            )
         if root.exists():  # overwrite=true: the old run's checkpoints must not mix with the new ones
             shutil.rmtree(root)
         return None
@@ -87,8 +89,12 @@ def resolve_resume(cfg: ExgrpoConfig) -> Path | None:
 
 def make_optimizer(cfg: ExgrpoConfig, model) -> torch.optim.Optimizer:  # noqa: ANN001
     a = cfg.algo
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr,
-                             weight_decay=a.weight_decay, betas=tuple(a.betas))
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=a.lr,
+        weight_decay=a.weight_decay,
+        betas=tuple(a.betas),
+    )
 
 
 class _NoLogger:
@@ -111,8 +117,10 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     # torchrun: one process per device, all running this function; without torchrun: one rank
     dist = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
     if dist.distributed and cfg.algo.questions_per_step % dist.world_size:
-        raise SystemExit(f"exgrpo train: algo.questions_per_step={cfg.algo.questions_per_step} must be a "
-                         f"multiple of the {dist.world_size} ranks (each trains on an equal share)")
+        raise SystemExit(
+            f"exgrpo train: algo.questions_per_step={cfg.algo.questions_per_step} must be a "
+            f"multiple of the {dist.world_size} ranks (each trains on an equal share)"
+        )
     cfg = _share_run_dir(cfg, dist)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +144,7 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
 
     train_qs, val_qs, report = load_questions(cfg.data)
     if cfg.trainer.val_questions:
-        val_qs = val_qs[:cfg.trainer.val_questions]
+        val_qs = val_qs[: cfg.trainer.val_questions]
     model_cfg = cfg.model
     if resume_from is not None:  # weights come from the checkpoint; everything else from the config
         model_cfg = dataclasses.replace(cfg.model, path=str(resume_from / "model"), gguf_file="")
@@ -154,8 +162,9 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     if resume_from is not None:
         state = ckpt.read_json(resume_from / "trainer_state.json")
         if dist.distributed:  # the files hold the full state; each rank keeps its shard of it
-            D.load_full_optimizer_state_dict(model, optimizer, ckpt.optimizer_state_from_files(resume_from)
-                                             if dist.is_main else {}, dist)
+            D.load_full_optimizer_state_dict(
+                model, optimizer, ckpt.optimizer_state_from_files(resume_from) if dist.is_main else {}, dist
+            )
         else:
             ckpt.optimizer_from_files(optimizer, resume_from)
         sampler.load_state_dict(state["sampler"])
@@ -166,23 +175,41 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
 
     engine = build_engine(cfg, model, tokenizer)
     scorer = RewardScorer(requires_think=template.requires_think, workers=1)
-    logger = MetricLogger(str(out), cfg.logger, dataclasses.asdict(cfg), cfg.trainer.steps,
-                          start_step=start_step, wandb_id=wandb_id) if dist.is_main else _NoLogger()
-    trainer = Trainer(cfg, model, tokenizer, template, engine, scorer, optimizer, sampler, buffer, switch,
-                      dist=dist)
+    logger = (
+        MetricLogger(
+            str(out),
+            cfg.logger,
+            dataclasses.asdict(cfg),
+            cfg.trainer.steps,
+            start_step=start_step,
+            wandb_id=wandb_id,
+        )
+        if dist.is_main
+        else _NoLogger()
+    )
+    trainer = Trainer(
+        cfg, model, tokenizer, template, engine, scorer, optimizer, sampler, buffer, switch, dist=dist
+    )
     if resume_from is not None:
         trainer.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
         logger.print(f"resumed from {resume_from} (step {start_step})")
-    logger.print(f"model {cfg.model.preset} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params) "
-                 f"on {device} x{dist.world_size}; {len(train_qs)} training / {len(val_qs)} held-out "
-                 "questions; "
-                 f"replay.ratio={cfg.replay.ratio}; output {out}")
+    logger.print(
+        f"model {cfg.model.preset} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params) "
+        f"on {device} x{dist.world_size}; {len(train_qs)} training / {len(val_qs)} held-out "
+        "questions; "
+        f"replay.ratio={cfg.replay.ratio}; output {out}"
+    )
 
     def validate(step: int) -> dict[str, float]:
-        spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p, cfg.model.max_response_tokens,
-                            seed=cfg.trainer.seed * 1000003 + 7)  # the same samples' seed at every eval
-        res = sample_and_grade(engine, tokenizer, template, val_qs, scorer, n=cfg.trainer.val_samples,
-                               spec=spec)
+        spec = SamplingSpec(
+            cfg.rollout.temperature,
+            cfg.rollout.top_p,
+            cfg.model.max_response_tokens,
+            seed=cfg.trainer.seed * 1000003 + 7,
+        )  # the same samples' seed at every eval
+        res = sample_and_grade(
+            engine, tokenizer, template, val_qs, scorer, n=cfg.trainer.val_samples, spec=spec
+        )
         return {"val/accuracy": res.accuracy, f"val/pass@{cfg.trainer.val_samples}": res.pass_at_n}
 
     def save(step: int) -> Path | None:
@@ -199,11 +226,20 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
             ckpt.optimizer_state_to_files(optim_state, tmp)
             buffer.save(str(tmp / "replay"))
             save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-            ckpt.write_json(tmp / "trainer_state.json", {
-                "step": step, "sampler": sampler.state_dict(), "delayed_start": switch.state_dict(),
-                "wandb_id": logger.wandb_id, "python_random": _py_rng_state(),
-                "numpy_random": _np_rng_state(), "seed": cfg.trainer.seed,
-                "skipped_in_a_row": trainer.skipped_in_a_row})
+            ckpt.write_json(
+                tmp / "trainer_state.json",
+                {
+                    "step": step,
+                    "sampler": sampler.state_dict(),
+                    "delayed_start": switch.state_dict(),
+                    "wandb_id": logger.wandb_id,
+                    "python_random": _py_rng_state(),
+                    "numpy_random": _np_rng_state(),
+                    "seed": cfg.trainer.seed,
+                    "skipped_in_a_row": trainer.skipped_in_a_row,
+                },
+            )
+
         path = ckpt.save_checkpoint(out / "checkpoints", step, write, cfg.trainer.keep_checkpoints)
         D.barrier(dist)  # nobody reads or deletes checkpoints while rank 0 writes one
         return path
@@ -230,8 +266,10 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
                 if last or stop.flag or give_up or (se and step % se == 0):
                     save(step)
                 if give_up:
-                    raise SystemExit(f"exgrpo train: {trainer.skipped_in_a_row} updates in a row were "
-                                     "skipped (non-finite loss or gradient); the last good state is saved")
+                    raise SystemExit(
+                        f"exgrpo train: {trainer.skipped_in_a_row} updates in a row were "
+                        "skipped (non-finite loss or gradient); the last good state is saved"
+                    )
                 if stop.flag:
                     logger.print(f"stopped at step {step}; resume with the same command")
                     break
@@ -248,10 +286,12 @@ def _warn_low_precision_weights(cfg: ExgrpoConfig) -> None:
     """bf16 keeps 8 bits of mantissa: an AdamW step of ~lr on a weight of ~1e-2 rounds away when
     lr is 1e-6 (the paper's), so bf16 *weights* may not train at all. Mixed precision keeps fp32
     master weights and computes in bf16; say so once, at start-up, where it is still cheap to fix."""
-    msg = (f"model.dtype={cfg.model.dtype}: the trained weights themselves are {cfg.model.dtype}; "
-           f"updates below ~1/256 of a weight round away (algo.lr={cfg.algo.lr:g}). For training prefer "
-           "model.dtype=float32 trainer.fsdp_mixed_precision=bf16 (fp32 master weights, bf16 compute "
-           "and vLLM) under torchrun")
+    msg = (
+        f"model.dtype={cfg.model.dtype}: the trained weights themselves are {cfg.model.dtype}; "
+        f"updates below ~1/256 of a weight round away (algo.lr={cfg.algo.lr:g}). For training prefer "
+        "model.dtype=float32 trainer.fsdp_mixed_precision=bf16 (fp32 master weights, bf16 compute "
+        "and vLLM) under torchrun"
+    )
     log.warning(msg)
     print(f"exgrpo train: warning: {msg}", file=sys.stderr)
 
@@ -315,8 +355,13 @@ def _py_rng_state() -> list:
 
 def _np_rng_state() -> dict:
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"name": name, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
-            "cached": float(cached)}
+    return {
+        "name": name,
+        "keys": keys.tolist(),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
 
 
 def _restore_rngs(state: dict, folder: Path) -> None:

@@ -59,15 +59,23 @@ def _synced_chunks(chunks: list[list[int]], dist: DistInfo) -> list[list[int] | 
     return list(chunks) + [None] * (most - len(chunks))
 
 
-def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, advantages: Tensor,
-                  s: UpdateSettings, pad_id: int, dist: DistInfo | None = None) -> UpdateResult:
+def policy_update(
+    model,
+    optimizer: torch.optim.Optimizer,
+    batch: MixedBatch,
+    advantages: Tensor,
+    s: UpdateSettings,
+    pad_id: int,
+    dist: DistInfo | None = None,
+) -> UpdateResult:
     dist = dist or DistInfo()
     device = next(model.parameters()).device
     num_groups = int(batch.group_index.max()) + 1
     minibatches = [_rows_of(batch, gs) for gs in split_groups(num_groups, s.updates)]
     prompt_lens = [len(p) for p in batch.prompt_ids]
-    old = _old_logprobs(model, batch, minibatches[1:], s, pad_id, device, dist) \
-        if len(minibatches) > 1 else {}
+    old = (
+        _old_logprobs(model, batch, minibatches[1:], s, pad_id, device, dist) if len(minibatches) > 1 else {}
+    )
     res = UpdateResult(stats=LossStats(), grad_norms=[], per_update=[])
     params = [p for p in model.parameters() if p.requires_grad]
     for index, rows in enumerate(minibatches):
@@ -92,8 +100,9 @@ def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, ad
             mask = sb.response_mask
             rmask = batch.replay_mask[sb.rows].to(device)
             behaviour = _behaviour(logp, sb, batch, fresh_old, rmask, s.importance_correction)
-            losses, clip_hit = exgrpo_token_losses(logp, behaviour, advantages[sb.rows].to(device), mask,
-                                                   rmask, clip_eps=s.clip_eps, beta=s.beta)
+            losses, clip_hit = exgrpo_token_losses(
+                logp, behaviour, advantages[sb.rows].to(device), mask, rmask, clip_eps=s.clip_eps, beta=s.beta
+            )
             loss = losses.sum() / normalizer
             if ent is not None:
                 ent_mean = (ent * mask).sum() / max(n_tokens, 1)
@@ -119,8 +128,14 @@ def policy_update(model, optimizer: torch.optim.Optimizer, batch: MixedBatch, ad
     return res
 
 
-def _behaviour(logp: Tensor, sb, batch: MixedBatch, old: dict[int, list[float]], rmask: Tensor,  # noqa: ANN001
-               importance_correction: bool) -> Tensor:
+def _behaviour(
+    logp: Tensor,
+    sb,
+    batch: MixedBatch,
+    old: dict[int, list[float]],
+    rmask: Tensor,  # noqa: ANN001
+    importance_correction: bool,
+) -> Tensor:
     cur = logp.detach()
     fresh_old = cur
     if old:  # later mini-batches of a multi-update step: pi_old from the pre-update pass
@@ -131,8 +146,14 @@ def _behaviour(logp: Tensor, sb, batch: MixedBatch, old: dict[int, list[float]],
     return torch.where(rmask.unsqueeze(-1), stored.to(cur.device), fresh_old)
 
 
-def _idle_pass(model, batch: MixedBatch, rows: list[int], pad_id: int, device: torch.device,  # noqa: ANN001
-               backward: bool) -> None:
+def _idle_pass(
+    model,
+    batch: MixedBatch,
+    rows: list[int],
+    pad_id: int,
+    device: torch.device,  # noqa: ANN001
+    backward: bool,
+) -> None:
     """A forward (and zero-weight backward) that only takes part in FSDP's collectives."""
     sb = pack(batch.prompt_ids, batch.response_ids, rows, pad_id, device)
     logp, _ = forward_logprobs(model, sb)
@@ -141,8 +162,15 @@ def _idle_pass(model, batch: MixedBatch, rows: list[int], pad_id: int, device: t
 
 
 @torch.no_grad()
-def _old_logprobs(model, batch: MixedBatch, minibatches: list[list[int]], s: UpdateSettings,  # noqa: ANN001
-                  pad_id: int, device: torch.device, dist: DistInfo | None = None) -> dict[int, list[float]]:
+def _old_logprobs(
+    model,
+    batch: MixedBatch,
+    minibatches: list[list[int]],
+    s: UpdateSettings,  # noqa: ANN001
+    pad_id: int,
+    device: torch.device,
+    dist: DistInfo | None = None,
+) -> dict[int, list[float]]:
     dist = dist or DistInfo()
     out: dict[int, list[float]] = {}
     prompt_lens = [len(p) for p in batch.prompt_ids]
@@ -155,7 +183,7 @@ def _old_logprobs(model, batch: MixedBatch, minibatches: list[list[int]], s: Upd
             sb = pack(batch.prompt_ids, batch.response_ids, [rows[c] for c in chunk], pad_id, device)
             logp, _ = forward_logprobs(model, sb)
             for i, row in zip(sb.rows, logp.tolist()):
-                out[i] = row[:len(batch.response_ids[i])]
+                out[i] = row[: len(batch.response_ids[i])]
     return out
 
 

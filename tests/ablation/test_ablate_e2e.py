@@ -24,9 +24,17 @@ variants:
 
 
 def _ablate(conf: Path, sweep: Path, hydra_dir: Path):  # noqa: ANN202
-    return run_cli(["ablate", f"hydra.searchpath=[file://{conf}]", "ablation=toy",
-                    f"ablation.sweep_dir={sweep}", "trainer.val_questions=6", f"hydra.run.dir={hydra_dir}"],
-                   timeout=900)
+    return run_cli(
+        [
+            "ablate",
+            f"hydra.searchpath=[file://{conf}]",
+            "ablation=toy",
+            f"ablation.sweep_dir={sweep}",
+            "trainer.val_questions=6",
+            f"hydra.run.dir={hydra_dir}",
+        ],
+        timeout=900,
+    )
 
 
 def test_ablate_two_variants_then_restart(tiny_model, tmp_path):

@@ -29,8 +29,9 @@ def _metrics(run: Path, vals: dict[int, float], responses: dict[int, float], ext
 
 
 def _finished(run: Path, variant: str, seed: int, wall: float | None) -> None:
-    (run / sw.MARKER).write_text(json.dumps({"variant": variant, "seed": seed, "finished": True,
-                                              "wall_s": wall, "overrides": []}))
+    (run / sw.MARKER).write_text(
+        json.dumps({"variant": variant, "seed": seed, "finished": True, "wall_s": wall, "overrides": []})
+    )
 
 
 @pytest.fixture
@@ -38,17 +39,29 @@ def sweep_dir(tmp_path) -> Path:
     """Two variants: 'A' (the baseline) with seeds 0 and 1, 'w/o B' with seed 0 only finished."""
     root = tmp_path / "sweep"
     root.mkdir()
-    plan = {"name": "toy", "baseline": "A", "seeds": [0, 1], "base": ["trainer.steps=4"], "inherited": [],
-            "variants": [{"name": "A", "dir": "A", "overrides": []},
-                         {"name": "w/o B", "dir": "wo-B", "overrides": ["replay.shaping=false"]}]}
+    plan = {
+        "name": "toy",
+        "baseline": "A",
+        "seeds": [0, 1],
+        "base": ["trainer.steps=4"],
+        "inherited": [],
+        "variants": [
+            {"name": "A", "dir": "A", "overrides": []},
+            {"name": "w/o B", "dir": "wo-B", "overrides": ["replay.shaping=false"]},
+        ],
+    }
     (root / sw.PLAN_FILE).write_text(json.dumps(plan))
     # A seed 0: val 0.5 -> 0.75 -> 0.625, 8 fresh responses a step
     _metrics(root / "A/seed0", {0: 0.5, 2: 0.75, 4: 0.625}, {1: 8, 2: 8, 3: 8, 4: 8})
     _finished(root / "A/seed0", "A", 0, 100.0)
     # A seed 1: replay made it draw 6; a repeated step 4 (a resumed run) keeps its last row;
     # a torn last line (a kill mid-write) is ignored
-    _metrics(root / "A/seed1", {0: 0.5, 2: 0.25, 4: 0.0}, {1: 6, 2: 6, 3: 6, 4: 6},
-             extra=json.dumps({"step": 4, "rollout/responses": 6, "val/accuracy": 0.75}) + '\n{"step": 5, "v')
+    _metrics(
+        root / "A/seed1",
+        {0: 0.5, 2: 0.25, 4: 0.0},
+        {1: 6, 2: 6, 3: 6, 4: 6},
+        extra=json.dumps({"step": 4, "rollout/responses": 6, "val/accuracy": 0.75}) + '\n{"step": 5, "v',
+    )
     _finished(root / "A/seed1", "A", 1, 140.0)
     _metrics(root / "wo-B/seed0", {0: 0.5, 4: 0.25}, {1: 8, 2: 8, 3: 8, 4: 8})
     _finished(root / "wo-B/seed0", "w/o B", 0, None)
@@ -71,8 +84,15 @@ def test_summary_rows_exact(sweep_dir):
     b0 = sm.run_result(sm.read_metrics(sweep_dir / "wo-B/seed0/metrics.jsonl"))
     rows = sm.summarize([("A", [a0, a1]), ("w/o B", [b0]), ("empty", [])], baseline="A")
     a, b, e = rows
-    assert (a.variant, a.runs, a.final_mean, a.best_mean, a.best_std, a.rollouts_mean, a.wall_mean) == \
-        ("A", 2, 0.6875, 0.75, 0.0, 28.0, 120.0)
+    assert (a.variant, a.runs, a.final_mean, a.best_mean, a.best_std, a.rollouts_mean, a.wall_mean) == (
+        "A",
+        2,
+        0.6875,
+        0.75,
+        0.0,
+        28.0,
+        120.0,
+    )
     assert a.final_std == math.sqrt(2 * 0.0625**2)  # sample std (ddof=1) of 0.625 and 0.75
     assert a.baseline and a.delta_final == 0.0
     assert (b.final_mean, b.best_mean, b.rollouts_mean, b.delta_final) == (0.25, 0.5, 32.0, 0.25 - 0.6875)
@@ -103,8 +123,18 @@ def test_summarize_dir_writes_table_csv_markdown_and_plot(sweep_dir):
     with open(sweep_dir / "summary.csv", newline="") as fh:
         rows = list(csv.reader(fh))
     assert rows[0] == list(sm.CSV_COLUMNS)
-    assert rows[1] == ["A", "2", "0.6875", repr(math.sqrt(2 * 0.0625**2)), "0.75", "0.0", "28.0", "120.0",
-                       "0.0", "1"]
+    assert rows[1] == [
+        "A",
+        "2",
+        "0.6875",
+        repr(math.sqrt(2 * 0.0625**2)),
+        "0.75",
+        "0.0",
+        "28.0",
+        "120.0",
+        "0.0",
+        "1",
+    ]
     assert rows[2] == ["w/o B", "1", "0.25", "", "0.5", "", "32.0", "", "-0.4375", "0"]
     md = (sweep_dir / "summary.md").read_text()
     assert "| A (baseline) | 2 | 0.688 ± 0.088 | 0.750 ± 0.000 | 28 | 120 s |  |" in md
@@ -115,14 +145,26 @@ def test_summarize_dir_writes_table_csv_markdown_and_plot(sweep_dir):
 
 
 def test_summarize_through_the_cli_with_another_baseline(sweep_dir, tmp_path):
-    res = run_cli(["ablate", f"ablation.summarize={sweep_dir}", "ablation.baseline=w/o B",
-                   f"hydra.run.dir={tmp_path / 'h'}"])
+    res = run_cli(
+        [
+            "ablate",
+            f"ablation.summarize={sweep_dir}",
+            "ablation.baseline=w/o B",
+            f"hydra.run.dir={tmp_path / 'h'}",
+        ]
+    )
     assert res.returncode == 0, res.stderr
     with open(sweep_dir / "summary.csv", newline="") as fh:
         rows = {r["variant"]: r for r in csv.DictReader(fh)}
     assert rows["A"]["delta_final"] == "0.4375" and rows["w/o B"]["baseline"] == "1"
-    bad = run_cli(["ablate", f"ablation.summarize={sweep_dir}", "ablation.baseline=C",
-                   f"hydra.run.dir={tmp_path / 'h2'}"])
+    bad = run_cli(
+        [
+            "ablate",
+            f"ablation.summarize={sweep_dir}",
+            "ablation.baseline=C",
+            f"hydra.run.dir={tmp_path / 'h2'}",
+        ]
+    )
     assert bad.returncode == 2 and "ablation.baseline" in bad.stderr
 
 
@@ -130,26 +172,47 @@ def test_summarize_through_the_cli_with_another_baseline(sweep_dir, tmp_path):
 
 
 def test_variants_slugs_and_override_merging(tmp_path):
-    vs = sw.parse_variants({"on-policy": ["replay.ratio=0"], "ExGRPO": [],
-                            "w/o shaping": "replay.shaping=false"})
+    vs = sw.parse_variants(
+        {"on-policy": ["replay.ratio=0"], "ExGRPO": [], "w/o shaping": "replay.shaping=false"}
+    )
     assert [(v.slug, v.overrides) for v in vs] == [
-        ("on-policy", ("replay.ratio=0",)), ("ExGRPO", ()), ("wo-shaping", ("replay.shaping=false",))]
+        ("on-policy", ("replay.ratio=0",)),
+        ("ExGRPO", ()),
+        ("wo-shaping", ("replay.shaping=false",)),
+    ]
     with pytest.raises(sw.SweepError, match="share the folder"):
         sw.parse_variants({"w/o-x": [], "wo-x": []})
     with pytest.raises(sw.SweepError, match="key=value"):
         sw.parse_variants({"a": ["replay.ratio"]})
-    inherited = sw.passthrough(["ablation=paper-table6", "ablation.seeds=1", "trainer.steps=5",
-                                "+ablation.variants.x=[]", "trainer.threads=1"])
+    inherited = sw.passthrough(
+        [
+            "ablation=paper-table6",
+            "ablation.seeds=1",
+            "trainer.steps=5",
+            "+ablation.variants.x=[]",
+            "trainer.threads=1",
+        ]
+    )
     assert inherited == ["trainer.steps=5", "trainer.threads=1"]
     jobs = sw.plan_jobs(vs[:2], [3, 4], tmp_path, ["trainer.steps=24", "replay.ratio=0.5"], inherited)
     assert [(j.variant.name, j.seed, j.run_dir.relative_to(tmp_path).as_posix()) for j in jobs] == [
-        ("on-policy", 3, "on-policy/seed3"), ("on-policy", 4, "on-policy/seed4"),
-        ("ExGRPO", 3, "ExGRPO/seed3"), ("ExGRPO", 4, "ExGRPO/seed4")]
+        ("on-policy", 3, "on-policy/seed3"),
+        ("on-policy", 4, "on-policy/seed4"),
+        ("ExGRPO", 3, "ExGRPO/seed3"),
+        ("ExGRPO", 4, "ExGRPO/seed4"),
+    ]
     # base < command line < variant < seed; one override per key
     assert jobs[0].overrides == ("trainer.steps=5", "trainer.threads=1", "replay.ratio=0", "trainer.seed=3")
     assert jobs[2].overrides == ("replay.ratio=0.5", "trainer.steps=5", "trainer.threads=1", "trainer.seed=3")
     argv = sw.multirun_argv(jobs[2:], "joblib", ["hydra.launcher.n_jobs=2"], python="py")
-    assert argv[:7] == ["py", "-m", "exgrpo_cli", "train", "-m", "hydra/launcher=joblib",
-                        "hydra.launcher.n_jobs=2"]
+    assert argv[:7] == [
+        "py",
+        "-m",
+        "exgrpo_cli",
+        "train",
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+    ]
     assert "trainer.seed=3,4" in argv and argv[-1] == "hydra.sweep.subdir=seed${trainer.seed}"
     assert sw.shell_command(sw.train_argv(jobs[0])).startswith("exgrpo train trainer.steps=5 ")

@@ -12,8 +12,15 @@ def test_policy_shaping_values():
 
 def _one_row(logp, blogp, adv, replay, **kw):
     logp = torch.tensor([[logp]], requires_grad=True)
-    loss = exgrpo_policy_loss(logp, torch.tensor([[blogp]]), torch.tensor([adv]), torch.ones(1, 1),
-                              torch.tensor([replay]), normalizer=1.0, **kw)
+    loss = exgrpo_policy_loss(
+        logp,
+        torch.tensor([[blogp]]),
+        torch.tensor([adv]),
+        torch.ones(1, 1),
+        torch.tensor([replay]),
+        normalizer=1.0,
+        **kw,
+    )
     return loss, logp
 
 
@@ -60,19 +67,36 @@ def test_mask_and_constant_normaliser():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     adv = torch.tensor([1.0, -1.0])
     # w = 1 everywhere: token losses -1,-1 (row 0) and +1 (row 1); sum -1; / normaliser 6
-    loss = exgrpo_policy_loss(logp, blogp, adv, mask, torch.tensor([False, True]),
-                              clip_eps=0.2, beta=None, normalizer=6.0)
+    loss = exgrpo_policy_loss(
+        logp, blogp, adv, mask, torch.tensor([False, True]), clip_eps=0.2, beta=None, normalizer=6.0
+    )
     assert math.isclose(loss.item(), -1.0 / 6.0, rel_tol=1e-6)
 
 
 def test_huge_log_ratio_stays_finite():
     logp = torch.tensor([[200.0]], requires_grad=True)
     for replay, beta in ((True, 0.1), (False, None)):
-        loss = exgrpo_policy_loss(logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1),
-                                  torch.tensor([replay]), clip_eps=None, beta=beta, normalizer=1.0)
+        loss = exgrpo_policy_loss(
+            logp,
+            torch.zeros(1, 1),
+            torch.tensor([1.0]),
+            torch.ones(1, 1),
+            torch.tensor([replay]),
+            clip_eps=None,
+            beta=beta,
+            normalizer=1.0,
+        )
         assert torch.isfinite(loss)
     # padding positions with garbage log-probs never leak into the loss
     logp = torch.tensor([[0.0, float("nan")]])
-    loss = exgrpo_policy_loss(logp, torch.zeros(1, 2), torch.tensor([1.0]), torch.tensor([[1.0, 0.0]]),
-                              torch.tensor([False]), clip_eps=0.2, beta=0.1, normalizer=1.0)
+    loss = exgrpo_policy_loss(
+        logp,
+        torch.zeros(1, 2),
+        torch.tensor([1.0]),
+        torch.tensor([[1.0, 0.0]]),
+        torch.tensor([False]),
+        clip_eps=0.2,
+        beta=0.1,
+        normalizer=1.0,
+    )
     assert loss.item() == -1.0

@@ -9,18 +9,21 @@ import pytest
 from exgrpo_cli.data.synthetic import compute, train_and_val, worked_solution
 
 
-@pytest.mark.parametrize("a,op,b,trace", [
-    (47, "+", 38, "47+38 = 40 + 30 + 7 + 8 = 70 + 15 = 85"),
-    (47, "+", 8, "47+8 = 40 + 7 + 8 = 40 + 15 = 55"),
-    (40, "+", 50, "40+50 = 40 + 50 = 90"),
-    (3, "+", 4, "3+4 = 7"),
-    (82, "-", 37, "82-37 = 80 - 30 + 2 - 7 = 50 - 5 = 45"),
-    (7, "-", 82, "7-82 = -80 + 7 - 2 = -80 + 5 = -75"),
-    (45, "-", 45, "45-45 = 40 - 40 + 5 - 5 = 0"),
-    (37, "*", 4, "37*4 = 30*4 + 7*4 = 120 + 28 = 148"),
-    (37, "*", 45, "37*45 = 40*37 + 5*37 = 1480 + 185 = 1665"),
-    (40, "*", 7, "40*7 = 280"),
-])
+@pytest.mark.parametrize(
+    "a,op,b,trace",
+    [
+        (47, "+", 38, "47+38 = 40 + 30 + 7 + 8 = 70 + 15 = 85"),
+        (47, "+", 8, "47+8 = 40 + 7 + 8 = 40 + 15 = 55"),
+        (40, "+", 50, "40+50 = 40 + 50 = 90"),
+        (3, "+", 4, "3+4 = 7"),
+        (82, "-", 37, "82-37 = 80 - 30 + 2 - 7 = 50 - 5 = 45"),
+        (7, "-", 82, "7-82 = -80 + 7 - 2 = -80 + 5 = -75"),
+        (45, "-", 45, "45-45 = 40 - 40 + 5 - 5 = 0"),
+        (37, "*", 4, "37*4 = 30*4 + 7*4 = 120 + 28 = 148"),
+        (37, "*", 45, "37*45 = 40*37 + 5*37 = 1480 + 185 = 1665"),
+        (40, "*", 7, "40*7 = 280"),
+    ],
+)
 def test_worked_solution_text(a, op, b, trace):
     result = compute(a, op, b)
     assert worked_solution(a, op, b) == f"<think>{trace}</think>\\boxed{{{result}}}"
@@ -41,7 +44,7 @@ def test_every_step_of_every_trace_equals_the_result(op):
     for a in range(100):
         for b in range(100):
             text = worked_solution(a, op, b)
-            chain = text[len("<think>"):text.index("</think>")].split(" = ")
+            chain = text[len("<think>") : text.index("</think>")].split(" = ")
             assert chain[0] == f"{a}{op}{b}"
             assert len(set(chain)) == len(chain), text  # no step repeats the one before
             for step in chain[1:]:

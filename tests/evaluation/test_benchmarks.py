@@ -26,9 +26,11 @@ def needs_official(name: str) -> Path:
 
 
 def row(question: str, gold: str, source: str = "x", system: str = "sys") -> dict:
-    return {"data_source": source, "prompt": [{"role": "system", "content": system},
-                                              {"role": "user", "content": question}],
-            "reward_model": {"ground_truth": gold, "style": "rule"}}
+    return {
+        "data_source": source,
+        "prompt": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "reward_model": {"ground_truth": gold, "style": "rule"},
+    }
 
 
 def test_suites_follow_the_paper():
@@ -86,8 +88,9 @@ def test_missing_mmlu_pro_names_the_file_and_the_hub_id(tmp_path, monkeypatch):
 
 
 def test_options_row_letters_the_choices_like_the_arc_file():
-    r = B.options_row({"question": "Pick one.", "options": ["x", "y", "z"], "answer": "B", "question_id": 7},
-                      "mmlu_pro")
+    r = B.options_row(
+        {"question": "Pick one.", "options": ["x", "y", "z"], "answer": "B", "question_id": 7}, "mmlu_pro"
+    )
     assert r["prompt"][1]["content"] == "Pick one.\n\nA) x\nB) y\nC) z\n"
     assert r["prompt"][0]["content"] == B.LUFFY_SYSTEM_PROMPT
     assert r["reward_model"]["ground_truth"] == "B"
@@ -95,8 +98,11 @@ def test_options_row_letters_the_choices_like_the_arc_file():
 
 def test_custom_jsonl_with_common_keys(tmp_path):
     path = tmp_path / "mine.jsonl"
-    lines = [{"question": "What is 2+2?", "answer": "4"}, {"question": "What is 3+3?", "answer": 6},
-             {"question": "What is 2+2?", "answer": "4"}]
+    lines = [
+        {"question": "What is 2+2?", "answer": "4"},
+        {"question": "What is 3+3?", "answer": 6},
+        {"question": "What is 2+2?", "answer": "4"},
+    ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     (lb,) = B.load_custom(str(path), DataConfig())  # the default keys (prompt, ground_truth) are absent
     assert lb.bench.title == "mine" and lb.bench.kind == "math"
@@ -126,8 +132,14 @@ def test_synthetic_suite_and_limit():
 
 # ----------------------------------------------------------------------------- the official files
 
-ID_COUNTS = {"aime24": (30, 32), "aime25": (30, 32), "amc": (83, 32), "math500": (500, 1),
-             "minerva": (272, 1), "olympiad": (675, 1)}
+ID_COUNTS = {
+    "aime24": (30, 32),
+    "aime25": (30, 32),
+    "amc": (83, 32),
+    "math500": (500, 1),
+    "minerva": (272, 1),
+    "olympiad": (675, 1),
+}
 
 
 def test_official_id_file_groups_avg32_rows():
@@ -179,7 +191,9 @@ def test_limit_on_official_files():
     cfg.eval.benchmarks, cfg.eval.data_dir, cfg.eval.limit = ["amc", "minerva"], str(OFFICIAL), 3
     loaded = B.load_suite(cfg)
     assert [(lb.bench.name, len(lb.questions), lb.repeats) for lb in loaded] == [
-        ("amc", 3, [32, 32, 32]), ("minerva", 3, [1, 1, 1])]
+        ("amc", 3, [32, 32, 32]),
+        ("minerva", 3, [1, 1, 1]),
+    ]
 
 
 def test_a_missing_benchmark_names_the_run_without_it(tmp_path):

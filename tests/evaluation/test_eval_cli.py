@@ -18,21 +18,50 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "exgrpo_cli" / "assets" / "tiny"
 OFFICIAL = REPO.parent / "shared" / "data" / "benchmarks"
-FILES = {"test.id.parquet": ["aime24", "aime25", "amc", "math500", "minerva", "olympiad"],
-         "valid.arc_c.parquet": ["arc_c"], "valid.gpqa.parquet": ["gpqa"]}
-ROW_FIELDS = {"model", "benchmark", "question_id", "sample", "prompt", "response", "extracted", "gold",
-              "correct", "kind"}
+FILES = {
+    "test.id.parquet": ["aime24", "aime25", "amc", "math500", "minerva", "olympiad"],
+    "valid.arc_c.parquet": ["arc_c"],
+    "valid.gpqa.parquet": ["gpqa"],
+}
+ROW_FIELDS = {
+    "model",
+    "benchmark",
+    "question_id",
+    "sample",
+    "prompt",
+    "response",
+    "extracted",
+    "gold",
+    "correct",
+    "kind",
+}
 BENCH_FIELDS = {"questions", "samples_per_question", "metric", "score", "title", "group"}
 
-needs_tiny = pytest.mark.skipif(not (TINY / "config.json").is_file(),
-                                reason="the built-in tiny model (exgrpo_cli/assets/tiny) is not built")
+needs_tiny = pytest.mark.skipif(
+    not (TINY / "config.json").is_file(),
+    reason="the built-in tiny model (exgrpo_cli/assets/tiny) is not built",
+)
 
 
 def exgrpo_eval(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "exgrpo_cli", "eval", f"hydra.run.dir={run_dir}",
-                           "trainer.threads=1", "trainer.device=cpu", *overrides],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "exgrpo_cli",
+            "eval",
+            f"hydra.run.dir={run_dir}",
+            "trainer.threads=1",
+            "trainer.device=cpu",
+            *overrides,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def check_outputs(run_dir: Path, proc: subprocess.CompletedProcess) -> tuple[dict, list[dict]]:
@@ -63,8 +92,14 @@ def test_missing_data_stops_before_any_model_is_loaded(tmp_path):
 @needs_tiny
 def test_synthetic_suite_compare(tmp_path):
     run = tmp_path / "syn"
-    proc = exgrpo_eval(run, "model.path=builtin:tiny", "eval.limit=4", "eval.n=2", "eval.k=2",
-                       "eval.compare=[builtin:tiny,builtin:tiny]")
+    proc = exgrpo_eval(
+        run,
+        "model.path=builtin:tiny",
+        "eval.limit=4",
+        "eval.n=2",
+        "eval.k=2",
+        "eval.compare=[builtin:tiny,builtin:tiny]",
+    )
     results, rows = check_outputs(run, proc)
     assert results["suite"] == "synthetic"
     a, b = results["models"]
@@ -84,9 +119,16 @@ def test_official_benchmarks_and_regrade(tmp_path):
     if not present:
         pytest.skip(f"no official benchmark file in {OFFICIAL}")
     run = tmp_path / "official"
-    proc = exgrpo_eval(run, "eval=paper", f"eval.benchmarks=[{','.join(present)}]",
-                       f"eval.data_dir={OFFICIAL}", "model.path=builtin:tiny", "eval.limit=2", "eval.n=1",
-                       "eval.max_new_tokens=16")
+    proc = exgrpo_eval(
+        run,
+        "eval=paper",
+        f"eval.benchmarks=[{','.join(present)}]",
+        f"eval.data_dir={OFFICIAL}",
+        "model.path=builtin:tiny",
+        "eval.limit=2",
+        "eval.n=1",
+        "eval.max_new_tokens=16",
+    )
     results, rows = check_outputs(run, proc)
     (model,) = results["models"]
     assert list(model["benchmarks"]) == present  # the paper's order

@@ -13,9 +13,17 @@ from exgrpo_cli.evaluation.benchmarks import REGISTRY
 
 def bench(name: str, score: float, samples: int = 1) -> R.BenchmarkResult:
     b = REGISTRY[name]
-    return R.BenchmarkResult(name, b.title, b.group, b.kind, "test", questions=2,
-                             samples_per_question=samples,
-                             metric="pass@1" if samples == 1 else f"avg@{samples}", score=score)
+    return R.BenchmarkResult(
+        name,
+        b.title,
+        b.group,
+        b.kind,
+        "test",
+        questions=2,
+        samples_per_question=samples,
+        metric="pass@1" if samples == 1 else f"avg@{samples}",
+        score=score,
+    )
 
 
 def models() -> list[R.ModelResult]:
@@ -26,12 +34,25 @@ def models() -> list[R.ModelResult]:
 
 def test_columns_put_each_average_after_its_group():
     keys = [(k, h) for k, h, _ in R.columns(models())]
-    assert keys == [("aime24", "AIME24"), ("math500", "MATH-500"), ("avg:id", "ID avg"), ("gpqa", "GPQA-D"),
-                    ("avg:all", "All avg")]  # no OOD average over a single OOD benchmark
+    assert keys == [
+        ("aime24", "AIME24"),
+        ("math500", "MATH-500"),
+        ("avg:id", "ID avg"),
+        ("gpqa", "GPQA-D"),
+        ("avg:all", "All avg"),
+    ]  # no OOD average over a single OOD benchmark
     assert R.columns([R.ModelResult("m", "m", [bench("aime24", 0.1)])]) == [("aime24", "AIME24", "pass@1")]
     paper = R.ModelResult("m", "m", [bench(n, 0.1) for n in ("aime24", "amc", "arc_c", "gpqa", "mmlu_pro")])
-    assert [k for k, _, _ in R.columns([paper])] == ["aime24", "amc", "avg:id", "arc_c", "gpqa", "mmlu_pro",
-                                                     "avg:ood", "avg:all"]
+    assert [k for k, _, _ in R.columns([paper])] == [
+        "aime24",
+        "amc",
+        "avg:id",
+        "arc_c",
+        "gpqa",
+        "mmlu_pro",
+        "avg:ood",
+        "avg:all",
+    ]
 
 
 def test_results_json_and_markdown(tmp_path):
@@ -61,18 +82,32 @@ def test_console_table_has_a_row_per_model():
 
 
 def gen_row(model, name, qid, sample, response, gold, kind="math", think=True):
-    return {"model": model, "benchmark": name, "title": REGISTRY[name].title, "group": REGISTRY[name].group,
-            "question_id": qid, "sample": sample, "prompt": "p", "response": response, "extracted": None,
-            "gold": gold, "kind": kind, "requires_think": think, "correct": False}
+    return {
+        "model": model,
+        "benchmark": name,
+        "title": REGISTRY[name].title,
+        "group": REGISTRY[name].group,
+        "question_id": qid,
+        "sample": sample,
+        "prompt": "p",
+        "response": response,
+        "extracted": None,
+        "gold": gold,
+        "kind": kind,
+        "requires_think": think,
+        "correct": False,
+    }
 
 
 def test_regrade_rows_and_results_from_rows():
-    rows = [gen_row("m", "aime24", "q0", 0, "<think>a</think>\\boxed{12}", "12"),
-            gen_row("m", "aime24", "q0", 1, "\\boxed{12}", "12"),  # no </think>: no answer with think tags
-            gen_row("m", "aime24", "q1", 0, "<think>a</think>\\boxed{\\frac{1}{2}}", "0.5"),  # math-verify
-            gen_row("m", "aime24", "q1", 1, "<think>a</think>\\boxed{3}", "0.5"),
-            gen_row("m", "arc_c", "q0", 0, "<think>a</think>\\boxed{C}", "C", kind="choice"),
-            gen_row("m", "arc_c", "q1", 0, "\\boxed{B}", "A", kind="choice", think=False)]
+    rows = [
+        gen_row("m", "aime24", "q0", 0, "<think>a</think>\\boxed{12}", "12"),
+        gen_row("m", "aime24", "q0", 1, "\\boxed{12}", "12"),  # no </think>: no answer with think tags
+        gen_row("m", "aime24", "q1", 0, "<think>a</think>\\boxed{\\frac{1}{2}}", "0.5"),  # math-verify
+        gen_row("m", "aime24", "q1", 1, "<think>a</think>\\boxed{3}", "0.5"),
+        gen_row("m", "arc_c", "q0", 0, "<think>a</think>\\boxed{C}", "C", kind="choice"),
+        gen_row("m", "arc_c", "q1", 0, "\\boxed{B}", "A", kind="choice", think=False),
+    ]
     graded = runner.regrade_rows(rows)
     assert [r["correct"] for r in graded] == [True, False, True, False, True, False]
     assert [r["extracted"] for r in graded] == ["12", None, "\\frac{1}{2}", "3", "C", "B"]
@@ -95,8 +130,11 @@ def test_read_generations_refuses_incomplete_rows(tmp_path):
 def test_models_to_run_labels_and_paths(tmp_path):
     cfg = ExgrpoConfig()
     cfg.eval.compare = ["builtin:tiny", "Qwen/Qwen2.5-Math-7B", "builtin:tiny"]
-    assert runner.models_to_run(cfg) == [("builtin:tiny", "builtin:tiny"), ("Qwen/Qwen2.5-Math-7B",
-                                         "Qwen/Qwen2.5-Math-7B"), ("builtin:tiny#2", "builtin:tiny")]
+    assert runner.models_to_run(cfg) == [
+        ("builtin:tiny", "builtin:tiny"),
+        ("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-Math-7B"),
+        ("builtin:tiny#2", "builtin:tiny"),
+    ]
     ckpt = tmp_path / "run" / "checkpoints" / "step_000010"
     (ckpt / "model").mkdir(parents=True)
     (ckpt / "model" / "config.json").write_text("{}")

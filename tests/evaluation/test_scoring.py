@@ -12,8 +12,9 @@ def test_pass_at_k_exact_values():
     assert pass_at_k(4, 0, 2) == 0.0
     assert pass_at_k(4, 4, 2) == 1.0
     assert pass_at_k(5, 3, 3) == 1.0  # n - c < k: every draw holds a correct sample
-    assert pass_at_k(32, 1, 8) == float(1 - Fraction(31 * 30 * 29 * 28 * 27 * 26 * 25 * 24,
-                                                   32 * 31 * 30 * 29 * 28 * 27 * 26 * 25))  # = 8/32
+    assert pass_at_k(32, 1, 8) == float(
+        1 - Fraction(31 * 30 * 29 * 28 * 27 * 26 * 25 * 24, 32 * 31 * 30 * 29 * 28 * 27 * 26 * 25)
+    )  # = 8/32
 
 
 @pytest.mark.parametrize("n,c", [(1, 0), (1, 1), (4, 1), (32, 7), (32, 32)])

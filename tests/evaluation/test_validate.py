@@ -27,8 +27,11 @@ class EchoEngine:
 
     def generate(self, prompt_ids, n, spec):  # noqa: ANN001, ANN201
         self.calls.append((len(prompt_ids), spec.seed))
-        return [Rollout(i, [ord(c) for c in f"\\boxed{{{j}}}"], None, True)
-                for i, k in enumerate(n) for j in range(k)]
+        return [
+            Rollout(i, [ord(c) for c in f"\\boxed{{{j}}}"], None, True)
+            for i, k in enumerate(n)
+            for j in range(k)
+        ]
 
 
 @dataclass
@@ -45,8 +48,17 @@ def test_sample_and_grade_old_and_new_outputs():
     qs = [Question(f"q{i}", f"question {i}", "2") for i in range(5)]
     engine = EchoEngine()
     ticks = []
-    res = sample_and_grade(engine, CharTokenizer(), TEMPLATES["plain"], qs, LastSampleRight(), n=3,
-                           spec=SamplingSpec(0.6, 1.0, 8, seed=10), chunk=6, progress=ticks.append)
+    res = sample_and_grade(
+        engine,
+        CharTokenizer(),
+        TEMPLATES["plain"],
+        qs,
+        LastSampleRight(),
+        n=3,
+        spec=SamplingSpec(0.6, 1.0, 8, seed=10),
+        chunk=6,
+        progress=ticks.append,
+    )
     assert engine.calls == [(2, 10), (2, 12), (1, 14)]  # two prompts of 3 samples per call of 6
     assert ticks == [2, 4, 5]
     assert res.responses[0] == ["\\boxed{0}", "\\boxed{1}", "\\boxed{2}"]

@@ -15,9 +15,17 @@ from exgrpo_cli.replay.buffer import ExperienceBuffer
 
 from conftest import run_cli
 
-SMALL = ["algo.questions_per_step=8", "rollout.n=4", "trainer.val_questions=8", "trainer.val_samples=1",
-         "logger.wandb.mode=disabled", "trainer.threads=1", "trainer.steps=2", "replay.start_threshold=0",
-         "replay.ratio=0.5"]
+SMALL = [
+    "algo.questions_per_step=8",
+    "rollout.n=4",
+    "trainer.val_questions=8",
+    "trainer.val_samples=1",
+    "logger.wandb.mode=disabled",
+    "trainer.threads=1",
+    "trainer.steps=2",
+    "replay.start_threshold=0",
+    "replay.ratio=0.5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +54,10 @@ def test_inspect_a_real_run_as_json_and_text(run_dir, tmp_path):
     assert rep["checkpoint"].endswith("checkpoints/step_2") and rep["step"] == 2
     assert rep["delayed_start"] == {"active": True, "started_at": 1, "threshold": 0.0}
     assert (rep["questions"], rep["experiences"], rep["retired"]) == (
-        buf.num_questions, buf.num_experiences, len(buf.retired))
+        buf.num_questions,
+        buf.num_experiences,
+        len(buf.retired),
+    )
     assert [b["questions"] for b in rep["buckets"]] == buf.bucket_sizes()
     assert sum(b["experiences"] for b in rep["buckets"]) == buf.num_experiences
     assert rep["response_length"]["count"] == buf.num_experiences
@@ -56,13 +67,21 @@ def test_inspect_a_real_run_as_json_and_text(run_dir, tmp_path):
     assert top["experiences"] == max(len(buf.experiences(u)) for u in every)
 
     text = _inspect(str(run_dir / "checkpoints/step_2"), cwd=tmp_path)  # a checkpoint dir
-    for needle in ("delayed start", "active since step 1", "buckets", f"{buf.num_experiences:,}",
-                   "stored response length", "behaviour log-prob", "questions with the most experiences"):
+    for needle in (
+        "delayed start",
+        "active since step 1",
+        "buckets",
+        f"{buf.num_experiences:,}",
+        "stored response length",
+        "behaviour log-prob",
+        "questions with the most experiences",
+    ):
         assert needle in text, needle
 
     uid = top["uid"]
-    shown = _inspect(str(run_dir), "--json", f"inspect.show={uid}", "inspect.score=true", "inspect.plot=true",
-                     cwd=tmp_path)["show"]
+    shown = _inspect(
+        str(run_dir), "--json", f"inspect.show={uid}", "inspect.score=true", "inspect.plot=true", cwd=tmp_path
+    )["show"]
     assert shown["uid"] == uid and shown["question"] and len(shown["experiences"]) == top["experiences"]
     exps = buf.experiences(uid)
     assert [r["length"] for r in shown["experiences"]] == [e.response_ids.size for e in exps]
@@ -79,8 +98,15 @@ def test_inspect_a_real_run_as_json_and_text(run_dir, tmp_path):
 def test_inspect_refuses_a_missing_target_and_question(run_dir, tmp_path):
     res = run_cli(["inspect-buffer", str(tmp_path / "nope"), f"hydra.run.dir={tmp_path / 'h'}"])
     assert res.returncode == 1 and "does not exist" in res.stderr
-    res = run_cli(["inspect-buffer", str(run_dir), "inspect.show=no-such-question", "--json",
-                   f"hydra.run.dir={tmp_path / 'h'}"])
+    res = run_cli(
+        [
+            "inspect-buffer",
+            str(run_dir),
+            "inspect.show=no-such-question",
+            "--json",
+            f"hydra.run.dir={tmp_path / 'h'}",
+        ]
+    )
     assert res.returncode == 1 and "not in the buffer" in res.stderr and res.stdout == ""
 
 
@@ -90,8 +116,11 @@ def test_histogram_and_segment_means_exact():
     h = rp.histogram(np.arange(1, 41), bins=10, integer=True)  # wider ranges: whole-number widths
     assert h["edges"][:3] == [1.0, 5.0, 9.0] and h["counts"] == [4] * 10
     assert rp.histogram(np.array([-1.0, 0.0, 1.0]), bins=2)["counts"] == [1, 2]
-    assert rp.segment_means(np.array([1.0, 3.0, 2.0, 2.0, 2.0, -6.0]), np.array([2, 3, 1])).tolist() == \
-        [2.0, 2.0, -6.0]
+    assert rp.segment_means(np.array([1.0, 3.0, 2.0, 2.0, 2.0, -6.0]), np.array([2, 3, 1])).tolist() == [
+        2.0,
+        2.0,
+        -6.0,
+    ]
     d = rp.distribution(np.array([1, 2, 3, 4]))
     assert (d["count"], d["mean"], d["min"], d["median"], d["max"]) == (4, 2.5, 1.0, 2.5, 4.0)
     assert rp.distribution(np.array([]))["count"] == 0
@@ -101,18 +130,31 @@ def test_report_of_a_small_buffer_exact():
     buf = ExperienceBuffer(4)
     ids = lambda n: np.arange(1, n + 1)  # noqa: E731
     buf.observe_group("a", 1, [(ids(2), np.array([-1.0, -3.0]))], step=1, collect=True)
-    buf.observe_group("b", 3, [(ids(4), np.full(4, -0.5)), (ids(3), np.full(3, -0.25)),
-                               (ids(1), np.zeros(1))], step=2, collect=True)
+    buf.observe_group(
+        "b",
+        3,
+        [(ids(4), np.full(4, -0.5)), (ids(3), np.full(3, -0.25)), (ids(1), np.zeros(1))],
+        step=2,
+        collect=True,
+    )
     buf.observe_group("c", 4, [], step=2, collect=True)
     buf.end_step()
     state = {"step": 2, "delayed_start": {"active": True, "started_at": 1, "threshold": 0}}
     rep = rp.buffer_report(buf, state)
     assert (rep["questions"], rep["experiences"], rep["retired"], rep["stored_tokens"]) == (2, 4, 1, 10)
     assert [(b["bucket"], b["questions"], b["experiences"]) for b in rep["buckets"]] == [
-        (1, 1, 1), (2, 0, 0), (3, 1, 3)]
+        (1, 1, 1),
+        (2, 0, 0),
+        (3, 1, 3),
+    ]
     assert rep["behavior_logp_mean"]["min"] == -2.0 and rep["behavior_logp_mean"]["max"] == 0.0
-    assert rep["top_questions"][0] == {"uid": "b", "bucket": 3, "accuracy": 0.75, "experiences": 3,
-                                       "mean_length": 8 / 3}
+    assert rep["top_questions"][0] == {
+        "uid": "b",
+        "bucket": 3,
+        "accuracy": 0.75,
+        "experiences": 3,
+        "mean_length": 8 / 3,
+    }
     assert rep["collected_at_step"]["histogram"]["counts"] == [1, 3]
 
 
@@ -130,8 +172,9 @@ def _synthetic_checkpoint(root: Path, n_experiences: int) -> Path:
     assert buf.num_experiences == n_experiences
     ck = root / "checkpoints" / "step_40"
     buf.save(str(ck / "replay"))
-    (ck / "trainer_state.json").write_text(json.dumps(
-        {"step": 40, "delayed_start": {"active": True, "started_at": 3, "threshold": 0.35}}))
+    (ck / "trainer_state.json").write_text(
+        json.dumps({"step": 40, "delayed_start": {"active": True, "started_at": 3, "threshold": 0.35}})
+    )
     (ck / "COMPLETE").write_text(json.dumps({"step": 40}))
     (root / "checkpoints" / "latest").write_text("step_40")
     return root

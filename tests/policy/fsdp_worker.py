@@ -24,9 +24,16 @@ STEPS, ROWS_PER_RANK, SEQ, LR = 2, 4, 24, 1e-3
 def build():  # noqa: ANN201
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)  # the same initial weights on every rank, as FSDP requires
     return Qwen2ForCausalLM(cfg).float()
 
@@ -48,7 +55,7 @@ def main(out_path: str) -> None:
     assert dist.distributed and dist.device.type == "cpu", dist
     gen = torch.Generator().manual_seed(1)
     data = torch.randint(0, 512, (dist.world_size * ROWS_PER_RANK, SEQ), generator=gen)
-    mine = data[dist.rank * ROWS_PER_RANK:(dist.rank + 1) * ROWS_PER_RANK]  # each rank: different rows
+    mine = data[dist.rank * ROWS_PER_RANK : (dist.rank + 1) * ROWS_PER_RANK]  # each rank: different rows
 
     ref = build()
     model = D.wrap_fsdp2(build(), dist)
@@ -64,16 +71,19 @@ def main(out_path: str) -> None:
         loss = mean_token_nll(model, mine)
         loss.backward()
         mean_token_nll(ref, data).backward()
-        grad_diff = max(float((full(p.grad) - r.grad).abs().max())
-                        for p, r in zip(model.parameters(), ref.parameters()))
+        grad_diff = max(
+            float((full(p.grad) - r.grad).abs().max()) for p, r in zip(model.parameters(), ref.parameters())
+        )
         norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
         ref_norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0))
         opt.step()
         ref_opt.step()
         norms = D.all_reduce_dict({"max": norm, "min": -norm}, dist, op="max")
         assert norms["max"] == -norms["min"], f"ranks disagree on the grad norm: {norms}"
-        weight_diff = max(float((full(p.detach()) - r.detach()).abs().max())
-                          for p, r in zip(model.parameters(), ref.parameters()))
+        weight_diff = max(
+            float((full(p.detach()) - r.detach()).abs().max())
+            for p, r in zip(model.parameters(), ref.parameters())
+        )
         report["grad_diff"].append(grad_diff)
         report["weight_diff"].append(weight_diff)
         report["grad_norm"].append(norm)
@@ -100,14 +110,18 @@ def main(out_path: str) -> None:
         assert set(sd) == set(ref.state_dict()), set(sd) ^ set(ref.state_dict())
         assert all(type(v) is torch.Tensor and v.device.type == "cpu" for v in sd.values())
         report["state_dict_keys"] = len(sd)
-        report["state_dict_diff"] = max(float((plain.state_dict()[k] - v).abs().max())
-                                        for k, v in ref.state_dict().items())
+        report["state_dict_diff"] = max(
+            float((plain.state_dict()[k] - v).abs().max()) for k, v in ref.state_dict().items()
+        )
         assert report["state_dict_diff"] < 1e-4
         # same layout as a one-process optimizer: ids 0..P-1 in parameter order
         ref_osd = ref_opt.state_dict()
         assert sorted(osd["state"]) == sorted(ref_osd["state"])
-        report["optimizer_diff"] = max(float((osd["state"][i][k] - ref_osd["state"][i][k]).abs().max())
-                                       for i in ref_osd["state"] for k in ("exp_avg", "exp_avg_sq"))
+        report["optimizer_diff"] = max(
+            float((osd["state"][i][k] - ref_osd["state"][i][k]).abs().max())
+            for i in ref_osd["state"]
+            for k in ("exp_avg", "exp_avg_sq")
+        )
         assert report["optimizer_diff"] < 1e-5
     else:
         assert sd == {} and osd == {}, "only rank 0 receives the gathered state"
@@ -120,8 +134,11 @@ def main(out_path: str) -> None:
     sd2, osd2 = D.full_state_dict(model2, dist), D.full_optimizer_state_dict(model2, opt2, dist)
     if dist.is_main:
         assert all(torch.equal(sd2[k], sd[k]) for k in sd)
-        assert all(torch.equal(osd2["state"][i][k], osd["state"][i][k])
-                   for i in osd["state"] for k in osd["state"][i])
+        assert all(
+            torch.equal(osd2["state"][i][k], osd["state"][i][k])
+            for i in osd["state"]
+            for k in osd["state"][i]
+        )
         report["world_size"] = dist.world_size
         with open(out_path, "w") as fh:
             json.dump(report, fh)

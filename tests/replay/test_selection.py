@@ -68,8 +68,9 @@ def test_sample_bucket_counts_redistributes_excess_exactly():
 def test_sample_bucket_counts_excess_goes_in_proportion_to_weights():
     # Bucket 0 holds one question but is asked for ~8 of 10: its excess is split 2:1.
     rng = np.random.default_rng(1)
-    draws = np.array([sample_bucket_counts(10, [0.8, 0.2 * 2 / 3, 0.2 / 3], [1, 50, 50], rng)
-                      for _ in range(2000)])
+    draws = np.array(
+        [sample_bucket_counts(10, [0.8, 0.2 * 2 / 3, 0.2 / 3], [1, 50, 50], rng) for _ in range(2000)]
+    )
     assert (draws.sum(axis=1) == 10).all() and (draws[:, 0] == 1).all()
     assert draws[:, 1].mean() / draws[:, 2].mean() == pytest.approx(2.0, rel=0.05)
 
@@ -132,8 +133,12 @@ def test_select_questions_uniform_and_errors():
     assert picked == ["q3", "q6", "q2", "q8", "q4"]
     assert len(set(picked)) == 5
     assert select_questions(buf, 0, mode="uniform", mu=0.5, sigma=0.125, rng=np.random.default_rng(0)) == []
-    assert select_questions(ExperienceBuffer(4), 3, mode="gaussian", mu=0.5, sigma=0.125,
-                            rng=np.random.default_rng(0)) == []
+    assert (
+        select_questions(
+            ExperienceBuffer(4), 3, mode="gaussian", mu=0.5, sigma=0.125, rng=np.random.default_rng(0)
+        )
+        == []
+    )
     with pytest.raises(ValueError, match="question_selection"):
         select_questions(buf, 2, mode="bogus", mu=0.5, sigma=0.125, rng=np.random.default_rng(0))
 
@@ -149,7 +154,8 @@ def test_choose_trajectory():
     picks = [choose_trajectory(scores, "random", rng) for _ in range(500)]
     assert set(picks) == set(range(5))
     assert choose_trajectory(scores, "random", np.random.default_rng(3)) == choose_trajectory(
-        scores, "random", np.random.default_rng(3))
+        scores, "random", np.random.default_rng(3)
+    )
     with pytest.raises(ValueError):
         choose_trajectory([], "lowest_entropy", rng)
     with pytest.raises(ValueError, match="trajectory_selection"):

@@ -22,9 +22,18 @@ def model():  # noqa: ANN201
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      tie_word_embeddings=True, eos_token_id=EOS, pad_token_id=0)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        eos_token_id=EOS,
+        pad_token_id=0,
+    )
     m = Qwen2ForCausalLM(cfg).float()
     with torch.no_grad():
         m.model.embed_tokens.weight.mul_(3)  # peakier than the near-uniform init: EOS shows up
@@ -34,17 +43,29 @@ def model():  # noqa: ANN201
 @torch.no_grad()
 def _teacher_forced(model, prompt: list[int], response: list[int]) -> torch.Tensor:  # noqa: ANN001
     ids = torch.tensor([prompt + response])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1]
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
 # own loop (never calls generate) | generate in one chunk | chunks of 3 sequences (3 x 12 steps x
 # the vocabulary in fp32) | own loop in chunks of max_batch=2 (the logits budget does not apply)
-@pytest.mark.parametrize(("hf_generate", "budget", "max_batch", "chunks"), [
-    (False, 1 << 30, 256, []), (True, 1 << 30, 256, [7]), (True, 3 * 12 * VOCAB * 4, 256, [3, 3, 1]),
-    (False, 3 * 12 * VOCAB * 4, 2, [])])
-def test_samples_and_logprobs(model, hf_generate: bool, budget: int, max_batch: int, chunks: list[int],  # noqa: ANN001
-                              monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("hf_generate", "budget", "max_batch", "chunks"),
+    [
+        (False, 1 << 30, 256, []),
+        (True, 1 << 30, 256, [7]),
+        (True, 3 * 12 * VOCAB * 4, 256, [3, 3, 1]),
+        (False, 3 * 12 * VOCAB * 4, 2, []),
+    ],
+)
+def test_samples_and_logprobs(
+    model,
+    hf_generate: bool,
+    budget: int,
+    max_batch: int,
+    chunks: list[int],  # noqa: ANN001
+    monkeypatch,
+) -> None:
     torch.set_num_threads(1)
     calls, generate = [], model.generate
     monkeypatch.setattr(model, "generate", lambda **kw: calls.append(len(kw["input_ids"])) or generate(**kw))

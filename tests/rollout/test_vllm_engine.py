@@ -32,9 +32,19 @@ COUNTS = [2, 3, 1]
 def build_model():  # noqa: ANN201
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CTX,
-                      tie_word_embeddings=True, eos_token_id=EOS, bos_token_id=1, pad_token_id=0)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=CTX,
+        tie_word_embeddings=True,
+        eos_token_id=EOS,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg).float()
     with torch.no_grad():  # entropy ~3 nats per token (the 0.02-std init is near uniform, x5 near one-hot)
@@ -46,13 +56,16 @@ def build_model():  # noqa: ANN201
 def teacher_forced(model, prompt: list[int], response: list[int]) -> torch.Tensor:  # noqa: ANN001
     """The trainer's view: log_softmax of raw logits (T=1) at each response position."""
     ids = torch.tensor([prompt + response])
-    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1:-1]
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1]
     return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
 def mean_abs_diff(model, rollouts) -> float:  # noqa: ANN001
-    diffs = [(teacher_forced(model, PROMPTS[r.prompt_index], r.response_ids) - torch.tensor(r.logprobs)).abs()
-             for r in rollouts if r.response_ids]
+    diffs = [
+        (teacher_forced(model, PROMPTS[r.prompt_index], r.response_ids) - torch.tensor(r.logprobs)).abs()
+        for r in rollouts
+        if r.response_ids
+    ]
     return float(torch.cat(diffs).mean())
 
 
@@ -133,8 +146,10 @@ def test_sync_makes_rollouts_follow_the_new_weights(folder: Path) -> None:
         seconds = engine.sync_weights(model)
         fresh = engine.generate(PROMPTS, COUNTS, spec)  # same prompts: a stale prefix cache would show
         diff_fresh = mean_abs_diff(model, fresh)
-        print(f"\nlog-prob |vLLM - HF|: initial {diff_initial:.2e}, T=0.6/top-p {diff_tempered:.2e}, "
-              f"before sync {diff_stale:.2e}, after sync {diff_fresh:.2e} (sync {seconds:.3f}s)")
+        print(
+            f"\nlog-prob |vLLM - HF|: initial {diff_initial:.2e}, T=0.6/top-p {diff_tempered:.2e}, "
+            f"before sync {diff_stale:.2e}, after sync {diff_fresh:.2e} (sync {seconds:.3f}s)"
+        )
         assert diff_fresh < 1e-3, diff_fresh
         assert diff_stale > 100 * max(diff_fresh, 1e-5), (diff_stale, diff_fresh)
         assert seconds > 0

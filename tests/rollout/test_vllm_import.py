@@ -19,8 +19,10 @@ def test_import_does_not_need_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_importing_the_engine_module_stays_light() -> None:
-    code = ("import sys, exgrpo_cli.rollout.vllm_engine, exgrpo_cli.rollout.vllm_ext; "
-            "print(sorted(m for m in ('vllm', 'transformers', 'safetensors') if m in sys.modules))")
+    code = (
+        "import sys, exgrpo_cli.rollout.vllm_engine, exgrpo_cli.rollout.vllm_ext; "
+        "print(sorted(m for m in ('vllm', 'transformers', 'safetensors') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

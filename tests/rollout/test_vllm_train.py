@@ -24,10 +24,23 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 def test_train_with_vllm_rollouts_keeps_the_engine_in_sync(tiny_model, tmp_path) -> None:
     out = tmp_path / "run"
-    res = run_cli(["train", "rollout=vllm", "trainer.steps=3", "algo.questions_per_step=4", "rollout.n=4",
-                   "trainer.val_questions=4", "trainer.val_samples=1", "trainer.threads=1",
-                   "logger.wandb.mode=disabled", "logger.console=false", "algo.lr=1e-3",
-                   f"hydra.run.dir={out}"], timeout=900)
+    res = run_cli(
+        [
+            "train",
+            "rollout=vllm",
+            "trainer.steps=3",
+            "algo.questions_per_step=4",
+            "rollout.n=4",
+            "trainer.val_questions=4",
+            "trainer.val_samples=1",
+            "trainer.threads=1",
+            "logger.wandb.mode=disabled",
+            "logger.console=false",
+            "algo.lr=1e-3",
+            f"hydra.run.dir={out}",
+        ],
+        timeout=900,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     assert sorted(rows) == [0, 1, 2, 3]
@@ -45,12 +58,31 @@ def test_torchrun_ranks_each_sync_their_own_engine(tiny_model, tmp_path) -> None
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(port),
-           "-m", "exgrpo_cli", "train", "rollout=vllm", "trainer.steps=2",
-           "algo.questions_per_step=4", "rollout.n=4", "trainer.val_questions=4", "trainer.val_samples=1",
-           "trainer.threads=1", "logger.wandb.mode=disabled", "logger.console=false", "algo.lr=1e-3",
-           f"hydra.run.dir={out}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+        "-m",
+        "exgrpo_cli",
+        "train",
+        "rollout=vllm",
+        "trainer.steps=2",
+        "algo.questions_per_step=4",
+        "rollout.n=4",
+        "trainer.val_questions=4",
+        "trainer.val_samples=1",
+        "trainer.threads=1",
+        "logger.wandb.mode=disabled",
+        "logger.console=false",
+        "algo.lr=1e-3",
+        f"hydra.run.dir={out}",
+    ]
     res = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}

@@ -8,6 +8,7 @@ from exgrpo_cli.policy import checkpoint as ckpt
 def _write(payload: str):
     def write(tmp):
         (tmp / "payload.txt").write_text(payload)
+
     return write
 
 

@@ -71,7 +71,7 @@ def test_response_logprobs_match_each_row_alone(tiny_model):
         lp, ent = forward_logprobs(model, sb, with_entropy=True)
         for r in range(3):
             ids = torch.tensor([prompts[r] + responses[r]])
-            logits = model(input_ids=ids).logits[0, len(prompts[r]) - 1:-1]
+            logits = model(input_ids=ids).logits[0, len(prompts[r]) - 1 : -1]
             ref = torch.log_softmax(logits, -1)
             n, picked = len(responses[r]), ref.gather(-1, torch.tensor(responses[r])[:, None])[:, 0]
             assert torch.allclose(lp[r, :n], picked, atol=1e-5)

@@ -64,16 +64,28 @@ def _groups() -> list[Group]:
     for i in range(4):
         q = Question(uid=f"q{i}", question=f"q{i}", answer=str(10 + i))
         # responses 0 and 2 hold the gold answer: every group is half right
-        responses = [Response(ids=[5, 10 + i if k % 2 == 0 else 99], behavior_logp=[-1.0, -1.0])
-                     for k in range(4)]
+        responses = [
+            Response(ids=[5, 10 + i if k % 2 == 0 else 99], behavior_logp=[-1.0, -1.0]) for k in range(4)
+        ]
         out.append(Group(q, [1, 2], responses))
     return out
 
 
 def _trainer(rank: int, world: int, scorer) -> Trainer:  # noqa: ANN001
     sampler = SimpleNamespace(questions=[], epoch=0, position=0)
-    return Trainer(ExgrpoConfig(), None, Tok(), None, None, scorer, None, sampler,
-                   ExperienceBuffer(4), DelayedStart(0.0), dist=DistInfo(rank=rank, world_size=world))
+    return Trainer(
+        ExgrpoConfig(),
+        None,
+        Tok(),
+        None,
+        None,
+        scorer,
+        None,
+        sampler,
+        ExperienceBuffer(4),
+        DelayedStart(0.0),
+        dist=DistInfo(rank=rank, world_size=world),
+    )
 
 
 def _run_ranks(world: int, fn) -> list:  # noqa: ANN001
@@ -144,8 +156,9 @@ def test_diverged_ranks_fail_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
     def rank(r: int) -> None:
         t = _trainer(r, 2, FlakyGrader(False))
         if r == 1:  # one question more in rank 1's buffer
-            t.buffer.observe_group("x", 1, [(np.array([1], np.int32), np.array([-1.0], np.float32))],
-                                   step=1, collect=True)
+            t.buffer.observe_group(
+                "x", 1, [(np.array([1], np.int32), np.array([-1.0], np.float32))], step=1, collect=True
+            )
         t.check_ranks_agree(step=5)
 
     with pytest.raises(RuntimeError, match="step 5: the ranks' replay buffers"):

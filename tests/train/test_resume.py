@@ -19,9 +19,18 @@ from safetensors.torch import load_file
 
 from conftest import REPO, cli_env, run_cli
 
-ARGS = ["algo.questions_per_step=6", "rollout.n=4", "trainer.val_questions=4", "trainer.val_samples=1",
-        "logger.wandb.mode=disabled", "trainer.threads=1", "trainer.steps=4", "trainer.save_every=1",
-        "replay.start_threshold=0", "trainer.seed=7"]
+ARGS = [
+    "algo.questions_per_step=6",
+    "rollout.n=4",
+    "trainer.val_questions=4",
+    "trainer.val_samples=1",
+    "logger.wandb.mode=disabled",
+    "trainer.threads=1",
+    "trainer.steps=4",
+    "trainer.save_every=1",
+    "replay.start_threshold=0",
+    "trainer.seed=7",
+]
 
 
 def _final_state(out: Path) -> dict[str, torch.Tensor]:
@@ -39,8 +48,14 @@ def _same(a: dict, b: dict) -> bool:
 
 def _train(out: Path, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = cli_env() | (env_extra or {})
-    return subprocess.run([sys.executable, "-m", "exgrpo_cli", "train", f"hydra.run.dir={out}", *ARGS],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "exgrpo_cli", "train", f"hydra.run.dir={out}", *ARGS],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +75,13 @@ def test_reference_run_has_a_buffer(reference):
 
 def test_sigkill_between_steps_then_resume_is_identical(reference, tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "exgrpo_cli", "train", f"hydra.run.dir={out}", *ARGS],
-                            cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exgrpo_cli", "train", f"hydra.run.dir={out}", *ARGS],
+        cwd=REPO,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     latest = out / "checkpoints" / "latest"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:

@@ -36,10 +36,25 @@ def test_smollm2_trains_on_deepmath_and_checkpoints(shared_data, tmp_path) -> No
 
     out = tmp_path / "run"
     data = SHARED_DATA / "train" / "deepmath_5k.jsonl"
-    res = run_cli(["train", "model=smollm2-135m", "data=deepmath", f"data.path={data}", "trainer.steps=2",
-                   "algo.questions_per_step=2", "rollout.n=2", "model.max_response_tokens=16",
-                   "trainer.val_questions=2", "trainer.val_samples=1", "trainer.threads=1",
-                   "logger.wandb.mode=disabled", "logger.console=false", f"hydra.run.dir={out}"], timeout=900)
+    res = run_cli(
+        [
+            "train",
+            "model=smollm2-135m",
+            "data=deepmath",
+            f"data.path={data}",
+            "trainer.steps=2",
+            "algo.questions_per_step=2",
+            "rollout.n=2",
+            "model.max_response_tokens=16",
+            "trainer.val_questions=2",
+            "trainer.val_samples=1",
+            "trainer.threads=1",
+            "logger.wandb.mode=disabled",
+            "logger.console=false",
+            f"hydra.run.dir={out}",
+        ],
+        timeout=900,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     assert sorted(rows) == [0, 1, 2]
@@ -63,4 +78,4 @@ def test_smollm2_trains_on_deepmath_and_checkpoints(shared_data, tmp_path) -> No
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.no_grad():
         gen = model.generate(**ids, max_new_tokens=8, do_sample=False)
-    assert "4" in tok.decode(gen[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "4" in tok.decode(gen[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)

@@ -23,9 +23,18 @@ from conftest import REPO, TINY, cli_env
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["algo.questions_per_step=4", "rollout.n=4", "trainer.val_questions=4", "trainer.val_samples=1",
-        "logger.wandb.mode=disabled", "logger.console=false", "trainer.threads=1", "trainer.seed=3",
-        "replay.ratio=0.5", "replay.start_threshold=0"]
+ARGS = [
+    "algo.questions_per_step=4",
+    "rollout.n=4",
+    "trainer.val_questions=4",
+    "trainer.val_samples=1",
+    "logger.wandb.mode=disabled",
+    "logger.console=false",
+    "trainer.threads=1",
+    "trainer.seed=3",
+    "replay.ratio=0.5",
+    "replay.start_threshold=0",
+]
 
 
 def _free_port() -> int:
@@ -35,8 +44,17 @@ def _free_port() -> int:
 
 
 def _torchrun(cwd: Path, *overrides: str, skew_rank1_s: float = 0.0) -> subprocess.CompletedProcess:
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-              "--master_addr", "127.0.0.1", "--master_port", str(_free_port())]
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+    ]
     train = [sys.executable, "-m", "exgrpo_cli", "train", *ARGS, *overrides]
     if skew_rank1_s:  # rank 1 starts later: its Hydra run dir gets another timestamp
         script = f'[ "$RANK" = 1 ] && sleep {skew_rank1_s}; exec "$@"'

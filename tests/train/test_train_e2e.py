@@ -11,8 +11,14 @@ from safetensors.torch import load_file
 
 from conftest import TINY, run_cli
 
-SMALL = ["algo.questions_per_step=4", "rollout.n=4", "trainer.val_questions=8", "trainer.val_samples=1",
-         "logger.wandb.mode=disabled", "trainer.threads=1"]
+SMALL = [
+    "algo.questions_per_step=4",
+    "rollout.n=4",
+    "trainer.val_questions=8",
+    "trainer.val_samples=1",
+    "logger.wandb.mode=disabled",
+    "trainer.threads=1",
+]
 
 
 def _train(out: Path, *extra: str) -> list[dict]:
@@ -28,8 +34,14 @@ def test_train_smoke(tiny_model, tmp_path):
     rows = _train(out, "trainer.steps=2", "replay.ratio=0")
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert "val/accuracy" in rows[0] and "val/accuracy" in rows[-1]
-    for key in ("reward/accuracy", "loss/total", "optim/grad_norm", "timing/step", "rollout/response_length",
-                "rollout/logprob_diff_mean"):
+    for key in (
+        "reward/accuracy",
+        "loss/total",
+        "optim/grad_norm",
+        "timing/step",
+        "rollout/response_length",
+        "rollout/logprob_diff_mean",
+    ):
         assert key in rows[1], key
     assert rows[1]["rollout/logprob_diff_mean"] < 1e-3  # HF engine: the trainer's own weights
     ckpt = out / "checkpoints" / "step_2"
@@ -44,12 +56,23 @@ def test_train_smoke(tiny_model, tmp_path):
 
 def test_exgrpo_replays_from_the_second_step(tiny_model, tmp_path):
     out = tmp_path / "run"
-    rows = _train(out, "trainer.steps=3", "replay.ratio=0.5", "replay.start_threshold=0",
-                  "algo.questions_per_step=8")
+    rows = _train(
+        out, "trainer.steps=3", "replay.ratio=0.5", "replay.start_threshold=0", "algo.questions_per_step=8"
+    )
     steps = {r["step"]: r for r in rows}
-    for key in ("replay/active", "replay/buffer_questions", "replay/buffer_experiences", "replay/retired",
-                "replay/bucket/1", "replay/replayed_questions", "replay/selected_entropy_mean",
-                "loss/on_policy", "loss/off_policy", "loss/importance_weight_mean", "loss/clip_fraction"):
+    for key in (
+        "replay/active",
+        "replay/buffer_questions",
+        "replay/buffer_experiences",
+        "replay/retired",
+        "replay/bucket/1",
+        "replay/replayed_questions",
+        "replay/selected_entropy_mean",
+        "loss/on_policy",
+        "loss/off_policy",
+        "loss/importance_weight_mean",
+        "loss/clip_fraction",
+    ):
         assert key in steps[2], key
     assert steps[1]["replay/active"] == 1.0 and steps[1]["replay/replayed_questions"] == 0
     assert steps[1]["replay/buffer_questions"] > 0, "the tiny model solves some questions partly"
@@ -65,8 +88,15 @@ def test_ratio_zero_is_exactly_on_policy(tiny_model, tmp_path):
     b = tmp_path / "b"
     base = ["trainer.steps=2", "replay.ratio=0", "trainer.val_questions=2"]
     rows_a = _train(a, *base)
-    rows_b = _train(b, *base, "replay.start_threshold=0", "replay.beta=0.7", "replay.mu=0.2",
-                    "replay.trajectory_selection=random", "replay.shaping=false")
+    rows_b = _train(
+        b,
+        *base,
+        "replay.start_threshold=0",
+        "replay.beta=0.7",
+        "replay.mu=0.2",
+        "replay.trajectory_selection=random",
+        "replay.shaping=false",
+    )
     wa = load_file(str(a / "checkpoints/step_2/model/model.safetensors"))
     wb = load_file(str(b / "checkpoints/step_2/model/model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

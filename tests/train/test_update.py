@@ -28,16 +28,27 @@ def test_update_raises_rewarded_and_lowers_unrewarded_responses(tiny_model):
     good = enc("<think>1+2 = 3</think>\\boxed{3}<|im_end|>")
     bad = enc("<think>1+2 = 4</think>\\boxed{4}<|im_end|>")
     stored = [-1.0] * len(good)  # a replayed copy of the good one, with stored log-probs
-    responses = [Response(good, None, 1.0), Response(bad, None, 0.0),
-                 Response(good, stored, 1.0, replayed=True)]
+    responses = [
+        Response(good, None, 1.0),
+        Response(bad, None, 0.0),
+        Response(good, stored, 1.0, replayed=True),
+    ]
     group = Group(Question("q", "What is 1+2?", "3"), enc("What is 1+2?"), responses)
     batch = build_mixed_batch([group])
     adv = group_advantages(batch.rewards, batch.group_index)
     before = _seq_logps(model, batch)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    settings = UpdateSettings(clip_eps=None, beta=0.1, importance_correction=True, entropy_coef=0.0,
-                              max_response_tokens=48, updates=1, micro_batch_tokens=16384, grad_clip=1.0,
-                              skip_grad_norm_above=500.0)
+    settings = UpdateSettings(
+        clip_eps=None,
+        beta=0.1,
+        importance_correction=True,
+        entropy_coef=0.0,
+        max_response_tokens=48,
+        updates=1,
+        micro_batch_tokens=16384,
+        grad_clip=1.0,
+        skip_grad_norm_above=500.0,
+    )
     for _ in range(3):
         res = policy_update(model, opt, batch, adv, settings, pad_id=tok.pad_token_id)
         assert res.skipped == 0 and res.stats.replay_tokens == len(good)
@@ -54,8 +65,13 @@ def _two_question_batch(tok):  # noqa: ANN001, ANN202
     for q, right, wrong in (("1+2", "3", "4"), ("2+2", "4", "5"), ("3+4", "7", "8"), ("5+1", "6", "9")):
         good = enc(f"<think>{q} = {right}</think>\\boxed{{{right}}}<|im_end|>")
         bad = enc(f"<think>{q} = {wrong}</think>\\boxed{{{wrong}}}<|im_end|>")
-        groups.append(Group(Question(q, f"What is {q}?", right), enc(f"What is {q}?"),
-                            [Response(good, None, 1.0), Response(bad, None, 0.0)]))
+        groups.append(
+            Group(
+                Question(q, f"What is {q}?", right),
+                enc(f"What is {q}?"),
+                [Response(good, None, 1.0), Response(bad, None, 0.0)],
+            )
+        )
     return build_mixed_batch(groups)
 
 
@@ -70,9 +86,17 @@ def test_two_updates_first_minibatch_ratio_is_exactly_one(tiny_model):
     batch = _two_question_batch(tok)
     adv = group_advantages(batch.rewards, batch.group_index)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
-    settings = UpdateSettings(clip_eps=0.2, beta=0.1, importance_correction=True, entropy_coef=0.0,
-                              max_response_tokens=48, updates=2, micro_batch_tokens=16384, grad_clip=1.0,
-                              skip_grad_norm_above=500.0)
+    settings = UpdateSettings(
+        clip_eps=0.2,
+        beta=0.1,
+        importance_correction=True,
+        entropy_coef=0.0,
+        max_response_tokens=48,
+        updates=2,
+        micro_batch_tokens=16384,
+        grad_clip=1.0,
+        skip_grad_norm_above=500.0,
+    )
     res = policy_update(model, opt, batch, adv, settings, pad_id=tok.pad_token_id)
     first, second = res.per_update
     assert res.skipped == 0 and first.fresh_tokens > 0 and second.fresh_tokens > 0
@@ -88,9 +112,17 @@ def test_two_updates_without_learning_never_clip(tiny_model):
     batch = _two_question_batch(tok)
     adv = group_advantages(batch.rewards, batch.group_index)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    settings = UpdateSettings(clip_eps=0.2, beta=0.1, importance_correction=True, entropy_coef=0.0,
-                              max_response_tokens=48, updates=2, micro_batch_tokens=16384, grad_clip=1.0,
-                              skip_grad_norm_above=500.0)
+    settings = UpdateSettings(
+        clip_eps=0.2,
+        beta=0.1,
+        importance_correction=True,
+        entropy_coef=0.0,
+        max_response_tokens=48,
+        updates=2,
+        micro_batch_tokens=16384,
+        grad_clip=1.0,
+        skip_grad_norm_above=500.0,
+    )
     res = policy_update(model, opt, batch, adv, settings, pad_id=tok.pad_token_id)
     assert res.stats.clipped_tokens == 0
     assert abs(res.stats.fresh_ratio_sum - res.stats.fresh_tokens) < 1e-5 * res.stats.fresh_tokens
