@@ -213,9 +213,9 @@ def compose_config(overrides: list[str]):  # noqa: ANN201 - an ExgrpoConfig
     run dir is not resolved outside a Hydra run)."""
     from hydra import compose, initialize_config_dir
 
-    from exgrpo_cli.cli import config_dir
     from exgrpo_cli.commands import to_typed
     from exgrpo_cli.config import register_configs, validate
+    from exgrpo_cli.paths import config_dir
 
     register_configs()
     with initialize_config_dir(config_dir=config_dir(), version_base=None):

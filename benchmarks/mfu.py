@@ -75,11 +75,13 @@ def measure(model_name: str, repeats: int, device) -> dict:  # noqa: ANN001
     import torch
 
     from exgrpo_cli.algo.advantages import group_advantages
+    from exgrpo_cli.algo.aggregation import drgrpo
+    from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
     from exgrpo_cli.data.types import Question
     from exgrpo_cli.policy.forward import token_budget
     from exgrpo_cli.policy.model import load_model
     from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
-    from exgrpo_cli.train.update import UpdateSettings, policy_update
+    from exgrpo_cli.train.update import UpdatePlan, policy_update
 
     cfg = compose_config([*model_overrides(model_name), "trainer.output_dir=/tmp/exgrpo-bench-mfu"])
     if device.type == "cuda":
@@ -103,9 +105,10 @@ def measure(model_name: str, repeats: int, device) -> dict:  # noqa: ANN001
     batch = build_mixed_batch(groups)
     adv = group_advantages(batch.rewards, batch.group_index)
     a = cfg.algo
-    settings = UpdateSettings(
-        clip_eps=a.clip_eps,
-        beta=None,
+    settings = UpdatePlan(
+        loss=exgrpo_loss,
+        loss_settings=LossSettings(clip_eps=a.clip_eps, beta=None),
+        aggregation=drgrpo,
         importance_correction=True,
         entropy_coef=a.entropy_coef,
         max_response_tokens=hi,

@@ -19,6 +19,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from exgrpo_cli.train.loop import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Stat, compose_config, log_stderr, ratio_stat, table  # noqa: E402
@@ -27,43 +31,17 @@ PARTS = ("select", "select_scoring", "buffer", "rollout", "reward", "update")
 RATIOS = (0.0, 0.5)
 
 
-def build_trainer(ratio: float):  # noqa: ANN201 - a Trainer
-    """The parts `exgrpo train` builds (train/run.py), without its run directory and logging."""
+def build_trainer(ratio: float) -> Trainer:
+    """The trainer `exgrpo train` builds (train/setup.py), without its run directory and logging."""
     import torch
 
-    from exgrpo_cli.data.sampler import QuestionSampler
-    from exgrpo_cli.data.sources import load_questions
-    from exgrpo_cli.data.templates import get_template
-    from exgrpo_cli.policy.model import load_model, load_tokenizer
-    from exgrpo_cli.replay.buffer import ExperienceBuffer
-    from exgrpo_cli.replay.schedule import DelayedStart
-    from exgrpo_cli.reward import RewardScorer
-    from exgrpo_cli.rollout import build_engine
-    from exgrpo_cli.train.loop import Trainer
-    from exgrpo_cli.train.run import make_optimizer
+    from exgrpo_cli.train.setup import build_trainer as build
 
     cfg = compose_config(
         [f"replay.ratio={ratio}", "replay.start_threshold=0", "trainer.output_dir=/tmp/exgrpo-bench-overhead"]
     )
-    torch.manual_seed(cfg.trainer.seed)
-    tok, model = load_tokenizer(cfg.model), load_model(cfg.model, torch.device("cpu"))
-    template = get_template(cfg.model.template)
-    train, _, _ = load_questions(cfg.data)
-    p = cfg.replay
-    scorer = RewardScorer(requires_think=template.requires_think, workers=1)
-    buffer = ExperienceBuffer(cfg.rollout.n, p.bucket_edges, p.max_experiences)
-    return Trainer(
-        cfg,
-        model,
-        tok,
-        template,
-        build_engine(cfg, model, tok),
-        scorer,
-        make_optimizer(cfg, model),
-        QuestionSampler(train, cfg.trainer.seed),
-        buffer,
-        DelayedStart(p.start_threshold),
-    )
+    trainer, _, _ = build(cfg, torch.device("cpu"))
+    return trainer
 
 
 def run(quick: bool, steps: int | None = None, threads: int = 0, warmup: int = 2, log=log_stderr) -> dict:  # noqa: ANN001

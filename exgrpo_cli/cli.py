@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 COMMANDS = {
     "train": "RL-train a policy with ExGRPO (replay.ratio=0: on-policy Dr.GRPO)",
@@ -33,15 +32,6 @@ config, `-m` for a multirun sweep, and `--help` for its config groups. Examples:
   exgrpo eval eval=paper model=qwen2.5-math-7b  # the paper's benchmarks
   exgrpo inspect-buffer outputs/train/<run>     # the replay buffer of a run
 """
-
-
-def config_dir() -> str:
-    """The conf/ folder: beside the package in a checkout, inside it in an installed wheel."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "conf", here / "conf"):
-        if (candidate / "config.yaml").is_file():
-            return str(candidate)
-    raise FileNotFoundError(f"exgrpo configs not found beside or inside {here}")
 
 
 def _usage() -> str:
@@ -87,6 +77,7 @@ def run_hydra(command: str, overrides: list[str]) -> None:
     import hydra
 
     from exgrpo_cli.config import register_configs
+    from exgrpo_cli.paths import config_dir
 
     register_configs()
     # conf/config.yaml names the job (log file, run dir) after this variable; passing it as one

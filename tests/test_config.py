@@ -8,12 +8,20 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from exgrpo_cli.cli import config_dir
 from exgrpo_cli.commands import to_typed
 from exgrpo_cli.config import ConfigError, ExgrpoConfig, register_configs, validate
+from exgrpo_cli.variants import check_variants
+from exgrpo_cli.paths import config_dir
 from exgrpo_cli.policy.packaged import missing_requirement
 
 CONF = Path(config_dir())
+
+
+def check(cfg: ExgrpoConfig) -> None:
+    """What `exgrpo train` checks before it loads anything: ranges, then the variants' names."""
+    validate(cfg)
+    check_variants(cfg, "train")
+
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))
 
 
@@ -39,9 +47,9 @@ def test_every_preset_composes_and_validates(group: str, preset: str):
     if group == "model" and missing_requirement(cfg.model.path, cfg.model.gguf_file):
         # e.g. smollm2-135m outside `make install`: refused up front, with the install command
         with pytest.raises(ConfigError, match="make install"):
-            validate(cfg)
+            check(cfg)
     elif group in ("model", "replay", "algo", "rollout", "logger"):
-        validate(cfg)
+        check(cfg)
 
 
 def test_defaults_are_the_embedded_cpu_run():
@@ -49,7 +57,7 @@ def test_defaults_are_the_embedded_cpu_run():
     assert cfg.model.path == "builtin:tiny" and cfg.data.source == "synthetic"
     assert cfg.rollout.engine == "hf" and cfg.model.dtype == "float32"
     assert cfg.replay.ratio == 0.5 and cfg.replay.beta == 0.1 and cfg.replay.start_threshold == 0.35
-    validate(cfg)
+    check(cfg)
 
 
 def test_replay_none_is_on_policy():
@@ -80,13 +88,13 @@ def test_replay_none_is_on_policy():
 def test_invalid_values_name_the_key(override: str, key: str):
     cfg = _compose(override.split())
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate(cfg)
+        check(cfg)
 
 
 def test_model_path_that_is_not_a_causal_lm(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(ConfigError, match="model.path"):
-        validate(_compose([f"model.path={tmp_path}"]))
+        check(_compose([f"model.path={tmp_path}"]))
 
 
 def test_schema_rejects_wrong_types_and_unknown_keys():

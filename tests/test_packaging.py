@@ -44,7 +44,7 @@ def test_non_editable_install_finds_its_configs(tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     env = cli_env() | {"PYTHONPATH": str(site)}
-    probe = "import exgrpo_cli.cli as c; print(c.__file__); print(c.config_dir())"
+    probe = "import exgrpo_cli.paths as c; print(c.__file__); print(c.config_dir())"
     res = subprocess.run(
         [sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
     )

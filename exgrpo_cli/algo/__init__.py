@@ -1,20 +1,40 @@
-"""Pure tensor maths of the objective: advantages, token log-probs and entropies, the ExGRPO loss.
+"""Pure tensor maths of the objective: advantages, token log-probs and entropies, the ExGRPO loss
+and how token losses add up to the objective.
 
 Where it sits in the step: after the mixed batch is built (replay/mixing.py) and before the
 optimizer step. Nothing here holds state or reads a config; every function is tested with exact
-values. These are also the public API for people who want the ExGRPO objective in their own trainer.
+values. These are also the public API for people who want the ExGRPO objective in their own
+trainer, and the very functions exgrpo's own update calls.
 """
 
 from exgrpo_cli.algo.advantages import group_advantages
+from exgrpo_cli.algo.aggregation import AGGREGATIONS, Normalisers, UpdateShape, objective
 from exgrpo_cli.algo.logprobs import mean_token_entropy, token_entropy, token_logprobs
-from exgrpo_cli.algo.losses import LossStats, exgrpo_policy_loss, exgrpo_token_losses, policy_shaping
+from exgrpo_cli.algo.losses import (
+    POLICY_LOSSES,
+    LossInputs,
+    LossSettings,
+    LossStats,
+    behaviour_logprobs,
+    exgrpo_policy_loss,
+    exgrpo_token_losses,
+    policy_shaping,
+)
 
 __all__ = [
+    "AGGREGATIONS",
+    "POLICY_LOSSES",
+    "LossInputs",
+    "LossSettings",
     "LossStats",
+    "Normalisers",
+    "UpdateShape",
+    "behaviour_logprobs",
     "exgrpo_policy_loss",
     "exgrpo_token_losses",
     "group_advantages",
     "mean_token_entropy",
+    "objective",
     "policy_shaping",
     "token_entropy",
     "token_logprobs",

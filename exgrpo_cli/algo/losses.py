@@ -1,17 +1,21 @@
-"""The ExGRPO mixed-policy token loss (ALGORITHM.md 4) with Dr.GRPO aggregation.
+"""The ExGRPO mixed-policy token loss (ALGORITHM.md 4): loss inputs -> per-token losses.
 
 Per token, with w = exp(logp_theta - logp_b):
 - fresh rows (b = pi_old of this step): PPO-clip max(-A w, -A clip(w, 1-eps, 1+eps)) when
   clip_eps is given, else -A w (the official run drops clipping after the delayed start);
 - replayed rows (b = the stored behaviour log-probs): -A f(w) with f(w) = w / (w + beta)
   (policy shaping), or -A w when beta is None (the "w/o shaping" ablation). Never clipped.
-The sum over the valid tokens of all rows is divided by a constant `normalizer` (Dr.GRPO: the
-number of responses times the maximum response length), not by each response's length.
+
+Where it sits in the step: inside the update, once per micro-batch. `POLICY_LOSSES` (the
+`algo.loss` names) is the seam: a loss takes `LossInputs` and `LossSettings` and returns per-token
+losses; how they add up to the objective is algo/aggregation.py's business. `exgrpo_policy_loss`
+is the one-call form with the Dr.GRPO constant normaliser, for use in other trainers.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +88,57 @@ def exgrpo_token_losses(
     return losses, clip_hit & ~is_replay
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """What a policy loss reads for one micro-batch of B rows and T response positions."""
+
+    logp: Tensor  # [B, T] log-probs of the response tokens under the current policy (with grad)
+    behaviour_logp: Tensor  # [B, T] under the behaviour policy (pi_old, or the stored ones)
+    advantages: Tensor  # [B]
+    response_mask: Tensor  # [B, T], 1 on response tokens
+    replay_mask: Tensor  # [B] bool, True for replayed rows
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """A step's loss settings: the clipping changes at the delayed start (ALGORITHM.md 4)."""
+
+    clip_eps: float | None  # None: no PPO clipping on fresh tokens
+    beta: float | None  # None: no policy shaping on replayed tokens
+
+
+# (inputs, settings) -> (token losses [B, T], zero outside the mask; clipped fresh tokens [B, T])
+PolicyLoss = Callable[[LossInputs, LossSettings], tuple[Tensor, Tensor]]
+
+
+def exgrpo_loss(x: LossInputs, s: LossSettings) -> tuple[Tensor, Tensor]:
+    """ExGRPO's loss in the `PolicyLoss` form."""
+    return exgrpo_token_losses(
+        x.logp,
+        x.behaviour_logp,
+        x.advantages,
+        x.response_mask,
+        x.replay_mask,
+        clip_eps=s.clip_eps,
+        beta=s.beta,
+    )
+
+
+# `algo.loss`: name -> per-token policy loss. A new loss is one function and one entry here.
+POLICY_LOSSES: dict[str, PolicyLoss] = {"exgrpo": exgrpo_loss}
+
+
+def behaviour_logprobs(
+    current: Tensor, fresh_old: Tensor, stored: Tensor, replay_mask: Tensor, importance_correction: bool
+) -> Tensor:
+    """The behaviour log-probs b of each token [B, T]: pi_old for fresh rows (`fresh_old`, the
+    detached current log-probs on the step's first mini-batch), the stored log-probs for replayed
+    rows, or the current policy itself for them without IS correction (the "w/o IS" ablation)."""
+    cur = current.detach()
+    replayed = replay_mask.bool().unsqueeze(-1)
+    return torch.where(replayed, stored if importance_correction else cur, fresh_old)
+
+
 def exgrpo_policy_loss(
     logp: Tensor,
     behavior_logp: Tensor,
@@ -107,21 +162,13 @@ def exgrpo_policy_loss(
     return losses.sum() / normalizer
 
 
-def loss_stats(
-    losses: Tensor,
-    logp: Tensor,
-    behavior_logp: Tensor,
-    response_mask: Tensor,
-    replay_mask: Tensor,
-    clip_hit: Tensor,
-    normalizer: float,
-) -> LossStats:
+def loss_stats(x: LossInputs, losses: Tensor, clip_hit: Tensor, normalizer: float) -> LossStats:
     """The detached sums behind loss/on_policy, loss/off_policy, loss/clip_fraction, ..."""
     with torch.no_grad():
-        mask = response_mask.bool()
-        rep = replay_mask.bool().unsqueeze(-1) & mask
-        fresh = ~replay_mask.bool().unsqueeze(-1) & mask
-        ratio = (logp - behavior_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()
+        mask = x.response_mask.bool()
+        rep = x.replay_mask.bool().unsqueeze(-1) & mask
+        fresh = ~x.replay_mask.bool().unsqueeze(-1) & mask
+        ratio = (x.logp - x.behaviour_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()
         return LossStats(
             on_policy_loss=float((losses * fresh).sum()) / normalizer,
             off_policy_loss=float((losses * rep).sum()) / normalizer,

@@ -1,31 +1,44 @@
 """Subcommands: thin functions that build the parts, run them, and report.
 
-`dispatch` turns Hydra's DictConfig into the typed `ExgrpoConfig`, validates it (exit code 2 with
-a message naming the key on a bad value, before any model is loaded) and calls the command.
+`dispatch` turns Hydra's DictConfig into the typed `ExgrpoConfig`, validates it (ranges, then the
+variants' names against their registries: exit code 2 with a message naming the key, before any
+model is loaded) and calls the command. Library code raises `ExgrpoError`s; here they become one
+line on stderr and the error's exit code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig, validate
+from exgrpo_cli.config import ExgrpoConfig, validate
+from exgrpo_cli.errors import ExgrpoError
 
 
 def to_typed(cfg: DictConfig) -> ExgrpoConfig:
     obj = OmegaConf.to_object(cfg)
-    assert isinstance(obj, ExgrpoConfig), type(obj)
+    if not isinstance(obj, ExgrpoConfig):
+        raise TypeError(f"the composed config is a {type(obj).__name__}, not an ExgrpoConfig")
     return obj
 
 
-def dispatch(command: str, cfg: DictConfig) -> None:
-    typed = to_typed(cfg)
+def with_preset_name(cfg: ExgrpoConfig) -> ExgrpoConfig:
+    """`model.preset`: the conf/model/ file Hydra composed the run with (it names itself)."""
     try:
-        validate(typed, command)
-    except ConfigError as err:
-        print(f"exgrpo {command}: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        from hydra.core.hydra_config import HydraConfig
+
+        chosen = HydraConfig.get().runtime.choices.get("model")
+    except ValueError:  # not under @hydra.main (a test composing configs)
+        return cfg
+    if not chosen or cfg.model.preset:
+        return cfg
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, preset=str(chosen)))
+
+
+def _command(command: str) -> Callable[[ExgrpoConfig], None]:
     if command == "train":
         from exgrpo_cli.commands.train import run
     elif command == "eval":
@@ -35,5 +48,18 @@ def dispatch(command: str, cfg: DictConfig) -> None:
     elif command == "inspect-buffer":
         from exgrpo_cli.commands.inspect_buffer import run
     else:  # cli.main already refuses unknown commands
-        raise AssertionError(command)
-    run(typed)
+        raise ValueError(f"unknown command {command!r}")
+    return run
+
+
+def dispatch(command: str, cfg: DictConfig) -> None:
+    try:
+        typed = with_preset_name(to_typed(cfg))
+        validate(typed, command)
+        from exgrpo_cli.variants import check_variants
+
+        check_variants(typed, command)
+        _command(command)(typed)
+    except ExgrpoError as err:
+        print(f"exgrpo {command}: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None

@@ -35,7 +35,7 @@ def _fail(msg: str, code: int = 2) -> NoReturn:
 
 
 def _presets() -> str:
-    from exgrpo_cli.cli import config_dir
+    from exgrpo_cli.paths import config_dir
 
     names = sorted(p.stem for p in (Path(config_dir()) / "ablation").glob("*.yaml") if p.stem != "none")
     return ", ".join(names)

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from exgrpo_cli.config import DataConfig
 from exgrpo_cli.data import synthetic
 from exgrpo_cli.data.types import Question
+from exgrpo_cli.errors import UsageError
 
 log = logging.getLogger(__name__)
 
 
-class DataError(ValueError):
+class DataError(UsageError, ValueError):
     """The data cannot be used; the message says which file and why."""
 
 
@@ -123,25 +124,53 @@ def questions_from_rows(
     return out
 
 
+# (data config, report of skipped rows) -> (training pool, held-out set)
+Loader = Callable[[DataConfig, LoadReport], tuple[list[Question], list[Question]]]
+
+
+@dataclass(frozen=True)
+class DataSource:
+    load: Loader
+    path_kind: Literal["file", "dataset"] | None  # what data.path must name (None: unused)
+
+
+def _load_synthetic(cfg: DataConfig, report: LoadReport) -> tuple[list[Question], list[Question]]:
+    s = cfg.synthetic
+    return synthetic.train_and_val(
+        s.num_train, s.num_val, max_digits=s.max_digits, ops=list(s.ops), seed=s.seed
+    )
+
+
+def _from_rows(read: Callable[[DataConfig], Iterable[dict]]) -> Loader:
+    """A loader for row-based sources: rows -> questions, then the held-out split."""
+
+    def load(cfg: DataConfig, report: LoadReport) -> tuple[list[Question], list[Question]]:
+        questions = questions_from_rows(read(cfg), cfg, "q", report)
+        if cfg.val_path:
+            val = questions_from_rows(read_rows(cfg.val_path), cfg, "val", report)
+        else:
+            n_val = min(cfg.val_size, len(questions) // 10)
+            questions, val = questions[: len(questions) - n_val], questions[len(questions) - n_val :]
+        return questions, val
+
+    return load
+
+
+# `data.source`: name -> loader and what data.path must be
+SOURCES: dict[str, DataSource] = {
+    "synthetic": DataSource(_load_synthetic, path_kind=None),
+    "jsonl": DataSource(_from_rows(lambda c: read_rows(c.path, "jsonl")), path_kind="file"),
+    "parquet": DataSource(_from_rows(lambda c: read_rows(c.path, "parquet")), path_kind="file"),
+    "hf": DataSource(_from_rows(lambda c: _hf_rows(c.path, c.split)), path_kind="dataset"),
+}
+
+
 def load_questions(cfg: DataConfig) -> tuple[list[Question], list[Question], LoadReport]:
     """(training pool, held-out set, report of skipped rows)."""
     report = LoadReport()
-    if cfg.source == "synthetic":
-        s = cfg.synthetic
-        train, val = synthetic.train_and_val(
-            s.num_train, s.num_val, max_digits=s.max_digits, ops=list(s.ops), seed=s.seed
-        )
-        return train, val, report
-    if cfg.source == "hf":
-        rows = _hf_rows(cfg.path, cfg.split)
-    else:
-        rows = read_rows(cfg.path, cfg.source)
-    questions = questions_from_rows(rows, cfg, "q", report)
-    if cfg.val_path:
-        val = questions_from_rows(read_rows(cfg.val_path), cfg, "val", report)
-    else:
-        n_val = min(cfg.val_size, len(questions) // 10)
-        questions, val = questions[: len(questions) - n_val], questions[len(questions) - n_val :]
+    if cfg.source not in SOURCES:
+        raise DataError(f"unknown data.source {cfg.source!r}; known: {', '.join(SOURCES)}")
+    questions, val = SOURCES[cfg.source].load(cfg, report)
     if report.skipped:
         log.warning(
             "skipped %d of %d data rows; first reasons: %s",

@@ -22,6 +22,7 @@ from exgrpo_cli.config import DataConfig, ExgrpoConfig
 from exgrpo_cli.data import synthetic
 from exgrpo_cli.data.sources import DataError, dig, read_rows, row_to_question
 from exgrpo_cli.data.types import Question
+from exgrpo_cli.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ LETTERS = "ABCDEFGHIJ"
 _LETTER = re.compile(r"^\s*\(?([A-J])\)?\s*$")
 
 
-class BenchmarkDataError(ValueError):
+class BenchmarkDataError(UsageError, ValueError):
     """A benchmark's data cannot be found or used; the message says what to put where."""
 
 

@@ -173,7 +173,8 @@ def evaluate_model(
 
     from exgrpo_cli.evaluation.validate import sample_and_grade
     from exgrpo_cli.policy.model import load_model, load_tokenizer, pick_device
-    from exgrpo_cli.rollout import build_engine
+    from exgrpo_cli.registry import pick
+    from exgrpo_cli.rollout import ENGINES, build_engine
     from exgrpo_cli.rollout.base import SamplingSpec
 
     same = path == cfg.model.path
@@ -181,11 +182,13 @@ def evaluate_model(
     run_cfg = dataclasses.replace(cfg, model=model_cfg)
     device = pick_device(cfg.trainer.device)
     tokenizer = load_tokenizer(model_cfg)
-    # vLLM loads the weights itself: an HF copy would only take memory
-    model = load_model(model_cfg, device) if cfg.rollout.engine == "hf" else None
+    # an engine that loads the weights itself (vLLM) gets no HF copy: it would only take memory
+    engine_spec = pick(ENGINES, "rollout.engine", cfg.rollout.engine)
+    model = load_model(model_cfg, device) if engine_spec.needs_trainer_model else None
     engine = build_engine(run_cfg, model, tokenizer)
     e = cfg.eval
-    temperature = e.temperature if e.temperature > 0 or cfg.rollout.engine != "hf" else GREEDY_TEMPERATURE
+    greedy_ok = e.temperature > 0 or engine_spec.supports_greedy
+    temperature = e.temperature if greedy_ok else GREEDY_TEMPERATURE
     result = ModelResult(label, path)
     try:
         for lb in suite:

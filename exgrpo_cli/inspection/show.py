@@ -1,23 +1,27 @@
 """`inspect.show=<question id>`: one question's stored responses, decoded with the run's tokenizer.
 
-The checkpoint's `model/` folder holds the tokenizer (and, for `inspect.score=true`, the policy whose
-mean token entropy of each response is what `replay.trajectory_selection=lowest_entropy` ranks by,
-computed with replay/scoring.py exactly as the train step does). The question text and the prompt
-template come from the run's own config (`<run>/.hydra/config.yaml`); a checkpoint kept outside a
-run dir falls back to the config of the inspect command itself, and says so.
+The checkpoint's `model/` folder holds the tokenizer (and, for `inspect.score=true`, the policy
+under which each response's mean token entropy is computed with policy/scoring.py exactly as the
+train step does; the response the run's `replay.trajectory_selection` rule would replay is
+marked). The question text and the prompt template come from the run's own config
+(`<run>/.hydra/config.yaml`); a checkpoint kept outside a run dir falls back to the config of the
+inspect command itself, and says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config import ExgrpoConfig, ModelConfig
 from exgrpo_cli.inspection.report import run_dir_of
-from exgrpo_cli.replay.buffer import ExperienceBuffer
+from exgrpo_cli.replay.buffer import Experience, ExperienceBuffer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def run_config(checkpoint: Path, fallback: ExgrpoConfig) -> tuple[ExgrpoConfig, str]:
@@ -89,39 +93,57 @@ def show_question(
     if score:
         if q is None:
             raise KeyError(f"cannot score {uid!r}: its prompt is unknown ({note})")
-        entropies = _entropies(cfg, mcfg, tok, get_template(cfg.model.template).render(q, tok), exps)
-        for row, h in zip(rows, entropies):
-            row["entropy"] = h
-        out["temperature"] = cfg.rollout.temperature
+        out.update(_scores(cfg, mcfg, tok, get_template(cfg.model.template).render(q, tok), exps, rows))
     return out
 
 
-def _entropies(cfg: ExgrpoConfig, mcfg, tok, prompt: str, exps) -> list[float]:  # noqa: ANN001
+def _scores(
+    cfg: ExgrpoConfig,
+    mcfg: ModelConfig,
+    tok: Any,
+    prompt: str,
+    exps: list[Experience],
+    rows: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Each response's entropy (into `rows`), and which one the run's rule replays."""
     from transformers.utils import logging as hf_logging
 
     from exgrpo_cli.policy.forward import token_budget
     from exgrpo_cli.policy.model import load_model, pick_device
-    from exgrpo_cli.replay.scoring import score_candidates
+    from exgrpo_cli.policy.scoring import score_candidates
+    from exgrpo_cli.replay.trajectory import trajectory_rule
 
     hf_logging.disable_progress_bar()  # a weights-loading bar would garble the listing
-
     model = load_model(mcfg, pick_device("auto"))
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     budget = token_budget(cfg.algo.micro_batch_tokens, next(model.parameters()).device)
-    return score_candidates(
-        model,
-        [ids] * len(exps),
-        [e.response_ids.tolist() for e in exps],
-        mode="lowest_entropy",
-        temperature=cfg.rollout.temperature,
-        pad_id=pad,
-        token_budget=budget,
-        max_rows=cfg.replay.entropy_batch_size,
-    )
+
+    def scored(kind: Literal["entropy", "nll"]) -> list[float]:
+        return score_candidates(
+            model,
+            [ids] * len(exps),
+            [e.response_ids.tolist() for e in exps],
+            kind=kind,
+            temperature=cfg.rollout.temperature,
+            pad_id=pad,
+            token_budget=budget,
+            max_rows=cfg.replay.entropy_batch_size,
+        )
+
+    entropies = scored("entropy")
+    for row, h in zip(rows, entropies):
+        row["entropy"] = h
+    name = cfg.replay.trajectory_selection
+    rule = trajectory_rule(name)
+    replayed = None
+    if not rule.draws:
+        by = entropies if rule.score == "entropy" else scored(rule.score) if rule.score else []
+        replayed = rule.choose(exps, np.asarray(by, dtype=np.float64), np.random.default_rng(0))
+    return {"temperature": cfg.rollout.temperature, "rule": name, "replayed": replayed}
 
 
-def print_show(info: dict[str, Any], console) -> None:  # noqa: ANN001 - a rich Console
+def print_show(info: dict[str, Any], console: Console) -> None:
     from rich.markup import escape
 
     c = console
@@ -134,16 +156,14 @@ def print_show(info: dict[str, Any], console) -> None:  # noqa: ANN001 - a rich 
     else:
         c.print(f"[dim]{escape(info['note'])}[/]")
     c.print(f"[dim]config: {escape(info['config'])}[/]")
-    scored = [r["entropy"] for r in info["experiences"] if "entropy" in r]
-    lowest = min(range(len(scored)), key=scored.__getitem__) if scored else None
     for i, r in enumerate(info["experiences"]):
         head = (
             f"#{i} step {r['step']}  {r['length']} tokens  "
             f"behaviour log-prob mean {r['behavior_logp_mean']:.3f}"
         )
         if "entropy" in r:
-            head += f"  entropy {r['entropy']:.4f}" + (
-                "  <- lowest: replayed by lowest_entropy" if i == lowest else ""
-            )
+            head += f"  entropy {r['entropy']:.4f}"
+            if i == info.get("replayed"):
+                head += f"  <- replayed by {info['rule']}"
         c.print(f"[cyan]{head}[/]", soft_wrap=True)
         c.print(escape(r["text"]), highlight=False)

@@ -15,12 +15,14 @@ All per-token outputs are response-aligned: [B, R], column j = response token j,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from exgrpo_cli.algo.logprobs import token_entropy, token_logprobs
+from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
 
 
 @dataclass
@@ -84,6 +86,31 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     if cur:
         chunks.append(cur)
     return chunks
+
+
+def synced_micro_batches(
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    rows: list[int],
+    token_budget: int,
+    pad_id: int,
+    device: torch.device,
+    dist: DistInfo,
+) -> Iterator[tuple[SequenceBatch, bool]]:
+    """`rows` packed into token-budget micro-batches, as (batch, idle) pairs, the same number on
+    every rank. Under FSDP every forward (and backward) is a collective, so a rank with fewer
+    micro-batches than another runs `idle` passes on one row: take part, add nothing. Every pass
+    over a batch that may be cut differently per rank (update, old log-probs) goes through here."""
+    lengths = [len(prompts[i]) + len(responses[i]) for i in rows]
+    chunks = micro_batches(lengths, token_budget)
+    most = len(chunks)
+    if dist.distributed:
+        most = int(all_reduce_dict({"n": len(chunks)}, dist, op="max")["n"])
+    for k in range(most):
+        if k < len(chunks):
+            yield pack(prompts, responses, [rows[c] for c in chunks[k]], pad_id, device), False
+        else:
+            yield pack(prompts, responses, rows[:1] or [0], pad_id, device), True
 
 
 def response_logits(model, batch: SequenceBatch) -> Tensor:  # noqa: ANN001

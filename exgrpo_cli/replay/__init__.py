@@ -3,21 +3,21 @@
 from exgrpo_cli.replay.buckets import default_bucket_edges
 from exgrpo_cli.replay.buffer import Experience, ExperienceBuffer
 from exgrpo_cli.replay.selection import (
-    QUESTION_MODES,
-    TRAJECTORY_MODES,
+    QUESTION_SELECTION,
     bucket_probabilities,
-    choose_trajectory,
     gaussian_weights,
     n_replay,
     sample_bucket_counts,
     select_questions,
 )
+from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION, TrajectoryRule, choose_trajectory
 
 __all__ = [
-    "QUESTION_MODES",
-    "TRAJECTORY_MODES",
+    "QUESTION_SELECTION",
+    "TRAJECTORY_SELECTION",
     "Experience",
     "ExperienceBuffer",
+    "TrajectoryRule",
     "bucket_probabilities",
     "choose_trajectory",
     "default_bucket_edges",

@@ -1,11 +1,11 @@
 """Experience selection: which buffered questions and which stored trajectory to replay.
 
 Place in the train step: first thing of a mixed step. ``n_replay`` sizes the replayed part
-of the batch, ``select_questions`` picks that many buffered questions (ALGORITHM.md
-section 3), and once the current policy has scored each selected question's stored
-experiences (mean token entropy or NLL, computed elsewhere), ``choose_trajectory`` picks the
-one to replay. Everything here is a pure function of its inputs and an explicit
-``np.random.Generator``, so a seeded run selects the same questions after a resume.
+of the batch and ``select_questions`` picks that many buffered questions (ALGORITHM.md
+section 3) with the rule that ``replay.question_selection`` names in ``QUESTION_SELECTION``;
+replay/trajectory.py then picks the stored response to replay. Everything here is a pure
+function of its inputs and an explicit ``np.random.Generator``, so a seeded run selects the same
+questions after a resume.
 """
 
 from __future__ import annotations
@@ -15,9 +15,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
-
-QUESTION_MODES = ("gaussian", "uniform")
-TRAJECTORY_MODES = ("lowest_entropy", "highest_entropy", "lowest_nll", "random")
 
 
 class BucketedQuestions(Protocol):
@@ -116,53 +113,64 @@ def sample_bucket_counts(
     return counts.tolist()
 
 
-def select_questions(
-    buffer: BucketedQuestions, n: int, *, mode: str, mu: float, sigma: float, rng: np.random.Generator
+def gaussian_selection(
+    buffer: BucketedQuestions, n: int, *, mu: float, sigma: float, rng: np.random.Generator
 ) -> list[str]:
-    """Pick min(n, buffered) distinct buffered questions to replay.
-
-    gaussian: bucket counts from ``sample_bucket_counts`` with ``bucket_probabilities``, then
-    uniform without replacement inside each bucket; the result is grouped by bucket.
-    uniform: uniform without replacement over all buffered questions (the "w/o question
-    selection" ablation). Retired questions are never returned because ``end_step`` takes
-    them out of the buckets; call this at the start of a step, not between observe and end_step.
-    """
-    if mode not in QUESTION_MODES:
-        raise ValueError(f"replay.question_selection must be one of {QUESTION_MODES} (got {mode!r})")
+    """Bucket counts from ``sample_bucket_counts`` with ``bucket_probabilities``, then uniform
+    without replacement inside each bucket; the result is grouped by bucket (ExGRPO's rule)."""
     sizes = buffer.bucket_sizes()
     n = min(int(n), sum(sizes))
     if n <= 0:
         return []
-    # members are fetched by position (`question_at`), never by copying a bucket: with a million
-    # buffered experiences a copy of the buckets cost more than all the rest of the selection
-    if mode == "uniform":
-        # position i of the buckets laid end to end: bucket b holds [starts[b], starts[b+1])
-        starts = np.concatenate([[0], np.cumsum(sizes)])
-        picks = rng.choice(int(starts[-1]), size=n, replace=False)
-        owners = np.searchsorted(starts, picks, side="right") - 1
-        return [buffer.question_at(int(b), int(i - starts[b])) for b, i in zip(owners, picks)]
     probs = bucket_probabilities(buffer.bucket_centres(), [s > 0 for s in sizes], mu, sigma)
     out: list[str] = []
+    # members are fetched by position (`question_at`), never by copying a bucket: with a million
+    # buffered experiences a copy of the buckets cost more than all the rest of the selection
     for b, c in enumerate(sample_bucket_counts(n, probs, sizes, rng)):
         if c:
             out.extend(buffer.question_at(b, i) for i in rng.choice(sizes[b], size=c, replace=False).tolist())
     return out
 
 
-def choose_trajectory(scores: Sequence[float], mode: str, rng: np.random.Generator) -> int:
-    """Index of the experience to replay among one question's candidates.
+def uniform_selection(
+    buffer: BucketedQuestions, n: int, *, mu: float, sigma: float, rng: np.random.Generator
+) -> list[str]:
+    """Uniform without replacement over all buffered questions (the "w/o question selection"
+    ablation); mu and sigma are ignored."""
+    sizes = buffer.bucket_sizes()
+    n = min(int(n), sum(sizes))
+    if n <= 0:
+        return []
+    # position i of the buckets laid end to end: bucket b holds [starts[b], starts[b+1])
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    picks = rng.choice(int(starts[-1]), size=n, replace=False)
+    owners = np.searchsorted(starts, picks, side="right") - 1
+    return [buffer.question_at(int(b), int(i - starts[b])) for b, i in zip(owners, picks)]
 
-    ``scores`` are mean token entropies (or mean NLL for lowest_nll) under the current
-    policy. Ties go to the lowest index (the oldest experience); a NaN score never wins.
-    ``rng`` is drawn from only in random mode.
+
+class QuestionSelector(Protocol):
+    def __call__(
+        self, buffer: BucketedQuestions, n: int, *, mu: float, sigma: float, rng: np.random.Generator
+    ) -> list[str]: ...
+
+
+# `replay.question_selection`: name -> rule. A new rule is a function above and one entry here.
+QUESTION_SELECTION: dict[str, QuestionSelector] = {
+    "gaussian": gaussian_selection,
+    "uniform": uniform_selection,
+}
+
+
+def select_questions(
+    buffer: BucketedQuestions, n: int, *, mode: str, mu: float, sigma: float, rng: np.random.Generator
+) -> list[str]:
+    """Pick min(n, buffered) distinct buffered questions to replay with the rule named `mode`.
+
+    Retired questions are never returned because ``end_step`` takes them out of the buckets;
+    call this at the start of a step, not between observe and end_step.
     """
-    s = np.asarray(scores, dtype=np.float64)
-    if s.ndim != 1 or s.size == 0:
-        raise ValueError(f"need a non-empty 1-D list of scores (got shape {s.shape})")
-    if mode == "random":
-        return int(rng.integers(s.size))
-    if mode in ("lowest_entropy", "lowest_nll"):
-        return int(np.argmin(np.where(np.isnan(s), np.inf, s)))
-    if mode == "highest_entropy":
-        return int(np.argmax(np.where(np.isnan(s), -np.inf, s)))
-    raise ValueError(f"replay.trajectory_selection must be one of {TRAJECTORY_MODES} (got {mode!r})")
+    if mode not in QUESTION_SELECTION:
+        raise ValueError(
+            f"replay.question_selection must be one of {', '.join(QUESTION_SELECTION)} (got {mode!r})"
+        )
+    return QUESTION_SELECTION[mode](buffer, n, mu=mu, sigma=sigma, rng=rng)

@@ -1,22 +1,58 @@
 """Rollout engines: sample K responses per prompt with their token ids and log-probs.
 
 Where it sits in the step: after the fresh questions are drawn and the replayed ones chosen,
-before the reward. `build_engine` picks the implementation named by `rollout.engine`.
+before the reward. `ENGINES` (the `rollout.engine` names) says how each engine is built and what
+it can do; `build_engine` builds the one the config names. The engines' modules (and vLLM) are
+imported only when an engine is built.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from exgrpo_cli.rollout.base import Rollout, RolloutEngine, SamplingSpec
 
-__all__ = ["Rollout", "RolloutEngine", "SamplingSpec", "build_engine"]
+if TYPE_CHECKING:
+    import torch
+
+    from exgrpo_cli.config import ExgrpoConfig
+
+__all__ = ["ENGINES", "EngineSpec", "Rollout", "RolloutEngine", "SamplingSpec", "build_engine"]
 
 
-def build_engine(cfg, model, tokenizer) -> RolloutEngine:  # noqa: ANN001 - ExgrpoConfig, HF objects
-    if cfg.rollout.engine == "hf":
-        from exgrpo_cli.rollout.hf import HFEngine
+@dataclass(frozen=True)
+class EngineSpec:
+    # (config, the trainer's model or None, tokenizer) -> engine
+    build: Callable[[ExgrpoConfig, torch.nn.Module | None, Any], RolloutEngine]
+    needs_trainer_model: bool  # samples from an HF module in this process (eval must load one)
+    supports_greedy: bool  # accepts temperature 0 (else a tiny temperature stands in for greedy)
 
-        return HFEngine(model, tokenizer)
-    if cfg.rollout.engine == "vllm":
-        from exgrpo_cli.rollout.vllm_engine import VLLMEngine
 
-        # with the trainer's model, vLLM starts from its weights (resumed, GGUF, sharded) at once
-        return VLLMEngine.from_config(cfg, tokenizer, model=model)
-    raise ValueError(f"unknown rollout.engine {cfg.rollout.engine!r}")
+def _build_hf(cfg: ExgrpoConfig, model: torch.nn.Module | None, tokenizer: Any) -> RolloutEngine:
+    from exgrpo_cli.rollout.hf import HFEngine
+
+    if model is None:
+        raise ValueError("rollout.engine=hf samples from the trainer's own model: pass it")
+    return HFEngine(model, tokenizer)
+
+
+def _build_vllm(cfg: ExgrpoConfig, model: torch.nn.Module | None, tokenizer: Any) -> RolloutEngine:
+    from exgrpo_cli.rollout.vllm_engine import VLLMEngine
+
+    # with the trainer's model, vLLM starts from its weights (resumed, GGUF, sharded) at once
+    return VLLMEngine.from_config(cfg, tokenizer, model=model)
+
+
+# `rollout.engine`: name -> how to build it and what it can do
+ENGINES: dict[str, EngineSpec] = {
+    "hf": EngineSpec(_build_hf, needs_trainer_model=True, supports_greedy=False),
+    "vllm": EngineSpec(_build_vllm, needs_trainer_model=False, supports_greedy=True),
+}
+
+
+def build_engine(cfg: ExgrpoConfig, model: torch.nn.Module | None, tokenizer: Any) -> RolloutEngine:
+    from exgrpo_cli.registry import pick
+
+    return pick(ENGINES, "rollout.engine", cfg.rollout.engine).build(cfg, model, tokenizer)

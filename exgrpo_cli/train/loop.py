@@ -1,38 +1,42 @@
 """One ExGRPO train step, in the order of the paper's algorithm box (ALGORITHM.md 2-5):
 
-  select replay questions and their lowest-entropy trajectory -> draw fresh questions ->
-  generate rollouts -> score -> delayed-start switch -> update the buffer -> build the mixed
-  batch -> advantages -> loss and optimizer step -> retire -> log.
+  select replay questions and their trajectory -> draw fresh questions -> generate rollouts ->
+  score -> delayed-start switch -> update the buffer -> build the mixed batch -> advantages ->
+  loss and optimizer step -> retire -> log.
 
 With `replay.ratio=0` every replay stage is skipped and the step is exactly on-policy Dr.GRPO.
 All randomness of a step derives from (trainer.seed, step), so a resumed run repeats it exactly.
+The run's state (model, optimizer, sampler, buffer, switch, counters) lives in `RunState`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-import torch
 
 from exgrpo_cli.algo.advantages import group_advantages
+from exgrpo_cli.algo.aggregation import Aggregation
+from exgrpo_cli.algo.losses import LossSettings, PolicyLoss
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, broadcast_object
 from exgrpo_cli.policy.forward import token_budget
-from exgrpo_cli.replay.buffer import Experience, ExperienceBuffer
+from exgrpo_cli.policy.scoring import score_candidates
+from exgrpo_cli.replay.buffer import Experience
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
-from exgrpo_cli.replay.schedule import DelayedStart
-from exgrpo_cli.replay.scoring import score_candidates
-from exgrpo_cli.replay.selection import choose_trajectory, n_replay, select_questions
+from exgrpo_cli.replay.selection import n_replay, select_questions
+from exgrpo_cli.replay.trajectory import TrajectoryRule
+from exgrpo_cli.reward.scorer import RewardScorer
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
-from exgrpo_cli.train.update import UpdateSettings, policy_update
+from exgrpo_cli.train.metrics import loss_metrics, rollout_metrics
+from exgrpo_cli.train.state import RunState
+from exgrpo_cli.train.update import UpdatePlan, policy_update
 
 
 def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
@@ -40,54 +44,42 @@ def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
     return np.random.default_rng([seed, step, purpose])
 
 
-def shared_state_digest(trainer: Trainer) -> str:
-    """A digest of the state every rank must share: buffer membership, buckets, retired set and
-    sizes, the delayed-start switch and the sampler position (no token data: O(questions))."""
-    b = trainer.buffer
-    state = [
-        [b.questions_in_bucket(i) for i in range(b.num_buckets)],
-        sorted(b.retired),
-        b.num_questions,
-        b.num_experiences,
-        b.stored_tokens,
-        trainer.switch.state_dict(),
-        trainer.sampler.epoch,
-        trainer.sampler.position,
-    ]
-    return hashlib.blake2b(json.dumps(state).encode(), digest_size=8).hexdigest()
-
-
-class Timers(dict):
+class Timers(dict[str, float]):
     @contextmanager
-    def __call__(self, name: str):
+    def __call__(self, name: str) -> Iterator[None]:
         t0 = time.perf_counter()
         yield
         self[f"timing/{name}"] = self.get(f"timing/{name}", 0.0) + time.perf_counter() - t0
 
 
+@dataclass(frozen=True)
+class Choices:
+    """The variants the config names, looked up once when the trainer is built."""
+
+    loss: PolicyLoss
+    aggregation: Aggregation
+    trajectory: TrajectoryRule
+
+
 @dataclass
 class Trainer:
     cfg: ExgrpoConfig
-    model: torch.nn.Module
-    tokenizer: object
+    state: RunState
+    tokenizer: Any  # an HF tokenizer
     template: Template
     engine: RolloutEngine
-    scorer: object
-    optimizer: torch.optim.Optimizer
-    sampler: QuestionSampler
-    buffer: ExperienceBuffer
-    switch: DelayedStart
-    questions: dict[str, Question] = field(default_factory=dict)  # uid -> question, for replay prompts
-    skipped_in_a_row: int = 0
+    scorer: RewardScorer
+    choices: Choices
     # data parallel: every rank draws the same questions and holds the same buffer; rank r
     # generates and grades groups r, r+W, ... and trains on them; the graded rollouts are
     # all-gathered in between, and `check_ranks_agree` verifies the shared state every step
     dist: DistInfo = field(default_factory=DistInfo)
+    questions: dict[str, Question] = field(default_factory=dict)  # uid -> question, for replay prompts
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.questions:
-            self.questions = {q.uid: q for q in self.sampler.questions}
+            self.questions = {q.uid: q for q in self.state.sampler.questions}
 
     @property
     def replay_enabled(self) -> bool:
@@ -102,20 +94,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ the step
     def train_step(self, step: int) -> dict[str, float]:
-        cfg, t = self.cfg, Timers()
+        cfg, st, t = self.cfg, self.state, Timers()
         t_step = time.perf_counter()
-        mixed = self.replay_enabled and self.switch.active
+        mixed = self.replay_enabled and st.switch.active
+        replayed: list[tuple[Question, Experience]] = []
+        selected_score = float("nan")
         with t("select"):
-            replayed = self.select_replay(step, t) if mixed else []
-        retired = self.buffer.retired if self.replay_enabled else ()
-        fresh = self.sampler.draw(cfg.algo.questions_per_step - len(replayed), retired=retired)
+            if mixed:
+                replayed, selected_score = self.select_replay(step, t)
+        retired = st.buffer.retired if self.replay_enabled else ()
+        fresh = st.sampler.draw(cfg.algo.questions_per_step - len(replayed), retired=retired)
         with t("rollout"):
             groups = self.rollout(fresh, replayed, step)
         with t("reward"):
             reward_metrics = self.score(groups)
-        fresh_acc = reward_metrics["reward/accuracy"]
         if self.replay_enabled:
-            self.switch.update(step, fresh_acc)
+            st.switch.update(step, reward_metrics["reward/accuracy"])
             with t("buffer"):
                 self.observe(groups, step)
         W, r = self.dist.world_size, self.dist.rank
@@ -123,48 +117,55 @@ class Trainer:
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
         with t("update"):
             result = policy_update(
-                self.model, self.optimizer, batch, advantages, self.update_settings(), self.pad_id, self.dist
+                st.model, st.optimizer, batch, advantages, self.update_plan(), self.pad_id, self.dist
             )
         with t("sync"):
-            self.engine.sync_weights(self.model)
+            self.engine.sync_weights(st.model)
         if self.replay_enabled:
             with t("buffer"):
-                self.buffer.end_step()
+                st.buffer.end_step()
                 self.maybe_readmit(step)
+        st.step = step
+        st.skipped_in_a_row = st.skipped_in_a_row + 1 if result.skipped else 0
         if self.dist.distributed:
             self.check_ranks_agree(step)
-        self.skipped_in_a_row = self.skipped_in_a_row + 1 if result.skipped else 0
         metrics = {
             **reward_metrics,
-            **self.rollout_metrics(groups, batch),
-            **self.loss_metrics(result, batch),
+            **rollout_metrics(groups, batch),
+            **loss_metrics(result, float(st.optimizer.param_groups[0]["lr"])),
             **t,
         }
         if self.replay_enabled:
-            metrics.update(self.buffer.metrics())
-        metrics["replay/active"] = float(self.switch.active and self.replay_enabled)
+            metrics.update(st.buffer.metrics())
+        metrics["replay/active"] = float(st.switch.active and self.replay_enabled)
         metrics["replay/replayed_questions"] = float(len(replayed))
+        metrics["replay/selected_entropy_mean"] = selected_score
         # the whole step's wall time (batch building and metrics included), not the stages' sum
         metrics["timing/step"] = time.perf_counter() - t_step
         return metrics
 
     @property
     def token_budget(self) -> int:
-        return token_budget(self.cfg.algo.micro_batch_tokens, next(self.model.parameters()).device)
+        return token_budget(self.cfg.algo.micro_batch_tokens, next(self.state.model.parameters()).device)
 
     @property
     def pad_id(self) -> int:
         tok = self.tokenizer
-        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
 
-    def update_settings(self) -> UpdateSettings:
+    def update_plan(self) -> UpdatePlan:
         a, p = self.cfg.algo, self.cfg.replay
-        after_start = self.replay_enabled and self.switch.active
-        return UpdateSettings(
+        after_start = self.replay_enabled and self.state.switch.active
+        settings = LossSettings(
             clip_eps=None if after_start and not a.clip_after_start else a.clip_eps,
             beta=p.beta if p.shaping else None,
-            importance_correction=p.importance_correction,
+        )
+        return UpdatePlan(
+            loss=self.choices.loss,
+            loss_settings=settings,
+            aggregation=self.choices.aggregation,
             entropy_coef=a.entropy_coef,
+            importance_correction=p.importance_correction,
             max_response_tokens=self.cfg.model.max_response_tokens,
             updates=a.updates_per_step,
             micro_batch_tokens=self.token_budget,
@@ -173,50 +174,43 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ stages
-    def select_replay(self, step: int, timers: Timers | None = None) -> list[tuple[Question, Experience]]:
-        """ALGORITHM.md 3: n_replay questions by bucket Gaussian, then one trajectory each.
-        `timers` gets the candidates' entropy forward as `select_scoring` (part of `select`)."""
-        p, timers = self.cfg.replay, timers if timers is not None else Timers()
+    def select_replay(
+        self, step: int, timers: Timers | None = None
+    ) -> tuple[list[tuple[Question, Experience]], float]:
+        """ALGORITHM.md 3: n_replay questions by bucket Gaussian, then one trajectory each; also
+        the mean score of the chosen trajectories (NaN for rules without a score). `timers` gets
+        the candidates' scoring forward as `select_scoring` (part of `select`)."""
+        p, st, timers = self.cfg.replay, self.state, timers if timers is not None else Timers()
+        rule = self.choices.trajectory
         rng = step_rng(self.cfg.trainer.seed, step, 2)
-        n = n_replay(p.ratio, self.cfg.algo.questions_per_step, self.buffer.num_questions)
-        uids = select_questions(self.buffer, n, mode=p.question_selection, mu=p.mu, sigma=p.sigma, rng=rng)
+        n = n_replay(p.ratio, self.cfg.algo.questions_per_step, st.buffer.num_questions)
+        uids = select_questions(st.buffer, n, mode=p.question_selection, mu=p.mu, sigma=p.sigma, rng=rng)
         if not uids:
-            self._selected_entropy = float("nan")
-            return []
-        cands = {u: self.buffer.experiences(u) for u in uids}
-        scores: dict[str, list[float]] = {}
-        if p.trajectory_selection != "random":
-            prompts, responses, owners = [], [], []
-            for u in uids:
-                for e in cands[u]:
-                    prompts.append(self.prompt_ids(self.questions[u]))
-                    responses.append(e.response_ids.tolist())
-                    owners.append(u)
+            return [], float("nan")
+        cands = {u: st.buffer.experiences(u) for u in uids}
+        scores: dict[str, list[float]] = {u: [] for u in uids}
+        if rule.score is not None:
+            owners = [u for u in uids for _ in cands[u]]
             with timers("select_scoring"):
                 flat = score_candidates(
-                    self.model,
-                    prompts,
-                    responses,
-                    mode=p.trajectory_selection,
+                    st.model,
+                    [self.prompt_ids(self.questions[u]) for u in owners],
+                    [e.response_ids.tolist() for u in uids for e in cands[u]],
+                    kind=rule.score,
                     temperature=self.cfg.rollout.temperature,
                     pad_id=self.pad_id,
                     token_budget=self.token_budget,
                     max_rows=p.entropy_batch_size,
                 )
             for u, s in zip(owners, flat):
-                scores.setdefault(u, []).append(s)
-        picks = [
-            choose_trajectory(scores.get(u, [0.0] * len(cands[u])), p.trajectory_selection, rng) for u in uids
-        ]
+                scores[u].append(s)
+        picks = [rule.choose(cands[u], np.asarray(scores[u], dtype=np.float64), rng) for u in uids]
         # ranks score the same candidates, but float noise between their forwards (GPU kernels)
         # could flip an argmin: rank 0's choice holds for all
         picks = broadcast_object(picks, self.dist)
         chosen = [(self.questions[u], cands[u][i]) for u, i in zip(uids, picks)]
-        picked_scores = [scores.get(u, [0.0] * len(cands[u]))[i] for u, i in zip(uids, picks)]
-        self._selected_entropy = (
-            float(np.mean(picked_scores)) if p.trajectory_selection != "random" else float("nan")
-        )
-        return chosen
+        picked = [scores[u][i] for u, i in zip(uids, picks) if scores[u]]
+        return chosen, float(np.mean(picked)) if picked else float("nan")
 
     def rollout(
         self, fresh: list[Question], replayed: list[tuple[Question, Experience]], step: int
@@ -290,21 +284,23 @@ class Trainer:
 
     def observe(self, groups: list[Group], step: int) -> None:
         """ALGORITHM.md 2: retire K/K questions, bucket and store the rest (after the delayed start)."""
-        collect = self.switch.active
+        collect = self.state.switch.active
         for g in groups:
             correct = [
                 (np.asarray(r.ids, dtype=np.int32), np.asarray(r.behavior_logp, dtype=np.float32))
                 for r in g.responses
                 if r.reward > 0.5 and not r.replayed and r.behavior_logp
             ]
-            self.buffer.observe_group(g.question.uid, g.num_correct, correct, step=step, collect=collect)
+            self.state.buffer.observe_group(
+                g.question.uid, g.num_correct, correct, step=step, collect=collect
+            )
 
     def check_ranks_agree(self, step: int) -> None:
         """Every rank must hold the same buffer, switch and sampler position: they pick the same
         replay questions from them, and the candidate scoring is a collective forward. Diverged
         ranks would hang in it (until trainer.dist_timeout_s) or train on mismatched batches;
         this fails the run at once with a message instead. Costs one small all-gather per step."""
-        digests = all_gather_object(shared_state_digest(self), self.dist)
+        digests = all_gather_object(self.state.digest(), self.dist)
         if any(d != digests[0] for d in digests):
             raise RuntimeError(
                 f"step {step}: the ranks' replay buffers / sampler / delayed-start states "
@@ -314,36 +310,4 @@ class Trainer:
     def maybe_readmit(self, step: int) -> None:
         p = self.cfg.replay
         if p.readmit_every and p.readmit_retired_fraction > 0 and step % p.readmit_every == 0:
-            self.buffer.readmit(p.readmit_retired_fraction, step_rng(self.cfg.trainer.seed, step, 3))
-
-    # ------------------------------------------------------------------ metrics
-    def rollout_metrics(self, groups: list[Group], batch) -> dict[str, float]:  # noqa: ANN001
-        fresh = [r for g in groups for r in g.responses if not r.replayed]
-        lengths = [len(r.ids) for r in fresh]
-        return {
-            "rollout/response_length": float(np.mean(lengths)) if lengths else 0.0,
-            "rollout/truncated": float(np.mean([not r.finished for r in fresh])) if fresh else 0.0,
-            "rollout/responses": float(len(fresh)),
-            "rollout/rows": float(len(batch)),
-        }
-
-    def loss_metrics(self, res, batch) -> dict[str, float]:  # noqa: ANN001
-        s = res.stats
-        fresh_tokens = max(s.fresh_tokens, 1)
-        out = {
-            "loss/total": res.loss_total,
-            "loss/on_policy": s.on_policy_loss,
-            "loss/off_policy": s.off_policy_loss,
-            "loss/clip_fraction": s.clipped_tokens / fresh_tokens,
-            "loss/importance_weight_mean": s.replay_ratio_sum / s.replay_tokens
-            if s.replay_tokens
-            else float("nan"),
-            "loss/entropy": res.entropy_sum / max(s.fresh_tokens + s.replay_tokens, 1),
-            "rollout/logprob_diff_mean": res.logprob_diff_sum / fresh_tokens,
-            "optim/grad_norm": float(np.mean(res.grad_norms)) if res.grad_norms else float("nan"),
-            "optim/skipped_steps": float(res.skipped),
-            "optim/lr": float(self.optimizer.param_groups[0]["lr"]),
-        }
-        out["replay/selected_entropy_mean"] = getattr(self, "_selected_entropy", float("nan"))
-        self._selected_entropy = float("nan")
-        return out
+            self.state.buffer.readmit(p.readmit_retired_fraction, step_rng(self.cfg.trainer.seed, step, 3))

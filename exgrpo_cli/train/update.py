@@ -1,48 +1,66 @@
-"""The policy update of one step: mixed batch + advantages -> loss -> optimizer step(s).
+"""The policy update of one step: mixed batch + advantages -> optimizer step(s).
 
-With one update per step the behaviour policy of fresh tokens is the current policy itself, so
-its log-probs are the detached log-probs of the very forward that builds the loss (no separate
-old-log-prob pass). With several updates per step, the old log-probs of the later mini-batches
-are computed once, before the first update. Replayed rows use their stored log-probs (IS
-correction) unless `replay.importance_correction=false`.
+Plumbing only: the step's rows are cut into one mini-batch per optimizer update, each into
+memory-sized micro-batches kept in step across ranks (`synced_micro_batches`), and every
+micro-batch's share of the objective is back-propagated; then the gradient is clipped and the
+update skipped when its norm is not finite or too large. The maths is algo/'s: the behaviour
+log-probs (`behaviour_logprobs`), the per-token loss the trainer chose (`POLICY_LOSSES`), per-token
+log-probs and entropies, and how they add up (`AGGREGATIONS`, `objective`).
+
+pi_old (ALGORITHM.md 4): the policy before the step's first update. On the first mini-batch that
+is the current policy itself, so its log-probs are the detached ones of the very forward that
+builds the loss; the later mini-batches' are computed once, in a no-grad pass before the first
+update. Replayed rows use their stored log-probs (IS correction) unless
+`replay.importance_correction=false`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from exgrpo_cli.algo.losses import LossStats, exgrpo_token_losses, loss_stats
+from exgrpo_cli.algo.aggregation import Aggregation, UpdateShape, entropy_norms, objective
+from exgrpo_cli.algo.losses import (
+    LossInputs,
+    LossSettings,
+    LossStats,
+    PolicyLoss,
+    behaviour_logprobs,
+    loss_stats,
+)
 from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
-from exgrpo_cli.policy.forward import forward_logprobs, micro_batches, pack, pad_rows
+from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows, synced_micro_batches
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
 
 
-@dataclass
-class UpdateSettings:
-    clip_eps: float | None  # None: no PPO clipping on fresh tokens
-    beta: float | None  # None: no policy shaping on replayed tokens
-    importance_correction: bool
+@dataclass(frozen=True)
+class UpdatePlan:
+    """Everything the update needs besides the batch: chosen once per step by the trainer."""
+
+    loss: PolicyLoss
+    loss_settings: LossSettings
+    aggregation: Aggregation
     entropy_coef: float
-    max_response_tokens: int  # Dr.GRPO constant normaliser, per response
-    updates: int
-    micro_batch_tokens: int
+    importance_correction: bool
+    max_response_tokens: int  # L, the constant of the aggregation
+    updates: int  # optimizer updates (mini-batches) per step
+    micro_batch_tokens: int  # memory knob only: never changes the objective
     grad_clip: float
     skip_grad_norm_above: float
 
 
 @dataclass
 class UpdateResult:
-    stats: LossStats
+    stats: LossStats = field(default_factory=LossStats)
+    per_update: list[LossStats] = field(default_factory=list)  # the stats of each update, in order
     entropy_sum: float = 0.0
     logprob_diff_sum: float = 0.0  # |trainer - rollout| log-prob over fresh tokens
-    grad_norms: list[float] | None = None
+    grad_norms: list[float] = field(default_factory=list)
     skipped: int = 0
     loss_total: float = 0.0
-    per_update: list[LossStats] | None = None  # the stats of each optimizer update, in order
 
 
 def _rows_of(batch: MixedBatch, groups: list[int]) -> list[int]:
@@ -50,144 +68,136 @@ def _rows_of(batch: MixedBatch, groups: list[int]) -> list[int]:
     return [i for i, g in enumerate(batch.group_index.tolist()) if g in wanted]
 
 
-def _synced_chunks(chunks: list[list[int]], dist: DistInfo) -> list[list[int] | None]:
-    """Under FSDP every forward/backward is a collective: all ranks must run as many micro-batches.
-    A rank with fewer gets `None` entries, run as zero-weight passes on one row."""
-    if not dist.distributed:
-        return list(chunks)
-    most = int(all_reduce_dict({"n": len(chunks)}, dist, op="max")["n"])
-    return list(chunks) + [None] * (most - len(chunks))
-
-
 def policy_update(
-    model,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     batch: MixedBatch,
     advantages: Tensor,
-    s: UpdateSettings,
+    plan: UpdatePlan,
     pad_id: int,
     dist: DistInfo | None = None,
 ) -> UpdateResult:
     dist = dist or DistInfo()
-    device = next(model.parameters()).device
     num_groups = int(batch.group_index.max()) + 1
-    minibatches = [_rows_of(batch, gs) for gs in split_groups(num_groups, s.updates)]
-    prompt_lens = [len(p) for p in batch.prompt_ids]
-    old = (
-        _old_logprobs(model, batch, minibatches[1:], s, pad_id, device, dist) if len(minibatches) > 1 else {}
-    )
-    res = UpdateResult(stats=LossStats(), grad_norms=[], per_update=[])
+    minibatches = [_rows_of(batch, gs) for gs in split_groups(num_groups, plan.updates)]
+    old: dict[int, list[float]] = {}
+    for rows in minibatches[1:]:
+        old.update(_old_logprobs(model, batch, rows, plan, pad_id, dist))
+    res = UpdateResult()
     params = [p for p in model.parameters() if p.requires_grad]
     for index, rows in enumerate(minibatches):
-        # pi_old is the policy before the step's first update: for the first mini-batch that is
-        # the current policy itself (ratio exactly 1), for the later ones the pre-update pass
-        fresh_old = old if index > 0 else {}
         optimizer.zero_grad(set_to_none=True)
-        # FSDP averages gradients over ranks: normalise by the ranks' mean row count so that the
-        # result is the gradient of the whole step's loss even when the ranks' shares differ
-        rows_mean = all_reduce_dict({"rows": len(rows)}, dist)["rows"]
-        normalizer = float(rows_mean * s.max_response_tokens)
-        n_tokens = sum(len(batch.response_ids[i]) for i in rows)
-        mb_loss = 0.0
-        mb_stats = LossStats()
-        lengths = [prompt_lens[i] + len(batch.response_ids[i]) for i in rows]
-        for chunk in _synced_chunks(micro_batches(lengths, s.micro_batch_tokens), dist):
-            if chunk is None:
-                _idle_pass(model, batch, rows[:1] or [0], pad_id, device, backward=True)
-                continue
-            sb = pack(batch.prompt_ids, batch.response_ids, [rows[c] for c in chunk], pad_id, device)
-            logp, ent = forward_logprobs(model, sb, with_entropy=s.entropy_coef > 0)
-            mask = sb.response_mask
-            rmask = batch.replay_mask[sb.rows].to(device)
-            behaviour = _behaviour(logp, sb, batch, fresh_old, rmask, s.importance_correction)
-            losses, clip_hit = exgrpo_token_losses(
-                logp, behaviour, advantages[sb.rows].to(device), mask, rmask, clip_eps=s.clip_eps, beta=s.beta
-            )
-            loss = losses.sum() / normalizer
-            if ent is not None:
-                ent_mean = (ent * mask).sum() / max(n_tokens, 1)
-                loss = loss - s.entropy_coef * ent_mean
-                res.entropy_sum += float((ent.detach() * mask).sum())
-            loss.backward()
-            mb_loss += float(loss.detach())
-            mb_stats += loss_stats(losses, logp, behaviour, mask, rmask, clip_hit, normalizer)
-            res.logprob_diff_sum += _rollout_diff(logp, sb, batch, rmask)
-        res.stats += mb_stats
-        res.per_update.append(mb_stats)
-        norm = float(torch.nn.utils.clip_grad_norm_(params, s.grad_clip))  # global under FSDP
-        res.grad_norms.append(norm)
-        # every rank must take the same decision, and a non-finite loss may be on one rank only
+        # the first mini-batch's pi_old is the current policy: no table
+        stats, mb_loss = _accumulate(
+            model, batch, advantages, rows, old if index else {}, plan, pad_id, dist, res
+        )
+        res.stats += stats
+        res.per_update.append(stats)
         res.loss_total += mb_loss
+        norm = float(torch.nn.utils.clip_grad_norm_(params, plan.grad_clip))  # global under FSDP
+        res.grad_norms.append(norm)
+        # every rank must take the same decision, and a non-finite loss may be on one rank only;
         # judged per update: a non-finite earlier mini-batch must not condemn this one
         bad_loss = all_reduce_dict({"bad": float(not math.isfinite(mb_loss))}, dist, op="max")["bad"]
-        if not math.isfinite(norm) or norm > s.skip_grad_norm_above or bad_loss:
-            optimizer.zero_grad(set_to_none=True)  # skip-on-non-finite (and on huge norms, as the paper)
-            res.skipped += 1
+        if not math.isfinite(norm) or norm > plan.skip_grad_norm_above or bad_loss:
+            res.skipped += 1  # skip-on-non-finite (and on huge norms, as the paper)
         else:
             optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # also frees the gradients' memory until the next step
     return res
 
 
-def _behaviour(
-    logp: Tensor,
-    sb,
+def _accumulate(
+    model: torch.nn.Module,
     batch: MixedBatch,
-    old: dict[int, list[float]],
-    rmask: Tensor,  # noqa: ANN001
-    importance_correction: bool,
-) -> Tensor:
-    cur = logp.detach()
-    fresh_old = cur
-    if old:  # later mini-batches of a multi-update step: pi_old from the pre-update pass
-        fresh_old = pad_rows([old.get(i, []) for i in range(len(batch))], sb).to(cur.device)
-    if not importance_correction or not bool(rmask.any()):
-        return torch.where(rmask.unsqueeze(-1), cur, fresh_old)
-    stored = pad_rows([v if v is not None else [] for v in batch.behavior_logp], sb)
-    return torch.where(rmask.unsqueeze(-1), stored.to(cur.device), fresh_old)
-
-
-def _idle_pass(
-    model,
-    batch: MixedBatch,
+    advantages: Tensor,
     rows: list[int],
+    old: dict[int, list[float]],
+    plan: UpdatePlan,
     pad_id: int,
-    device: torch.device,  # noqa: ANN001
-    backward: bool,
-) -> None:
-    """A forward (and zero-weight backward) that only takes part in FSDP's collectives."""
-    sb = pack(batch.prompt_ids, batch.response_ids, rows, pad_id, device)
-    logp, _ = forward_logprobs(model, sb)
-    if backward:
-        (logp.sum() * 0.0).backward()
+    dist: DistInfo,
+    res: UpdateResult,
+) -> tuple[LossStats, float]:
+    """Back-propagate one update's objective, micro-batch by micro-batch; (its stats, its loss)."""
+    device = next(model.parameters()).device
+    rows_mean = all_reduce_dict({"rows": len(rows)}, dist)["rows"]
+    shape = UpdateShape(
+        response_lengths=[len(batch.response_ids[i]) for i in rows],
+        sequence_lengths=[len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows],
+        rows_mean=rows_mean,
+        max_response_tokens=plan.max_response_tokens,
+    )
+    norms = plan.aggregation(shape, lambda n: int(all_reduce_dict({"n": n}, dist, op="max")["n"]))
+    position = {row: k for k, row in enumerate(rows)}
+    stats, total = LossStats(), 0.0
+    with_entropy = plan.entropy_coef > 0
+    passes = synced_micro_batches(
+        batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, device, dist
+    )
+    for sb, idle in passes:
+        logp, ent = forward_logprobs(model, sb, with_entropy=with_entropy and not idle)
+        if idle:  # takes part in FSDP's collectives, adds nothing
+            (logp.sum() * 0.0).backward()
+            continue
+        x = _loss_inputs(logp, sb, batch, advantages, old, plan.importance_correction)
+        losses, clipped = plan.loss(x, plan.loss_settings)
+        loss = objective(
+            losses,
+            ent,
+            sb.response_mask,
+            norms.policy,
+            entropy_norms(norms, [position[i] for i in sb.rows], device),
+            plan.entropy_coef,
+        )
+        loss.backward()
+        total += float(loss.detach())
+        stats += loss_stats(x, losses, clipped, norms.policy)
+        if ent is not None:
+            res.entropy_sum += float((ent.detach() * sb.response_mask).sum())
+        res.logprob_diff_sum += _rollout_diff(logp, sb, batch, x.replay_mask)
+    return stats, total
+
+
+def _loss_inputs(
+    logp: Tensor,
+    sb: SequenceBatch,
+    batch: MixedBatch,
+    advantages: Tensor,
+    old: dict[int, list[float]],
+    importance_correction: bool,
+) -> LossInputs:
+    device = logp.device
+    replay_mask = batch.replay_mask[sb.rows].to(device)
+    fresh_old = logp.detach()
+    if old:  # a later mini-batch: pi_old from the pre-update pass
+        fresh_old = pad_rows([old.get(i, []) for i in range(len(batch))], sb).to(device)
+    stored = fresh_old
+    if importance_correction and bool(replay_mask.any()):
+        stored = pad_rows([v if v is not None else [] for v in batch.behavior_logp], sb).to(device)
+    behaviour = behaviour_logprobs(logp, fresh_old, stored, replay_mask, importance_correction)
+    return LossInputs(logp, behaviour, advantages[sb.rows].to(device), sb.response_mask, replay_mask)
 
 
 @torch.no_grad()
 def _old_logprobs(
-    model,
-    batch: MixedBatch,
-    minibatches: list[list[int]],
-    s: UpdateSettings,  # noqa: ANN001
-    pad_id: int,
-    device: torch.device,
-    dist: DistInfo | None = None,
+    model: torch.nn.Module, batch: MixedBatch, rows: list[int], plan: UpdatePlan, pad_id: int, dist: DistInfo
 ) -> dict[int, list[float]]:
-    dist = dist or DistInfo()
+    """pi_old's log-probs of `rows` (row -> per-token list), before any update of the step."""
+    device = next(model.parameters()).device
     out: dict[int, list[float]] = {}
-    prompt_lens = [len(p) for p in batch.prompt_ids]
-    for rows in minibatches:
-        lengths = [prompt_lens[i] + len(batch.response_ids[i]) for i in rows]
-        for chunk in _synced_chunks(micro_batches(lengths, s.micro_batch_tokens), dist):
-            if chunk is None:
-                _idle_pass(model, batch, rows[:1] or [0], pad_id, device, backward=False)
-                continue
-            sb = pack(batch.prompt_ids, batch.response_ids, [rows[c] for c in chunk], pad_id, device)
-            logp, _ = forward_logprobs(model, sb)
-            for i, row in zip(sb.rows, logp.tolist()):
-                out[i] = row[: len(batch.response_ids[i])]
+    passes = synced_micro_batches(
+        batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, device, dist
+    )
+    for sb, idle in passes:
+        logp, _ = forward_logprobs(model, sb)
+        if idle:
+            continue
+        for i, row in zip(sb.rows, logp.tolist()):
+            out[i] = row[: len(batch.response_ids[i])]
     return out
 
 
-def _rollout_diff(logp: Tensor, sb, batch: MixedBatch, rmask: Tensor) -> float:  # noqa: ANN001
+def _rollout_diff(logp: Tensor, sb: SequenceBatch, batch: MixedBatch, rmask: Tensor) -> float:
     """Sum of |trainer log-prob - rollout-engine log-prob| over fresh tokens (a sync diagnostic)."""
     fresh_rows = [r for r, i in enumerate(sb.rows) if not bool(rmask[r]) and batch.behavior_logp[i]]
     if not fresh_rows:

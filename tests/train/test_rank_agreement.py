@@ -14,13 +14,16 @@ import numpy as np
 import pytest
 
 from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response
 from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.train import loop
-from exgrpo_cli.train.loop import Trainer, shared_state_digest
+from exgrpo_cli.train.loop import Trainer
+from exgrpo_cli.train.setup import choices
+from exgrpo_cli.train.state import RunState
 
 
 class Exchange:
@@ -71,21 +74,18 @@ def _groups() -> list[Group]:
     return out
 
 
+def _state(buffer: ExperienceBuffer, switch: DelayedStart, position: int = 0) -> RunState:
+    sampler = QuestionSampler([Question("p", "p", "1")], seed=0)
+    sampler.draw(position)
+    return RunState(None, None, sampler, buffer, switch, seed=0)  # type: ignore[arg-type]
+
+
 def _trainer(rank: int, world: int, scorer) -> Trainer:  # noqa: ANN001
-    sampler = SimpleNamespace(questions=[], epoch=0, position=0)
+    cfg = ExgrpoConfig()
+    state = _state(ExperienceBuffer(4), DelayedStart(0.0))
     return Trainer(
-        ExgrpoConfig(),
-        None,
-        Tok(),
-        None,
-        None,
-        scorer,
-        None,
-        sampler,
-        ExperienceBuffer(4),
-        DelayedStart(0.0),
-        dist=DistInfo(rank=rank, world_size=world),
-    )
+        cfg, state, Tok(), None, None, scorer, choices(cfg), dist=DistInfo(rank=rank, world_size=world)
+    )  # type: ignore[arg-type]
 
 
 def _run_ranks(world: int, fn) -> list:  # noqa: ANN001
@@ -135,7 +135,7 @@ def test_one_rank_grades_everything(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_digest_follows_the_shared_state() -> None:
-    def state(extra_uid: str | None = None, position: int = 3) -> SimpleNamespace:
+    def state(extra_uid: str | None = None, position: int = 3) -> RunState:
         buf = ExperienceBuffer(4)
         resp = (np.array([5, 6], np.int32), np.array([-1.0, -2.0], np.float32))
         buf.observe_group("a", 2, [resp], step=1, collect=True)
@@ -143,11 +143,17 @@ def test_digest_follows_the_shared_state() -> None:
             buf.observe_group(extra_uid, 1, [resp], step=1, collect=True)
         switch = DelayedStart(0.0)
         switch.update(1, 0.5)
-        return SimpleNamespace(buffer=buf, switch=switch, sampler=SimpleNamespace(epoch=0, position=position))
+        return _state(buf, switch, position)
 
-    assert shared_state_digest(state()) == shared_state_digest(state())
-    assert shared_state_digest(state()) != shared_state_digest(state("b"))
-    assert shared_state_digest(state()) != shared_state_digest(state(position=4))
+    assert state().digest() == state().digest()
+    assert state().digest() != state("b").digest()
+    assert state().digest() != state(position=4).digest()
+    skipped = state()
+    skipped.skipped_in_a_row = 1  # every key of state_dict is shared unless declared local
+    assert skipped.digest() != state().digest()
+    local = state()
+    local.wandb_id = "rank-local"
+    assert local.digest() == state().digest()
 
 
 def test_diverged_ranks_fail_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,7 +162,7 @@ def test_diverged_ranks_fail_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
     def rank(r: int) -> None:
         t = _trainer(r, 2, FlakyGrader(False))
         if r == 1:  # one question more in rank 1's buffer
-            t.buffer.observe_group(
+            t.state.buffer.observe_group(
                 "x", 1, [(np.array([1], np.int32), np.array([-1.0], np.float32))], step=1, collect=True
             )
         t.check_ranks_agree(step=5)

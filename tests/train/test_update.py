@@ -5,12 +5,29 @@ from __future__ import annotations
 import torch
 
 from exgrpo_cli.algo import group_advantages
+from exgrpo_cli.algo.aggregation import drgrpo
+from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.forward import forward_logprobs, pack
 from exgrpo_cli.policy.model import load_model, load_tokenizer
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
-from exgrpo_cli.train.update import UpdateSettings, policy_update
+from exgrpo_cli.train.update import UpdatePlan, policy_update
+
+
+def _plan(clip_eps: float | None, beta: float | None, entropy_coef: float, updates: int) -> UpdatePlan:
+    return UpdatePlan(
+        loss=exgrpo_loss,
+        loss_settings=LossSettings(clip_eps=clip_eps, beta=beta),
+        aggregation=drgrpo,
+        entropy_coef=entropy_coef,
+        importance_correction=True,
+        max_response_tokens=48,
+        updates=updates,
+        micro_batch_tokens=16384,
+        grad_clip=1.0,
+        skip_grad_norm_above=500.0,
+    )
 
 
 def _seq_logps(model, batch) -> list[float]:  # noqa: ANN001
@@ -38,17 +55,7 @@ def test_update_raises_rewarded_and_lowers_unrewarded_responses(tiny_model):
     adv = group_advantages(batch.rewards, batch.group_index)
     before = _seq_logps(model, batch)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    settings = UpdateSettings(
-        clip_eps=None,
-        beta=0.1,
-        importance_correction=True,
-        entropy_coef=0.0,
-        max_response_tokens=48,
-        updates=1,
-        micro_batch_tokens=16384,
-        grad_clip=1.0,
-        skip_grad_norm_above=500.0,
-    )
+    settings = _plan(clip_eps=None, beta=0.1, entropy_coef=0.0, updates=1)
     for _ in range(3):
         res = policy_update(model, opt, batch, adv, settings, pad_id=tok.pad_token_id)
         assert res.skipped == 0 and res.stats.replay_tokens == len(good)
@@ -86,17 +93,7 @@ def test_two_updates_first_minibatch_ratio_is_exactly_one(tiny_model):
     batch = _two_question_batch(tok)
     adv = group_advantages(batch.rewards, batch.group_index)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
-    settings = UpdateSettings(
-        clip_eps=0.2,
-        beta=0.1,
-        importance_correction=True,
-        entropy_coef=0.0,
-        max_response_tokens=48,
-        updates=2,
-        micro_batch_tokens=16384,
-        grad_clip=1.0,
-        skip_grad_norm_above=500.0,
-    )
+    settings = _plan(clip_eps=0.2, beta=0.1, entropy_coef=0.0, updates=2)
     res = policy_update(model, opt, batch, adv, settings, pad_id=tok.pad_token_id)
     first, second = res.per_update
     assert res.skipped == 0 and first.fresh_tokens > 0 and second.fresh_tokens > 0
@@ -112,17 +109,7 @@ def test_two_updates_without_learning_never_clip(tiny_model):
     batch = _two_question_batch(tok)
     adv = group_advantages(batch.rewards, batch.group_index)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    settings = UpdateSettings(
-        clip_eps=0.2,
-        beta=0.1,
-        importance_correction=True,
-        entropy_coef=0.0,
-        max_response_tokens=48,
-        updates=2,
-        micro_batch_tokens=16384,
-        grad_clip=1.0,
-        skip_grad_norm_above=500.0,
-    )
+    settings = _plan(clip_eps=0.2, beta=0.1, entropy_coef=0.0, updates=2)
     res = policy_update(model, opt, batch, adv, settings, pad_id=tok.pad_token_id)
     assert res.stats.clipped_tokens == 0
     assert abs(res.stats.fresh_ratio_sum - res.stats.fresh_tokens) < 1e-5 * res.stats.fresh_tokens

@@ -1,11 +1,15 @@
 """Scores of replay candidates under the *current* policy, for trajectory selection (ALGORITHM.md 3).
 
-All stored experiences of the selected questions go through batched no-grad forwards; the score
-is the mean full-vocabulary token entropy of softmax(logits / T) over the response (or the mean
-negative log-likelihood for `lowest_nll`). Only the selected questions' experiences are scored.
+Where it sits in the step: between question selection and the choice of the trajectory, for the
+rules whose `score` asks for it (replay/trajectory.py). All stored experiences of the selected
+questions go through batched no-grad forwards; the score is the mean full-vocabulary token entropy
+of softmax(logits / T) over the response (`entropy`), or the mean negative log-likelihood at
+temperature 1 (`nll`). Only the selected questions' experiences are scored.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 
@@ -15,17 +19,17 @@ from exgrpo_cli.policy.forward import micro_batches, pack, response_logits
 
 @torch.no_grad()
 def score_candidates(
-    model,
+    model: torch.nn.Module,
     prompts: list[list[int]],
     responses: list[list[int]],
     *,
-    mode: str,
+    kind: Literal["entropy", "nll"],
     temperature: float,
     pad_id: int,
     token_budget: int,
     max_rows: int,
 ) -> list[float]:
-    """One score per (prompt, response) row: mean token entropy, or mean NLL when mode=lowest_nll."""
+    """One score per (prompt, response) row: its mean token entropy, or its mean NLL (kind=nll)."""
     if not responses:
         return []
     device = next(model.parameters()).device
@@ -39,7 +43,7 @@ def score_candidates(
                 rows = chunk[start : start + max_rows]
                 batch = pack(prompts, responses, rows, pad_id, device)
                 logits = response_logits(model, batch)  # response positions only
-                if mode == "lowest_nll":
+                if kind == "nll":
                     per_tok = -token_logprobs(logits, batch.targets, 1.0)
                 else:
                     per_tok = token_entropy(logits, temperature)

@@ -1,0 +1,81 @@
+"""Trajectory selection (ALGORITHM.md 3): which stored response of a selected question is replayed.
+
+Place in the train step: right after ``select_questions``. Each rule of ``TRAJECTORY_SELECTION``
+(the `replay.trajectory_selection` names) declares what the current policy must compute for every
+stored candidate first (``score``: the mean token entropy, the mean negative log-likelihood, or
+nothing), and then picks one candidate from the candidates and those scores. The trainer runs the
+scoring forward only for rules that ask for it. A new rule is one function and one entry here.
+
+Pure functions of their inputs and an explicit ``np.random.Generator`` (drawn from only by rules
+that draw), so a seeded run replays the same responses after a resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from exgrpo_cli.replay.buffer import Experience
+
+# what the current policy computes per candidate: the mean full-vocabulary token entropy at the
+# rollout temperature, or the mean negative log-likelihood of the response tokens
+ScoreKind = Literal["entropy", "nll"]
+Chooser = Callable[[Sequence[Experience], np.ndarray, np.random.Generator], int]
+
+
+@dataclass(frozen=True)
+class TrajectoryRule:
+    score: ScoreKind | None  # None: the rule needs no forward pass
+    choose: Chooser  # (candidates, scores (empty when score is None), rng) -> index
+    draws: bool = False  # the choice is random (inspect-buffer cannot say which one it replays)
+
+
+def _lowest(candidates: Sequence[Experience], scores: np.ndarray, rng: np.random.Generator) -> int:
+    # ties go to the lowest index (the oldest experience); a NaN score never wins
+    return int(np.argmin(np.where(np.isnan(scores), np.inf, scores)))
+
+
+def _highest(candidates: Sequence[Experience], scores: np.ndarray, rng: np.random.Generator) -> int:
+    return int(np.argmax(np.where(np.isnan(scores), -np.inf, scores)))
+
+
+def _random(candidates: Sequence[Experience], scores: np.ndarray, rng: np.random.Generator) -> int:
+    return int(rng.integers(len(candidates)))
+
+
+# `replay.trajectory_selection`: name -> rule
+TRAJECTORY_SELECTION: dict[str, TrajectoryRule] = {
+    "lowest_entropy": TrajectoryRule("entropy", _lowest),  # ExGRPO's rule
+    "highest_entropy": TrajectoryRule("entropy", _highest),  # the paper's contrast ablation
+    "lowest_nll": TrajectoryRule("nll", _lowest),  # Alg. 1 of the paper read literally
+    "random": TrajectoryRule(None, _random, draws=True),  # the "w/o trajectory selection" ablation
+}
+
+
+def trajectory_rule(mode: str) -> TrajectoryRule:
+    try:
+        return TRAJECTORY_SELECTION[mode]
+    except KeyError:
+        raise ValueError(
+            f"replay.trajectory_selection must be one of {', '.join(TRAJECTORY_SELECTION)} (got {mode!r})"
+        ) from None
+
+
+def choose_trajectory(
+    candidates: Sequence[Experience], scores: Sequence[float], mode: str, rng: np.random.Generator
+) -> int:
+    """Index of the experience to replay among one question's candidates.
+
+    ``scores`` are the rule's scores of the candidates under the current policy (mean token
+    entropy, or mean NLL for lowest_nll), one per candidate; empty for rules without a score.
+    """
+    rule = trajectory_rule(mode)
+    if not candidates:
+        raise ValueError("need at least one stored candidate")
+    s = np.asarray(scores, dtype=np.float64)
+    if rule.score is not None and (s.ndim != 1 or s.size != len(candidates)):
+        raise ValueError(f"rule {mode!r} needs one score per candidate ({len(candidates)}, got {s.shape})")
+    return rule.choose(candidates, s, rng)

@@ -1,0 +1,216 @@
+"""Building a training run before its first step: process group, resume decision, data, model,
+run state, rollout engine, grader and the variants the config names.
+
+Where it sits: once, before the loop of train/run.py. Everything that can refuse (the resume
+decision, the data) runs before any weights load. `build_trainer` builds the parts without a run
+directory or logging, so benchmarks and tests get exactly what `exgrpo train` trains with.
+
+Resume (`trainer.resume`): auto continues from the latest complete checkpoint of
+`trainer.output_dir`; never starts fresh (and refuses a non-empty dir unless
+`trainer.overwrite=true`); a path resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from exgrpo_cli.algo.aggregation import AGGREGATIONS
+from exgrpo_cli.algo.losses import POLICY_LOSSES
+from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.data.sampler import QuestionSampler
+from exgrpo_cli.data.sources import DataError, LoadReport, load_questions
+from exgrpo_cli.data.templates import Template, get_template
+from exgrpo_cli.data.types import Question
+from exgrpo_cli.errors import UsageError
+from exgrpo_cli.policy import checkpoint as ckpt
+from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.model import load_model, load_tokenizer
+from exgrpo_cli.registry import pick
+from exgrpo_cli.replay.buffer import ExperienceBuffer
+from exgrpo_cli.replay.schedule import DelayedStart
+from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
+from exgrpo_cli.reward import RewardScorer
+from exgrpo_cli.rollout import build_engine
+from exgrpo_cli.train.loop import Choices, Trainer
+from exgrpo_cli.train.state import RunState
+
+log = logging.getLogger(__name__)
+
+
+class ResumeRefused(UsageError):
+    """trainer.resume cannot be honoured; nothing was changed on disk."""
+
+
+def resolve_resume(cfg: ExgrpoConfig) -> Path | None:
+    out = Path(cfg.trainer.output_dir)
+    root = out / "checkpoints"
+    r = cfg.trainer.resume
+    if r == "auto":
+        return ckpt.latest_checkpoint(root)
+    if r == "never":
+        if ckpt.complete_checkpoints(root) and not cfg.trainer.overwrite:
+            raise ResumeRefused(
+                f"{out} already holds checkpoints; trainer.resume=never refuses "
+                "to overwrite them (set trainer.overwrite=true, or resume=auto)"
+            )
+        if root.exists():  # overwrite=true: the old run's checkpoints must not mix with the new ones
+            shutil.rmtree(root)
+        return None
+    path = Path(r)
+    if not (path / "COMPLETE").is_file():
+        raise ResumeRefused(f"trainer.resume={r} is not a complete checkpoint folder")
+    return path
+
+
+def decide_resume(cfg: ExgrpoConfig, dist: D.DistInfo) -> Path | None:
+    """Rank 0 alone decides (it may delete stale checkpoints); the others learn its decision, or
+    its refusal, which every rank then raises."""
+    resume_from, refusal = None, None
+    if dist.is_main:
+        try:
+            resume_from = resolve_resume(cfg)
+        except ResumeRefused as err:
+            refusal = str(err)
+    resume_from, refusal = D.broadcast_object((resume_from, refusal), dist)
+    if refusal:
+        raise ResumeRefused(refusal)
+    return resume_from
+
+
+def make_optimizer(cfg: ExgrpoConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    a = cfg.algo
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=a.lr,
+        weight_decay=a.weight_decay,
+        betas=(a.betas[0], a.betas[1]),
+    )
+
+
+def choices(cfg: ExgrpoConfig) -> Choices:
+    return Choices(
+        loss=pick(POLICY_LOSSES, "algo.loss", cfg.algo.loss),
+        aggregation=pick(AGGREGATIONS, "algo.aggregation", cfg.algo.aggregation),
+        trajectory=pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection),
+    )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_trainer(
+    cfg: ExgrpoConfig,
+    device: torch.device,
+    dist: D.DistInfo | None = None,
+    resume_from: Path | None = None,
+) -> tuple[Trainer, list[Question], LoadReport]:
+    """The trainer of a run (resumed from `resume_from` when given), its held-out questions and
+    the report of skipped data rows. Seeds the global RNGs first, as a run does."""
+    dist = dist or D.DistInfo()
+    seed_everything(cfg.trainer.seed)
+    train_qs, val_qs, report = load_questions(cfg.data)
+    if cfg.trainer.val_questions:
+        val_qs = val_qs[: cfg.trainer.val_questions]
+    model_cfg = cfg.model
+    if resume_from is not None:  # weights come from the checkpoint; everything else from the config
+        model_cfg = dataclasses.replace(cfg.model, path=str(resume_from / "model"), gguf_file="")
+    tokenizer = load_tokenizer(model_cfg)
+    template = get_template(cfg.model.template)
+    train_qs = filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
+    model = load_model(model_cfg, device)
+    # shard before the optimizer is built: fully_shard swaps the parameters for DTensors
+    model = D.wrap_fsdp2(model, dist, mixed_precision=cfg.trainer.fsdp_mixed_precision or None)
+    state = RunState(
+        model=model,
+        optimizer=make_optimizer(cfg, model),
+        sampler=QuestionSampler(train_qs, cfg.trainer.seed),
+        buffer=ExperienceBuffer(cfg.rollout.n, cfg.replay.bucket_edges, cfg.replay.max_experiences),
+        switch=DelayedStart(cfg.replay.start_threshold),
+        seed=cfg.trainer.seed,
+    )
+    if resume_from is not None:
+        state.load(resume_from, dist)
+    engine = build_engine(cfg, model, tokenizer)
+    scorer = RewardScorer(requires_think=template.requires_think, workers=1)
+    trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), dist=dist)
+    return trainer, val_qs, report
+
+
+def filter_long(
+    questions: list[Question], template: Template, tokenizer: Any, limit: int, report: LoadReport
+) -> list[Question]:
+    kept = []
+    for q in questions:
+        n = len(tokenizer(template.render(q, tokenizer), add_special_tokens=False)["input_ids"])
+        if n <= limit:
+            kept.append(q)
+        else:
+            report.skip(f"{q.uid}: prompt of {n} tokens > model.max_prompt_tokens={limit}", False)
+    if not kept:
+        raise DataError(f"every prompt is longer than model.max_prompt_tokens={limit}")
+    return kept
+
+
+def warn_low_precision_weights(cfg: ExgrpoConfig) -> None:
+    """bf16 keeps 8 bits of mantissa: an AdamW step of ~lr on a weight of ~1e-2 rounds away when
+    lr is 1e-6 (the paper's), so bf16 *weights* may not train at all. Mixed precision keeps fp32
+    master weights and computes in bf16; say so once, at start-up, where it is still cheap to fix."""
+    msg = (
+        f"model.dtype={cfg.model.dtype}: the trained weights themselves are {cfg.model.dtype}; "
+        f"updates below ~1/256 of a weight round away (algo.lr={cfg.algo.lr:g}). For training prefer "
+        "model.dtype=float32 trainer.fsdp_mixed_precision=bf16 (fp32 master weights, bf16 compute "
+        "and vLLM) under torchrun"
+    )
+    log.warning(msg)
+    print(f"exgrpo train: warning: {msg}", file=sys.stderr)
+
+
+def share_run_dir(cfg: ExgrpoConfig, dist: D.DistInfo) -> ExgrpoConfig:
+    """torchrun: each rank resolved Hydra's timestamped run dir on its own, and start-up skew can
+    put two ranks a second apart, i.e. in two dirs. Rank 0's is the run's: the others adopt it,
+    write their log to `<its hydra dir>/<job>.rank<k>.log`, and remove the stray dir Hydra made
+    for them when it holds nothing but Hydra's own files."""
+    if not dist.distributed:
+        return cfg
+    own = _hydra_dir()
+    out0, hydra0 = D.broadcast_object((cfg.trainer.output_dir, own), dist)
+    if dist.is_main or own is None or hydra0 is None:
+        return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=out0))
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        name = Path(h.baseFilename)
+        if name.parent != Path(own):
+            continue
+        new = logging.FileHandler(Path(hydra0) / f"{name.stem}.rank{dist.rank}{name.suffix}")
+        new.setFormatter(h.formatter)
+        new.setLevel(h.level)
+        root.removeHandler(h)
+        h.close()
+        root.addHandler(new)
+    stray = Path(own)
+    if stray.resolve() not in (Path(hydra0).resolve(), Path(out0).resolve()) and stray.is_dir():
+        hydra_only = all(p.name == ".hydra" or p.suffix == ".log" for p in stray.iterdir())
+        if hydra_only:
+            shutil.rmtree(stray, ignore_errors=True)
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=out0))
+
+
+def _hydra_dir() -> str | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return str(HydraConfig.get().runtime.output_dir)
+    except (ImportError, ValueError):  # called outside @hydra.main (e.g. from a test)
+        return None

