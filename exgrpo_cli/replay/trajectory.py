@@ -46,12 +46,18 @@ def _random(candidates: Sequence[Experience], scores: np.ndarray, rng: np.random
     return int(rng.integers(len(candidates)))
 
 
+def _shortest(candidates: Sequence[Experience], scores: np.ndarray, rng: np.random.Generator) -> int:
+    # the fewest response tokens; ties go to the oldest
+    return int(np.argmin([c.response_ids.size for c in candidates]))
+
+
 # `replay.trajectory_selection`: name -> rule
 TRAJECTORY_SELECTION: dict[str, TrajectoryRule] = {
     "lowest_entropy": TrajectoryRule("entropy", _lowest),  # ExGRPO's rule
     "highest_entropy": TrajectoryRule("entropy", _highest),  # the paper's contrast ablation
     "lowest_nll": TrajectoryRule("nll", _lowest),  # Alg. 1 of the paper read literally
     "random": TrajectoryRule(None, _random, draws=True),  # the "w/o trajectory selection" ablation
+    "shortest": TrajectoryRule(None, _shortest),  # the stored response with the fewest tokens
 }
 
 

@@ -48,3 +48,11 @@ def test_bad_input_is_refused():
         choose_trajectory(_candidates(3, 4), [0.1], "lowest_entropy", rng)
     with pytest.raises(ValueError, match="trajectory_selection"):
         choose_trajectory(_candidates(3), [0.1], "bogus", rng)
+
+
+def test_shortest_rule_picks_the_fewest_tokens_without_scores():
+    rule = TRAJECTORY_SELECTION["shortest"]
+    assert rule.score is None and not rule.draws  # no forward pass; inspect-buffer can mark it
+    rng = np.random.default_rng(0)
+    assert choose_trajectory(_candidates(9, 4, 7, 4), [], "shortest", rng) == 1  # ties: the oldest
+    assert choose_trajectory(_candidates(5), [], "shortest", rng) == 0
