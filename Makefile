@@ -61,13 +61,13 @@ test-fast: install ## the suite without the slow end-to-end runs
 	$(PY) -m pytest -q -m "not slow"
 
 lint: install ## ruff
-	$(VENV)/bin/ruff check exgrpo_cli tests benchmarks
+	$(VENV)/bin/ruff check exgrpo_cli tests benchmarks scripts
 
 format: install ## ruff --fix
 	$(VENV)/bin/ruff check --fix exgrpo_cli tests benchmarks
 
 tiny-model: install ## rebuild the shipped tiny model (exgrpo_cli/assets/tiny) reproducibly
-	$(PY) -m exgrpo_cli.policy.tiny_builder --out exgrpo_cli/assets/tiny
+	$(PY) scripts/build_tiny_model.py --out exgrpo_cli/assets/tiny
 
 BENCH_VENV  := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -15,7 +16,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from exgrpo_cli.data.synthetic import direct_answer, make_question, worked_solution  # noqa: E402
 from exgrpo_cli.data.templates import TEMPLATES  # noqa: E402
-from exgrpo_cli.policy import tiny_builder  # noqa: E402
+
+from conftest import REPO  # noqa: E402
+
+sys.path.insert(0, str(REPO / "scripts"))
+import build_tiny_model as tiny_builder  # noqa: E402
 
 SMALL = ["--sft-steps", "3", "--seed", "7", "--threads", "1", "--eval-questions", "4", "--eval-k", "2"]
 

@@ -19,7 +19,10 @@ It ends with the held-out sampled accuracy (temperature 1.0, K samples per quest
 standard Hugging Face folder (safetensors, tokenizer, generation config) plus `build_info.json`.
 The shipped model in `exgrpo_cli/assets/tiny/` is rebuilt with
 
-    python -m exgrpo_cli.policy.tiny_builder --out exgrpo_cli/assets/tiny
+    python scripts/build_tiny_model.py --out exgrpo_cli/assets/tiny      (what `make tiny-model` runs)
+
+A build script, not part of the installed library: it imports exgrpo_cli (the task and the
+template the model is warm-started on) but nothing imports it.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ DATA = dict(num_train=4000, num_val=256, max_digits=2, ops=["+", "-", "*"], seed
 SFT_POOL = 20000  # distinct warm-start questions (of the 3 x 100 x 100 possible ones)
 SFT_STEPS = 1500
 DIRECT_FRACTION = 0.5  # share of warm-start answers without reasoning (see encode_examples)
-ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
+ASSET_DIR = Path(__file__).resolve().parent.parent / "exgrpo_cli" / "assets" / "tiny"
 
 
 # ----------------------------------------------------------------------------------- tokenizer
@@ -424,7 +427,7 @@ def build(
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     info = {
-        "command": "python -m exgrpo_cli.policy.tiny_builder " + shlex.join(argv or []),
+        "command": "python scripts/build_tiny_model.py " + shlex.join(argv or []),
         "seed": seed,
         "sft_steps": sft_steps,
         "lr": lr,
