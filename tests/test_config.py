@@ -10,9 +10,9 @@ from omegaconf import OmegaConf
 
 from exgrpo_cli.commands import to_typed
 from exgrpo_cli.config import ConfigError, ExgrpoConfig, register_configs, validate
-from exgrpo_cli.variants import check_variants
 from exgrpo_cli.paths import config_dir
 from exgrpo_cli.policy.packaged import missing_requirement
+from exgrpo_cli.variants import check_variants
 
 CONF = Path(config_dir())
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from exgrpo_cli.config import ConfigError, ExgrpoConfig
-from exgrpo_cli.variants import check_variants
 from exgrpo_cli.policy import packaged
+from exgrpo_cli.variants import check_variants
 
 from conftest import run_cli
 
