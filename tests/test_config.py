@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from exgrpo_cli.commands import to_typed
+from exgrpo_cli.commands import to_typed, with_preset_name
 from exgrpo_cli.config import ConfigError, ExgrpoConfig, register_configs, validate
 from exgrpo_cli.paths import config_dir
 from exgrpo_cli.policy.packaged import missing_requirement
@@ -22,14 +22,22 @@ def check(cfg: ExgrpoConfig) -> None:
     validate(cfg)
     check_variants(cfg, "train")
 
+
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))
 
 
 def _compose(overrides: list[str]) -> ExgrpoConfig:
+    """The typed config as `exgrpo train` builds it (the model preset named after its file)."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose(config_name="config", overrides=overrides + ["trainer.output_dir=/tmp/x"])
-    return to_typed(cfg)
+        cfg = compose(
+            config_name="config",
+            overrides=overrides + ["trainer.output_dir=/tmp/x"],
+            return_hydra_config=True,
+        )
+    choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if v is not None}
+    del cfg.hydra
+    return with_preset_name(to_typed(cfg), choices)
 
 
 def _presets():

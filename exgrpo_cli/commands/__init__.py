@@ -25,17 +25,22 @@ def to_typed(cfg: DictConfig) -> ExgrpoConfig:
     return obj
 
 
-def with_preset_name(cfg: ExgrpoConfig) -> ExgrpoConfig:
-    """`model.preset`: the conf/model/ file Hydra composed the run with (it names itself)."""
+def hydra_choices() -> dict[str, str]:
+    """The presets Hydra composed the running command with (empty outside `@hydra.main`)."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        chosen = HydraConfig.get().runtime.choices.get("model")
+        return {k: str(v) for k, v in HydraConfig.get().runtime.choices.items() if v is not None}
     except ValueError:  # not under @hydra.main (a test composing configs)
-        return cfg
+        return {}
+
+
+def with_preset_name(cfg: ExgrpoConfig, choices: dict[str, str]) -> ExgrpoConfig:
+    """`model.preset`: the conf/model/ file the config was composed with (it names itself)."""
+    chosen = choices.get("model")
     if not chosen or cfg.model.preset:
         return cfg
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, preset=str(chosen)))
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, preset=chosen))
 
 
 def _command(command: str) -> Callable[[ExgrpoConfig], None]:
@@ -54,7 +59,7 @@ def _command(command: str) -> Callable[[ExgrpoConfig], None]:
 
 def dispatch(command: str, cfg: DictConfig) -> None:
     try:
-        typed = with_preset_name(to_typed(cfg))
+        typed = with_preset_name(to_typed(cfg), hydra_choices())
         validate(typed, command)
         from exgrpo_cli.variants import check_variants
 

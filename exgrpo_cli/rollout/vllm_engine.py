@@ -142,9 +142,9 @@ class VLLMEngine:
             tmp = tempfile.TemporaryDirectory(prefix="exgrpo-vllm-config-")
             model.config.save_pretrained(tmp.name)
             path = tmp.name
-        eval_tokens = getattr(getattr(cfg, "eval", None), "max_new_tokens", 0) or 0
+        eval_tokens = cfg.eval.max_new_tokens
         dtype = m.dtype
-        mixed = getattr(getattr(cfg, "trainer", None), "fsdp_mixed_precision", "") or ""
+        mixed = cfg.trainer.fsdp_mixed_precision
         if mixed and torch.cuda.is_available():
             # fp32 master weights in the trainer, bf16/fp16 compute: the engine only samples, so it
             # runs in the compute dtype (the sync casts the fp32 weights as it copies them)
@@ -158,7 +158,7 @@ class VLLMEngine:
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             enforce_eager=cfg.rollout.enforce_eager,
             load_format="dummy" if model is not None else "auto",
-            sleep_mode=bool(getattr(cfg.rollout, "sleep_mode", False)),
+            sleep_mode=cfg.rollout.sleep_mode,
             trust_remote_code=m.trust_remote_code,
             llm_kwargs=llm_kwargs,
         )

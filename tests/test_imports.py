@@ -1,0 +1,113 @@
+"""The package's import graph (function-level imports included): no cycles, and lower layers
+never import upward (DESIGN.md): algo/ imports nothing of the package, replay/ only algo/ (and
+the plain Question type of data/types.py, a leaf), config.py only the errors module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "exgrpo_cli"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in PACKAGE.rglob("*.py"):
+        parts = list(f.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports (a `from pkg import name` counts as pkg.name when
+    that is a module, else as pkg)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                base = node.module
+                if node.level:  # relative: resolve against this module's package
+                    anchor = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+                    base = ".".join(anchor[: len(anchor) - node.level + 1] + [node.module])
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for t in targets:
+                while t and t not in mods:
+                    t = t.rpartition(".")[0]
+                if t.startswith("exgrpo_cli") and t != mod:
+                    graph[mod].add(t)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), ignoring a package's own
+    __init__ re-exporting its submodules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def edges(v: str) -> set[str]:
+        # `pkg/__init__` importing `pkg.sub` is how a package exposes its API, not a cycle
+        return {w for w in graph[v] if not w.startswith(v + ".")}
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    graph = {
+        "exgrpo_cli.a": {"exgrpo_cli.b"},
+        "exgrpo_cli.b": {"exgrpo_cli.c"},
+        "exgrpo_cli.c": {"exgrpo_cli.a"},
+    }
+    assert cycles(graph) == [["exgrpo_cli.a", "exgrpo_cli.b", "exgrpo_cli.c"]]
+
+
+def _imports_of(prefix: str, graph: dict[str, set[str]]) -> set[str]:
+    return {t for m, ts in graph.items() if m == prefix or m.startswith(prefix + ".") for t in ts}
+
+
+def test_lower_layers_never_import_upward() -> None:
+    graph = import_graph()
+    assert {t for t in _imports_of("exgrpo_cli.algo", graph) if not t.startswith("exgrpo_cli.algo")} == set()
+    replay = {t for t in _imports_of("exgrpo_cli.replay", graph) if not t.startswith("exgrpo_cli.replay")}
+    assert graph["exgrpo_cli.data.types"] == set()  # a leaf: plain dataclasses
+    allowed = {"exgrpo_cli.algo", "exgrpo_cli.data.types"} | {
+        m for m in graph if m.startswith("exgrpo_cli.algo.")
+    }
+    assert replay <= allowed, replay
+    assert graph["exgrpo_cli.config"] <= {"exgrpo_cli.errors"}
