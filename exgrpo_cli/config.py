@@ -71,6 +71,17 @@ class RolloutConfig:
 
 
 @dataclass
+class OfficialBatchConfig:
+    """The official actor's batch configuration (run_exgrpo.sh): what `algo.aggregation=official`
+    reproduces the objective's weights from. Not a memory setting: exgrpo's own micro-batches are
+    `algo.micro_batch_tokens`."""
+
+    ppo_mini_batch_size: int = 64  # questions per optimizer update
+    ppo_micro_batch_size: int = 64  # gradient_accumulation = mini / micro
+    ppo_max_token_len_per_gpu: int = 32768  # token budget of the official dynamic micro-batches
+
+
+@dataclass
 class AlgoConfig:
     questions_per_step: int = 16  # B: questions in one step (fresh + replayed)
     updates_per_step: int = 1  # optimizer updates per step (the paper: 2 mini-batches)
@@ -85,6 +96,7 @@ class AlgoConfig:
     entropy_coef: float = 0.001
     loss: str = "exgrpo"  # a name of algo.POLICY_LOSSES: the per-token policy loss
     aggregation: str = "drgrpo"  # a name of algo.AGGREGATIONS: how token losses sum to the objective
+    official_batch: OfficialBatchConfig = field(default_factory=OfficialBatchConfig)
     # token budget of one forward/backward chunk; 0: auto, 16384 on a GPU, 2048 on a CPU, where
     # chunks that stay in cache made the tiny model's update 1.35x faster than 16384
     micro_batch_tokens: int = 0
@@ -106,6 +118,13 @@ class ReplayConfig:
     readmit_retired_fraction: float = 0.0  # share of retired questions put back into sampling
     readmit_every: int = 0  # steps between re-admissions (0: never)
     max_experiences: int = 0  # optional cap on stored experiences (0: no cap)
+    # eligibility: a group with k of K correct enters the buffer when lbound < k <= rbound
+    # (the official experience_lbound / experience_rbound; k == K retires the question regardless)
+    experience_lbound: int = 0
+    experience_rbound: int = 7
+    # store the trainer's own log-probs of a collected response under the policy before the step's
+    # update (the official code); false: the rollout engine's (vLLM's bf16 ones on a GPU)
+    store_trainer_logprobs: bool = True
     entropy_batch_size: int = 64  # rows per no-grad forward when scoring candidates
 
 
@@ -134,6 +153,7 @@ class TrainerConfig:
     eval_every: int = 0  # 0: only at step 0 and at the end
     val_samples: int = 4  # samples per held-out question (val/accuracy is their mean)
     val_questions: int = 0  # held-out questions used (0: all)
+    val_temperature: Optional[float] = None  # None: the rollout temperature (the paper: 0.6)
     keep_checkpoints: int = 2
     resume: str = "auto"  # auto | never | <checkpoint path>
     overwrite: bool = False
@@ -271,6 +291,22 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), "algo.betas", a.betas, "two numbers in [0, 1)"
     )
     _check(a.micro_batch_tokens >= 0, "algo.micro_batch_tokens", a.micro_batch_tokens, ">= 0 (0: auto)")
+    ob = a.official_batch
+    _check(
+        ob.ppo_mini_batch_size >= 1, "algo.official_batch.ppo_mini_batch_size", ob.ppo_mini_batch_size, ">= 1"
+    )
+    _check(
+        ob.ppo_micro_batch_size >= 1 and ob.ppo_mini_batch_size % ob.ppo_micro_batch_size == 0,
+        "algo.official_batch.ppo_micro_batch_size",
+        ob.ppo_micro_batch_size,
+        "a divisor of algo.official_batch.ppo_mini_batch_size (the official actor asserts it)",
+    )
+    _check(
+        ob.ppo_max_token_len_per_gpu >= m.max_prompt_tokens + m.max_response_tokens,
+        "algo.official_batch.ppo_max_token_len_per_gpu",
+        ob.ppo_max_token_len_per_gpu,
+        ">= model.max_prompt_tokens + model.max_response_tokens (one sequence must fit, as verl asserts)",
+    )
 
     _check(0.0 <= p.ratio <= 1.0, "replay.ratio", p.ratio, "a number in [0, 1]")
     _check(0.0 <= p.start_threshold <= 1.0, "replay.start_threshold", p.start_threshold, "[0, 1]")
@@ -290,6 +326,13 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     )
     _check(p.readmit_every >= 0, "replay.readmit_every", p.readmit_every, ">= 0")
     _check(p.max_experiences >= 0, "replay.max_experiences", p.max_experiences, ">= 0 (0: no cap)")
+    _check(p.experience_lbound >= 0, "replay.experience_lbound", p.experience_lbound, ">= 0")
+    _check(
+        p.experience_rbound > p.experience_lbound,
+        "replay.experience_rbound",
+        p.experience_rbound,
+        "> replay.experience_lbound (no success count could enter the buffer)",
+    )
     _check(p.entropy_batch_size >= 1, "replay.entropy_batch_size", p.entropy_batch_size, ">= 1")
 
     _one_of("logger.wandb.mode", cfg.logger.wandb.mode, ("auto", "online", "offline", "disabled"))
@@ -298,6 +341,12 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(t.eval_every >= 0, "trainer.eval_every", t.eval_every, ">= 0")
     _check(t.val_samples >= 1, "trainer.val_samples", t.val_samples, ">= 1")
     _check(t.val_questions >= 0, "trainer.val_questions", t.val_questions, ">= 0 (0: all)")
+    _check(
+        t.val_temperature is None or t.val_temperature > 0,
+        "trainer.val_temperature",
+        t.val_temperature,
+        "> 0, or null for the rollout temperature",
+    )
     _check(t.keep_checkpoints >= 1, "trainer.keep_checkpoints", t.keep_checkpoints, ">= 1")
     _check(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", t.max_skipped_steps, ">= 1")
     _one_of("trainer.device", t.device, ("auto", "cpu", "cuda"))

@@ -14,10 +14,21 @@ never changes the objective.
 
 - `drgrpo` (ALGORITHM.md 4, the default): sum of token losses / (responses x max response
   length), averaged over ranks, minus entropy_coef x the update's token-mean entropy.
+- `official`: the per-rank gradient of the official actor (mix_actor.py with
+  loss_remove_token_mean=True, use_dynamic_bsz=True): the update's rows on a rank are cut into
+  max-over-ranks ceil(tokens / ppo_max_token_len_per_gpu) balanced micro-batches; each contributes
+  (sum of its token losses / L  -  entropy_coef x its token-mean entropy) / gradient_accumulation,
+  where gradient_accumulation = ppo_mini_batch_size / ppo_micro_batch_size (verl scales both by
+  rollout.n and divides both by the data-parallel size, so only their ratio remains: 64 / 64 = 1
+  in run_exgrpo.sh). So the policy term is sum / (L x GA) per rank, and the entropy bonus grows
+  with the number of those micro-batches. Those official micro-batches are a rule of the
+  objective, reproduced here from the official settings; exgrpo's own memory micro-batches
+  (`algo.micro_batch_tokens`) are independent of them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,8 +69,56 @@ def drgrpo(shape: UpdateShape, max_over_ranks: MaxOverRanks) -> Normalisers:
     )
 
 
-# `algo.aggregation`: name -> aggregation
-AGGREGATIONS: dict[str, Aggregation] = {"drgrpo": drgrpo}
+@dataclass(frozen=True)
+class AggregationSettings:
+    """Constants an aggregation may depend on: the official actor's batch configuration."""
+
+    ppo_mini_batch_size: int = 64  # questions per mini-batch (run_exgrpo.sh)
+    ppo_micro_batch_size: int = 64  # questions per micro-batch (sets gradient_accumulation)
+    ppo_max_token_len_per_gpu: int = 32768  # the dynamic micro-batches' token budget
+
+    @property
+    def gradient_accumulation(self) -> int:
+        return max(1, self.ppo_mini_batch_size // self.ppo_micro_batch_size)
+
+
+def balanced_partition(lengths: list[int], parts: int) -> list[list[int]]:
+    """Indices of `lengths` cut into `parts` non-empty groups of near-equal total length: longest
+    first, each to the group with the least so far (ties: the lower group). verl balances its
+    dynamic micro-batches with a Karmarkar-Karp partition; both keep the official count, and the
+    groups' token sums differ by at most one row's length."""
+    parts = max(1, min(parts, len(lengths)))
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    totals = [0] * parts
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        g = min(range(parts), key=lambda g: (totals[g], g))
+        groups[g].append(i)
+        totals[g] += lengths[i]
+    return groups
+
+
+def official(settings: AggregationSettings) -> Aggregation:
+    """The official actor's weights for `settings` (see the module docstring)."""
+
+    def normalisers(shape: UpdateShape, max_over_ranks: MaxOverRanks) -> Normalisers:
+        ga = settings.gradient_accumulation
+        tokens = sum(shape.sequence_lengths)
+        count = max_over_ranks(math.ceil(tokens / settings.ppo_max_token_len_per_gpu))
+        entropy = [1.0] * len(shape.response_lengths)
+        for group in balanced_partition(shape.sequence_lengths, count) if shape.sequence_lengths else []:
+            response_tokens = max(sum(shape.response_lengths[i] for i in group), 1)
+            for i in group:
+                entropy[i] = float(response_tokens * ga)
+        return Normalisers(policy=float(shape.max_response_tokens * ga), entropy=entropy)
+
+    return normalisers
+
+
+# `algo.aggregation`: name -> the aggregation built from its settings
+AGGREGATIONS: dict[str, Callable[[AggregationSettings], Aggregation]] = {
+    "drgrpo": lambda settings: drgrpo,
+    "official": official,
+}
 
 
 def objective(

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exgrpo_cli.replay.buckets import BucketScheme, default_bucket_edges
+from exgrpo_cli.replay.buckets import BucketScheme
 from exgrpo_cli.replay.indexed_set import IndexedSet
+from exgrpo_cli.replay.persistence import FORMAT_VERSION
 
-FORMAT_VERSION = 1
 _LEN, _STEP, _HASH, _SEQ = range(4)  # columns of a question's meta array
 META_BYTES = 4 * 8  # int64 meta row per experience
 
@@ -55,6 +55,12 @@ class _Question:
         self.ids = ids
         self.logp = logp
         self.meta = meta
+
+
+def _value_hash(ids: np.ndarray, logp: np.ndarray) -> int:
+    """64-bit hash of one experience's tokens and stored log-probs, for the buffer's checksum."""
+    digest = hashlib.blake2b(ids.tobytes() + logp.tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def _content_hash(ids: np.ndarray) -> int:
@@ -85,6 +91,9 @@ class ExperienceBuffer:
         self._tokens = 0
         self._next_seq = 0  # global insertion number: defines "oldest" for the cap
         self._heap: list[tuple[int, str]] = []  # (seq of a question's oldest experience, uid); cap only
+        # sum mod 2^64 of every stored experience's value hash: order-free, and updated as experiences
+        # come and go, so the per-step rank check covers the stored log-probs at no O(buffer) cost
+        self._checksum = 0
 
     # ----------------------------------------------------------------- buckets
     def bucket_centres(self) -> list[float]:
@@ -161,6 +170,7 @@ class ExperienceBuffer:
             q.meta = np.concatenate([q.meta, meta])
             self._num_experiences += len(ids)
             self._tokens += int(meta[:, _LEN].sum())
+            self._add_to_checksum(sum(_value_hash(a, lp) for a, lp in zip(ids, logps)))
             self._enforce_cap()
 
     def _new_responses(self, q: _Question | None, correct: Sequence[tuple[np.ndarray, np.ndarray]]):
@@ -221,7 +231,18 @@ class ExperienceBuffer:
             del self._retired[uid]
         return picked
 
+    def _add_to_checksum(self, value: int) -> None:
+        self._checksum = (self._checksum + value) % 2**64
+
+    @staticmethod
+    def _hashes(q: _Question, n: int | None = None) -> int:
+        """Sum of the value hashes of `q`'s first n experiences (all when None)."""
+        ends = np.cumsum(q.meta[:, _LEN]).tolist()[:n]
+        starts = [0, *ends[:-1]]
+        return sum(_value_hash(q.ids[a:b], q.logp[a:b]) for a, b in zip(starts, ends))
+
     def _remove(self, uid: str) -> None:
+        self._add_to_checksum(-self._hashes(self._questions[uid]))
         q = self._questions.pop(uid)
         self._buckets[q.bucket].remove(uid)
         self._num_experiences -= len(q.meta)
@@ -255,6 +276,7 @@ class ExperienceBuffer:
                 self._remove(uid)
                 continue
             t = int(q.meta[:n, _LEN].sum())
+            self._add_to_checksum(-self._hashes(q, n))
             # copy(): a slice would keep the evicted tokens alive in the old array.
             q.ids, q.logp, q.meta = q.ids[t:].copy(), q.logp[t:].copy(), q.meta[n:].copy()
             self._num_experiences -= n
@@ -286,6 +308,12 @@ class ExperienceBuffer:
     @property
     def stored_tokens(self) -> int:
         return self._tokens
+
+    @property
+    def checksum(self) -> str:
+        """A digest of every stored experience's tokens and log-probs (hex): equal buffers, equal
+        checksums, whatever the order the experiences came in."""
+        return f"{self._checksum:016x}"
 
     @property
     def nbytes(self) -> int:
@@ -344,30 +372,11 @@ class ExperienceBuffer:
 
     def load_state_dict(self, state: dict) -> None:
         """Replace the content with ``state``; group size and bucket edges must match this buffer."""
-        arrays, index = state["arrays"], state["index"]
-        if index.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"unsupported buffer format {index.get('format_version')!r}")
-        if index["group_size"] != self.group_size:
-            raise ValueError(
-                f"buffer was saved with group size {index['group_size']}, this run uses {self.group_size}"
-            )
-        saved_edges = index["bucket_edges"]
-        if saved_edges is None:
-            saved_edges = default_bucket_edges(self.group_size)
-        if [float(e) for e in saved_edges] != self._scheme.edges:
-            raise ValueError(f"replay.bucket_edges differ from the saved buffer's ({saved_edges})")
-        ids = np.asarray(arrays["response_ids"], dtype=np.int32)
-        logp = np.asarray(arrays["behavior_logp"], dtype=np.float32)
-        meta = np.asarray(arrays["meta"], dtype=np.int64).reshape(-1, 4)
-        counts = np.asarray(arrays["experience_counts"], dtype=np.int64)
+        from exgrpo_cli.replay.persistence import checked_arrays
+
+        index = state["index"]
+        ids, logp, meta, counts = checked_arrays(state, self.group_size, self._scheme.edges)
         uids, qbuckets = index["questions"], index["question_buckets"]
-        if not (
-            len(uids) == len(qbuckets) == len(counts)
-            and (counts > 0).all()
-            and int(counts.sum()) == len(meta)
-            and int(meta[:, _LEN].sum()) == len(ids) == len(logp)
-        ):
-            raise ValueError("inconsistent buffer state: array sizes do not match the index")
         self._clear()
         exp_ends = np.cumsum(counts).tolist()
         tok_ends = np.cumsum(meta[:, _LEN]).tolist()
@@ -379,20 +388,18 @@ class ExperienceBuffer:
             self._questions[uid] = q
             e0, t0 = e1, t1
         members = [uid for bucket in index["buckets"] for uid in bucket]
-        if (
-            len(index["buckets"]) != self.num_buckets
-            or sorted(members) != sorted(uids)
-            or any(
-                self._questions[u].bucket != b for b, bucket in enumerate(index["buckets"]) for u in bucket
-            )
-        ):
+        if len(index["buckets"]) != self.num_buckets or sorted(members) != sorted(uids):
             raise ValueError("inconsistent buffer state: bucket membership does not match the questions")
+        if any(self._questions[u].bucket != b for b, bucket in enumerate(index["buckets"]) for u in bucket):
+            raise ValueError("inconsistent buffer state: a question's bucket differs from its bucket list")
         self._buckets = [IndexedSet(bucket) for bucket in index["buckets"]]
         self._retired = dict.fromkeys(index["retired"])
         self._pending = dict.fromkeys(index["pending_retire"])
         self._num_experiences = len(meta)
         self._tokens = len(ids)
         self._next_seq = int(index["next_seq"])
+        for q in self._questions.values():
+            self._add_to_checksum(self._hashes(q))
         if self.max_experiences:
             self._rebuild_heap()
             self._enforce_cap()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -69,6 +70,15 @@ def build_mixed_batch(groups: list[Group]) -> MixedBatch:
         replay_mask=torch.tensor(rmask, dtype=torch.bool),
         group_of_question=[g.question.uid for g in groups],
     )
+
+
+def update_order(groups: list[int], updates: int, rng: np.random.Generator) -> list[int]:
+    """The order in which a step's groups are cut into `updates` mini-batches: shuffled when there
+    are several (the official trainer shuffles the step's questions first, so every update sees
+    fresh and replayed groups alike; kept in order for one update, where order cannot matter)."""
+    if updates <= 1:
+        return list(groups)
+    return [groups[i] for i in rng.permutation(len(groups))]
 
 
 def split_groups(num_groups: int, parts: int) -> list[list[int]]:

@@ -10,6 +10,11 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
+
+FORMAT_VERSION = 1
+_LEN = 0  # the length column of a buffer's meta array
+
 ARRAYS_FILE = "experiences.safetensors"
 INDEX_FILE = "index.json"
 
@@ -37,3 +42,37 @@ def load_buffer(directory: str) -> dict:
     with open(os.path.join(directory, INDEX_FILE), encoding="utf-8") as f:
         index = json.load(f)
     return {"arrays": load_file(os.path.join(directory, ARRAYS_FILE)), "index": index}
+
+
+def checked_arrays(
+    state: dict, group_size: int, edges: list[float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(token ids, log-probs, meta, experiences per question) of a saved buffer state, after
+    checking that it fits a buffer of `group_size` and bucket `edges` and that its arrays and index
+    agree (ValueError naming what does not)."""
+    from exgrpo_cli.replay.buckets import default_bucket_edges
+
+    arrays, index = state["arrays"], state["index"]
+    if index.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"unsupported buffer format {index.get('format_version')!r}")
+    if index["group_size"] != group_size:
+        raise ValueError(
+            f"buffer was saved with group size {index['group_size']}, this run uses {group_size}"
+        )
+    saved_edges = index["bucket_edges"]
+    if saved_edges is None:
+        saved_edges = default_bucket_edges(group_size)
+    if [float(e) for e in saved_edges] != edges:
+        raise ValueError(f"replay.bucket_edges differ from the saved buffer's ({saved_edges})")
+    ids = np.asarray(arrays["response_ids"], dtype=np.int32)
+    logp = np.asarray(arrays["behavior_logp"], dtype=np.float32)
+    meta = np.asarray(arrays["meta"], dtype=np.int64).reshape(-1, 4)
+    counts = np.asarray(arrays["experience_counts"], dtype=np.int64)
+    if not (
+        len(index["questions"]) == len(index["question_buckets"]) == len(counts)
+        and (counts > 0).all()
+        and int(counts.sum()) == len(meta)
+        and int(meta[:, _LEN].sum()) == len(ids) == len(logp)
+    ):
+        raise ValueError("inconsistent buffer state: array sizes do not match the index")
+    return ids, logp, meta, counts

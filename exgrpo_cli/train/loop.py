@@ -1,8 +1,9 @@
 """One ExGRPO train step, in the order of the paper's algorithm box (ALGORITHM.md 2-5):
 
   select replay questions and their trajectory -> draw fresh questions -> generate rollouts ->
-  score -> delayed-start switch -> update the buffer -> build the mixed batch -> advantages ->
-  loss and optimizer step -> retire -> log.
+  score -> delayed-start switch -> build the mixed batch -> advantages -> loss and optimizer
+  step(s) -> update the buffer (with the trainer's pre-update log-probs) -> sync the rollout
+  engine -> retire -> log.
 
 With `replay.ratio=0` every replay stage is skipped and the step is exactly on-policy Dr.GRPO.
 All randomness of a step derives from (trainer.seed, step), so a resumed run repeats it exactly.
@@ -29,14 +30,14 @@ from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, broadcast
 from exgrpo_cli.policy.forward import token_budget
 from exgrpo_cli.policy.scoring import score_candidates
 from exgrpo_cli.replay.buffer import Experience
-from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
+from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, update_order
 from exgrpo_cli.replay.selection import n_replay, select_questions
 from exgrpo_cli.replay.trajectory import TrajectoryRule
 from exgrpo_cli.reward.scorer import RewardScorer
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 from exgrpo_cli.train.metrics import loss_metrics, rollout_metrics
 from exgrpo_cli.train.state import RunState
-from exgrpo_cli.train.update import UpdatePlan, policy_update
+from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update
 
 
 def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
@@ -110,15 +111,18 @@ class Trainer:
             reward_metrics = self.score(groups)
         if self.replay_enabled:
             st.switch.update(step, reward_metrics["reward/accuracy"])
-            with t("buffer"):
-                self.observe(groups, step)
-        W, r = self.dist.world_size, self.dist.rank
-        batch = build_mixed_batch(groups[r::W])  # group-relative advantages: a slice by group is exact
+        # this rank trains on groups r, r+W, ... (group-relative advantages: a slice by group is exact)
+        mine = list(range(self.dist.rank, len(groups), self.dist.world_size))
+        mine = update_order(mine, cfg.algo.updates_per_step, step_rng(cfg.trainer.seed, step, 4))
+        batch = build_mixed_batch([groups[i] for i in mine])
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
         with t("update"):
             result = policy_update(
                 st.model, st.optimizer, batch, advantages, self.update_plan(), self.pad_id, self.dist
             )
+        if self.replay_enabled:
+            with t("buffer"):
+                self.observe(groups, step, self.trainer_logprobs(groups, mine, result))
         with t("sync"):
             self.engine.sync_weights(st.model)
         if self.replay_enabled:
@@ -282,18 +286,44 @@ class Trainer:
             out["reward/replayed_accuracy"] = float(np.mean(replayed))
         return out
 
-    def observe(self, groups: list[Group], step: int) -> None:
-        """ALGORITHM.md 2: retire K/K questions, bucket and store the rest (after the delayed start)."""
-        collect = self.state.switch.active
-        for g in groups:
-            correct = [
-                (np.asarray(r.ids, dtype=np.int32), np.asarray(r.behavior_logp, dtype=np.float32))
-                for r in g.responses
-                if r.reward > 0.5 and not r.replayed and r.behavior_logp
-            ]
-            self.state.buffer.observe_group(
-                g.question.uid, g.num_correct, correct, step=step, collect=collect
-            )
+    def trainer_logprobs(
+        self, groups: list[Group], mine: list[int], result: UpdateResult
+    ) -> dict[tuple[int, int], np.ndarray]:
+        """(group, response) -> the trainer's pre-update log-probs of every correct fresh response,
+        from every rank (each computed them for its own groups only): all ranks store the same."""
+        local: dict[tuple[int, int], np.ndarray] = {}
+        row = 0
+        for gi in mine:  # build_mixed_batch's row order: group by group, responses in order
+            for ri, r in enumerate(groups[gi].responses):
+                if r.reward > 0.5 and not r.replayed:
+                    local[(gi, ri)] = np.asarray(result.trainer_logp[row], dtype=np.float32)
+                row += 1
+        if not self.dist.distributed:
+            return local
+        return {k: v for part in all_gather_object(local, self.dist) for k, v in part.items()}
+
+    def observe(
+        self, groups: list[Group], step: int, trainer_logp: dict[tuple[int, int], np.ndarray]
+    ) -> None:
+        """ALGORITHM.md 2: retire K/K questions, bucket and store the rest (after the delayed start,
+        when lbound < k <= rbound). The stored log-probs are the trainer's (`trainer_logp`), or the
+        rollout engine's with `replay.store_trainer_logprobs=false`."""
+        p = self.cfg.replay
+        for gi, g in enumerate(groups):
+            k = g.num_correct
+            collect = self.state.switch.active and p.experience_lbound < k <= p.experience_rbound
+            correct = []
+            for ri, r in enumerate(g.responses):
+                if r.reward <= 0.5 or r.replayed:
+                    continue
+                if p.store_trainer_logprobs:
+                    logp = trainer_logp[(gi, ri)]
+                elif r.behavior_logp:
+                    logp = np.asarray(r.behavior_logp, dtype=np.float32)
+                else:
+                    continue  # an engine that gives no log-probs: nothing to weight a replay with
+                correct.append((np.asarray(r.ids, dtype=np.int32), logp))
+            self.state.buffer.observe_group(g.question.uid, k, correct, step=step, collect=collect)
 
     def check_ranks_agree(self, step: int) -> None:
         """Every rank must hold the same buffer, switch and sampler position: they pick the same

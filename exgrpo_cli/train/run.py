@@ -174,11 +174,12 @@ def _loop(
 
 
 def validate(trainer: Trainer, val_qs: list[Question]) -> dict[str, float]:
-    """Held-out accuracy: `trainer.val_samples` samples per question at the rollout temperature,
-    drawn with the same seed at every evaluation."""
+    """Held-out accuracy: `trainer.val_samples` samples per question at `trainer.val_temperature`
+    (default: the rollout temperature), drawn with the same seed at every evaluation."""
     cfg = trainer.cfg
+    t = cfg.trainer.val_temperature
     spec = SamplingSpec(
-        cfg.rollout.temperature,
+        cfg.rollout.temperature if t is None else t,
         cfg.rollout.top_p,
         cfg.model.max_response_tokens,
         seed=cfg.trainer.seed * 1000003 + 7,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from exgrpo_cli.algo.aggregation import AGGREGATIONS
+from exgrpo_cli.algo.aggregation import AGGREGATIONS, AggregationSettings
 from exgrpo_cli.algo.losses import POLICY_LOSSES
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.sampler import QuestionSampler
@@ -99,7 +99,9 @@ def make_optimizer(cfg: ExgrpoConfig, model: torch.nn.Module) -> torch.optim.Opt
 def choices(cfg: ExgrpoConfig) -> Choices:
     return Choices(
         loss=pick(POLICY_LOSSES, "algo.loss", cfg.algo.loss),
-        aggregation=pick(AGGREGATIONS, "algo.aggregation", cfg.algo.aggregation),
+        aggregation=pick(AGGREGATIONS, "algo.aggregation", cfg.algo.aggregation)(
+            AggregationSettings(**dataclasses.asdict(cfg.algo.official_batch))
+        ),
         trajectory=pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection),
     )
 

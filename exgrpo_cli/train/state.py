@@ -86,7 +86,8 @@ class RunState:
 
     def digest(self) -> str:
         """A digest of what every rank must hold alike: the shared part of `state_dict` and the
-        buffer's membership, buckets, retired set and sizes (no token data: O(questions))."""
+        buffer's membership, buckets, retired set, sizes and running checksum of the stored tokens
+        and log-probs (kept up to date as experiences come and go: O(questions) here)."""
         shared = {k: v for k, v in self.state_dict().items() if k not in LOCAL_KEYS}
         b = self.buffer
         shared["buffer"] = [
@@ -95,6 +96,7 @@ class RunState:
             b.num_questions,
             b.num_experiences,
             b.stored_tokens,
+            b.checksum,  # every stored token and log-prob
         ]
         return hashlib.blake2b(json.dumps(shared, sort_keys=True).encode(), digest_size=8).hexdigest()
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -57,7 +58,10 @@ class UpdateResult:
     stats: LossStats = field(default_factory=LossStats)
     per_update: list[LossStats] = field(default_factory=list)  # the stats of each update, in order
     entropy_sum: float = 0.0
-    logprob_diff_sum: float = 0.0  # |trainer - rollout| log-prob over fresh tokens
+    logprob_diff_sum: float = 0.0  # |trainer - rollout engine| log-prob over fresh tokens, before the update
+    # row -> the trainer's log-probs of a fresh row's tokens under the policy before the step's first
+    # update: what the replay buffer stores (the official code stores these, not the engine's)
+    trainer_logp: dict[int, list[float]] = field(default_factory=dict)
     grad_norms: list[float] = field(default_factory=list)
     skipped: int = 0
     loss_total: float = 0.0
@@ -84,10 +88,11 @@ def policy_update(
     for rows in minibatches[1:]:
         old.update(_old_logprobs(model, batch, rows, plan, pad_id, dist))
     res = UpdateResult()
+    res.trainer_logp.update(old)
     params = [p for p in model.parameters() if p.requires_grad]
     for index, rows in enumerate(minibatches):
         optimizer.zero_grad(set_to_none=True)
-        # the first mini-batch's pi_old is the current policy: no table
+        # the first mini-batch's pi_old is the current policy: no table; its log-probs are recorded
         stats, mb_loss = _accumulate(
             model, batch, advantages, rows, old if index else {}, plan, pad_id, dist, res
         )
@@ -104,6 +109,13 @@ def policy_update(
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)  # also frees the gradients' memory until the next step
+    fresh = [i for i in res.trainer_logp if not bool(batch.replay_mask[i])]
+    res.trainer_logp = {i: res.trainer_logp[i] for i in fresh}
+    res.logprob_diff_sum = sum(
+        float(np.abs(np.subtract(res.trainer_logp[i], batch.behavior_logp[i])).sum())
+        for i in fresh
+        if batch.behavior_logp[i]
+    )
     return res
 
 
@@ -154,7 +166,9 @@ def _accumulate(
         stats += loss_stats(x, losses, clipped, norms.policy)
         if ent is not None:
             res.entropy_sum += float((ent.detach() * sb.response_mask).sum())
-        res.logprob_diff_sum += _rollout_diff(logp, sb, batch, x.replay_mask)
+        if not old:  # the first mini-batch: these are the pre-update log-probs
+            for i, row in zip(sb.rows, logp.detach().tolist()):
+                res.trainer_logp[i] = row[: len(batch.response_ids[i])]
     return stats, total
 
 
@@ -195,13 +209,3 @@ def _old_logprobs(
         for i, row in zip(sb.rows, logp.tolist()):
             out[i] = row[: len(batch.response_ids[i])]
     return out
-
-
-def _rollout_diff(logp: Tensor, sb: SequenceBatch, batch: MixedBatch, rmask: Tensor) -> float:
-    """Sum of |trainer log-prob - rollout-engine log-prob| over fresh tokens (a sync diagnostic)."""
-    fresh_rows = [r for r, i in enumerate(sb.rows) if not bool(rmask[r]) and batch.behavior_logp[i]]
-    if not fresh_rows:
-        return 0.0
-    engine = pad_rows([v if v is not None else [] for v in batch.behavior_logp], sb)
-    diff = (logp.detach() - engine.to(logp.device)).abs() * sb.response_mask
-    return float(diff[fresh_rows].sum())

@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -246,3 +247,37 @@ def test_cap_survives_churn_and_reload(tmp_path):
         b.observe_group("new", 1, [resp(99, 98)], step=9, collect=True)
     _assert_same(buf, loaded)
     assert stored_tokens(loaded, "new") == [[99, 98]] and loaded.num_experiences == 25
+
+
+def _exp(*ids: int, logp: float = -1.0) -> tuple[np.ndarray, np.ndarray]:
+    return np.array(ids, np.int32), np.full(len(ids), logp, np.float32)
+
+
+def test_checksum_covers_stored_values_not_order(tmp_path: Path) -> None:
+    a, b = ExperienceBuffer(4), ExperienceBuffer(4)
+    a.observe_group("x", 2, [_exp(1, 2), _exp(3)], step=1, collect=True)
+    a.observe_group("y", 1, [_exp(5, 6)], step=1, collect=True)
+    b.observe_group("y", 1, [_exp(5, 6)], step=1, collect=True)
+    b.observe_group("x", 2, [_exp(3), _exp(1, 2)], step=1, collect=True)
+    assert a.checksum == b.checksum != ExperienceBuffer(4).checksum
+    c = ExperienceBuffer(4)  # the same tokens with one stored log-prob off by 1e-6
+    c.observe_group("x", 2, [_exp(1, 2), _exp(3)], step=1, collect=True)
+    c.observe_group("y", 1, [_exp(5, 6, logp=-1.000001)], step=1, collect=True)
+    assert c.checksum != a.checksum
+    a.save(str(tmp_path / "r"))
+    assert ExperienceBuffer.load(str(tmp_path / "r")).checksum == a.checksum
+    a.observe_group("y", 4, [], step=2, collect=True)  # y solved by the whole group: retired
+    a.end_step()
+    only_x = ExperienceBuffer(4)
+    only_x.observe_group("x", 2, [_exp(1, 2), _exp(3)], step=1, collect=True)
+    assert a.checksum == only_x.checksum
+
+
+def test_checksum_follows_cap_eviction() -> None:
+    capped = ExperienceBuffer(4, max_experiences=2)
+    for step, ids in enumerate([(1,), (2,), (3,)], start=1):
+        capped.observe_group(f"q{step}", 1, [_exp(*ids)], step=step, collect=True)
+    survivors = ExperienceBuffer(4)
+    survivors.observe_group("q2", 1, [_exp(2)], step=2, collect=True)
+    survivors.observe_group("q3", 1, [_exp(3)], step=3, collect=True)
+    assert capped.num_experiences == 2 and capped.checksum == survivors.checksum

@@ -7,7 +7,7 @@ from exgrpo_cli.algo import group_advantages
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.forward import micro_batches, pack
-from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, split_groups
+from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, split_groups, update_order
 from exgrpo_cli.replay.schedule import DelayedStart
 
 
@@ -30,6 +30,22 @@ def test_mixed_batch_groups_fresh_and_replayed_questions():
     # the replayed response counts in its group's baseline: rewards 0,0,1,1 -> mean 0.5
     assert adv.tolist() == [0.75, -0.25, -0.25, -0.25, -0.5, -0.5, 0.5, 0.5]
     assert replayed.num_correct == 2 and fresh.num_correct == 1
+
+
+def test_updates_see_fresh_and_replayed_groups_alike():
+    """Groups come fresh first, then replayed; cut as they come, one update would see only fresh
+    groups and the other only replayed ones. Shuffled first (the official trainer's order), each
+    mini-batch mixes both kinds; one update keeps the order (it cannot matter there)."""
+    groups = list(range(16))  # 0-7 fresh, 8-15 replayed
+    assert [set(p) <= set(range(8)) for p in split_groups(16, 2)] == [True, False]
+    for seed in range(20):
+        order = update_order(groups, 2, np.random.default_rng(seed))
+        assert sorted(order) == groups
+        halves = [[order[i] for i in part] for part in split_groups(16, 2)]
+        assert all(any(g < 8 for g in h) and any(g >= 8 for g in h) for h in halves)
+    again = update_order(groups, 2, np.random.default_rng(3))
+    assert again == update_order(groups, 2, np.random.default_rng(3))  # reproducible after a resume
+    assert update_order(groups, 1, np.random.default_rng(0)) == groups
 
 
 def test_split_groups_into_updates():

@@ -171,3 +171,40 @@ def test_diverged_ranks_fail_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
         _run_ranks(2, rank)
     monkeypatch.setattr(loop, "all_gather_object", Exchange(2))
     _run_ranks(2, lambda r: _trainer(r, 2, FlakyGrader(False)).check_ranks_agree(step=5))  # agree: no error
+
+
+def test_stored_logprobs_are_gathered_from_the_rank_that_trained_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each rank computes the trainer log-probs of its own groups only; every rank must store the
+    same values, so they are all-gathered before the buffer update."""
+    from exgrpo_cli.train.update import UpdateResult
+
+    monkeypatch.setattr(loop, "all_gather_object", Exchange(2))
+
+    def rank(r: int) -> dict:
+        groups = _groups()
+        for g in groups:
+            for k, resp in enumerate(g.responses):
+                resp.reward = float(k % 2 == 0)
+        mine = [r, r + 2]  # groups r, r+W
+        # this rank's batch rows: 4 responses per group, in order; log-prob marks (rank, row)
+        result = UpdateResult(trainer_logp={row: [float(10 * r + row)] * 2 for row in range(8)})
+        return _trainer(r, 2, FlakyGrader(False)).trainer_logprobs(groups, mine, result)
+
+    got0, got1 = _run_ranks(2, rank)
+    assert {k: v.tolist() for k, v in got0.items()} == {k: v.tolist() for k, v in got1.items()}
+    assert sorted(got0) == [(g, j) for g in range(4) for j in (0, 2)]  # every correct response, once
+    assert got0[(1, 2)].tolist() == [12.0, 12.0]  # group 1 is rank 1's first group: its row 2
+
+
+def test_digest_covers_the_stored_logprobs() -> None:
+    def state(logp: float) -> RunState:
+        buf = ExperienceBuffer(4)
+        buf.observe_group(
+            "a", 2, [(np.array([5, 6], np.int32), np.full(2, logp, np.float32))], step=1, collect=True
+        )
+        return _state(buf, DelayedStart(0.0))
+
+    assert state(-1.0).digest() == state(-1.0).digest()
+    assert state(-1.0).digest() != state(-1.0 + 1e-6).digest()

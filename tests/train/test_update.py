@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from exgrpo_cli.algo import group_advantages
@@ -113,3 +115,27 @@ def test_two_updates_without_learning_never_clip(tiny_model):
     res = policy_update(model, opt, batch, adv, settings, pad_id=tok.pad_token_id)
     assert res.stats.clipped_tokens == 0
     assert abs(res.stats.fresh_ratio_sum - res.stats.fresh_tokens) < 1e-5 * res.stats.fresh_tokens
+
+
+def test_trainer_logp_are_the_pre_update_logprobs_of_every_fresh_row(tiny_model: Path) -> None:
+    """What the replay buffer stores (ALGORITHM.md 4, the official code): the trainer's own
+    log-probs under the policy before the step's first update, for both mini-batches."""
+    cfg = ModelConfig(path=str(tiny_model))
+    tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
+    batch = _two_question_batch(tok)
+    sb = pack(
+        batch.prompt_ids, batch.response_ids, list(range(len(batch))), tok.pad_token_id, torch.device("cpu")
+    )
+    with torch.no_grad():
+        before, _ = forward_logprobs(model, sb)
+    adv = group_advantages(batch.rewards, batch.group_index)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    res = policy_update(model, opt, batch, adv, _plan(0.2, 0.1, 0.0, updates=2), pad_id=tok.pad_token_id)
+    assert sorted(res.trainer_logp) == list(range(len(batch)))  # every row here is fresh
+    for i, row in res.trainer_logp.items():
+        torch.testing.assert_close(
+            torch.tensor(row), before[i, : len(batch.response_ids[i])], atol=1e-5, rtol=0
+        )
+    with torch.no_grad():
+        after, _ = forward_logprobs(model, sb)
+    assert not torch.allclose(after, before, atol=1e-3)  # the update did move the policy
