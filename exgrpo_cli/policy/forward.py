@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from exgrpo_cli.algo.logprobs import token_entropy, token_logprobs
+from exgrpo_cli.algo.logprobs import chunked_token_logprobs, token_entropy, token_logprobs
 from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
 
 
@@ -113,7 +113,7 @@ def synced_micro_batches(
             yield pack(prompts, responses, rows[:1] or [0], pad_id, device), True
 
 
-def response_logits(model, batch: SequenceBatch) -> Tensor:  # noqa: ANN001
+def response_logits(model: torch.nn.Module, batch: SequenceBatch) -> Tensor:
     """Logits [B, R, V] of the positions that predict the response tokens."""
     keep = batch.response_mask.shape[1] + 1
     kwargs = dict(
@@ -129,14 +129,84 @@ def response_logits(model, batch: SequenceBatch) -> Tensor:  # noqa: ANN001
     return logits[:, -keep:-1]
 
 
+# largest fp32 [chunk x vocabulary] temporary of the chunked projection (algo.logprobs): 441 tokens
+# a chunk at Qwen2.5's 152,064-token vocabulary, the whole micro-batch at the tiny model's 364
+LOGIT_CHUNK_BYTES = 256 * 2**20
+
+
+def chunk_tokens(vocab_size: int, chunk_bytes: int = LOGIT_CHUNK_BYTES) -> int:
+    return max(16, chunk_bytes // (4 * max(vocab_size, 1)))
+
+
+def output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The output projection when logits are exactly `hidden @ head.weight.T` (Qwen2, Llama,
+    Mistral, SmolLM2 ...), so they can be computed in chunks from the final hidden states; None for
+    models whose logits are biased, scaled or soft-capped (they take the full-logits path)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    cfg = getattr(model, "config", None)
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None or not hasattr(model, "get_decoder"):
+        return None
+    if getattr(cfg, "final_logit_softcapping", None) or hasattr(cfg, "logit_scale"):
+        return None
+    if getattr(cfg, "logits_scaling", 1.0) not in (None, 1.0):
+        return None
+    return head
+
+
+def final_hidden_states(model: torch.nn.Module, batch: SequenceBatch) -> Tensor:
+    """The decoder's final (normed) hidden states [B, P+R, H], from a forward of the whole model.
+
+    The model's own forward runs (projecting only the last position), not its decoder alone: under
+    FSDP2 the root unit owns the embedding, final norm and output head, and only the root's forward
+    gathers them (and, the root not resharding after forward, keeps the head gathered for the
+    chunked projection and its backward)."""
+    captured: list[Tensor] = []
+    handle = model.get_decoder().register_forward_hook(  # type: ignore[operator]
+        lambda module, args, output: captured.append(output.last_hidden_state)
+    )
+    try:
+        model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            logits_to_keep=1,
+        )
+    finally:
+        handle.remove()
+    return captured[-1]
+
+
 def forward_logprobs(
-    model, batch: SequenceBatch, *, temperature: float = 1.0, with_entropy: bool = False
+    model: torch.nn.Module,
+    batch: SequenceBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_bytes: int = LOGIT_CHUNK_BYTES,
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs [B, R] of the response tokens (and per-token entropies when asked)."""
-    logits = response_logits(model, batch)
-    logp = token_logprobs(logits, batch.targets, temperature)
-    ent = token_entropy(logits, temperature) if with_entropy else None
-    return logp, ent
+    """Log-probs [B, R] of the response tokens (and per-token entropies when asked), zero beyond
+    each row's response. Computed from the final hidden states in chunks of tokens (no
+    [tokens x vocabulary] tensor in forward or backward) when the model's head allows it."""
+    head = output_head(model)
+    if head is None:
+        logits = response_logits(model, batch)
+        logp = token_logprobs(logits, batch.targets, temperature) * batch.response_mask
+        ent = token_entropy(logits, temperature) * batch.response_mask if with_entropy else None
+        return logp, ent
+    R = batch.response_mask.shape[1]
+    hidden = final_hidden_states(model, batch)[:, -R - 1 : -1]  # position P-1+j predicts token j
+    mask = batch.response_mask.bool()
+    lp, ent = chunked_token_logprobs(
+        hidden[mask],
+        head.weight,
+        batch.targets[mask],
+        temperature=temperature,
+        chunk_tokens=chunk_tokens(head.weight.shape[0], chunk_bytes),
+        with_entropy=with_entropy,
+    )
+    zeros = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    return zeros.masked_scatter(mask, lp), None if ent is None else zeros.masked_scatter(mask, ent)
 
 
 def pad_rows(values: list[list[float]], batch: SequenceBatch) -> Tensor:

@@ -13,8 +13,7 @@ from typing import Literal
 
 import torch
 
-from exgrpo_cli.algo.logprobs import token_entropy, token_logprobs
-from exgrpo_cli.policy.forward import micro_batches, pack, response_logits
+from exgrpo_cli.policy.forward import forward_logprobs, micro_batches, pack
 
 
 @torch.no_grad()
@@ -42,11 +41,13 @@ def score_candidates(
             for start in range(0, len(chunk), max_rows):
                 rows = chunk[start : start + max_rows]
                 batch = pack(prompts, responses, rows, pad_id, device)
-                logits = response_logits(model, batch)  # response positions only
                 if kind == "nll":
-                    per_tok = -token_logprobs(logits, batch.targets, 1.0)
+                    logp, _ = forward_logprobs(model, batch)
+                    per_tok = -logp
                 else:
-                    per_tok = token_entropy(logits, temperature)
+                    _, ent = forward_logprobs(model, batch, temperature=temperature, with_entropy=True)
+                    assert ent is not None
+                    per_tok = ent
                 m = batch.response_mask
                 mean = (per_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)
                 for i, v in zip(rows, mean.tolist()):
