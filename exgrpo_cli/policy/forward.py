@@ -113,10 +113,10 @@ def synced_micro_batches(
             yield pack(prompts, responses, rows[:1] or [0], pad_id, device), True
 
 
-def response_logits(model, batch: SequenceBatch) -> Tensor:  # noqa: ANN001
+def response_logits(model: torch.nn.Module, batch: SequenceBatch) -> Tensor:
     """Logits [B, R, V] of the positions that predict the response tokens."""
     keep = batch.response_mask.shape[1] + 1
-    kwargs = dict(
+    kwargs: dict[str, Tensor | bool] = dict(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
@@ -130,7 +130,7 @@ def response_logits(model, batch: SequenceBatch) -> Tensor:  # noqa: ANN001
 
 
 def forward_logprobs(
-    model, batch: SequenceBatch, *, temperature: float = 1.0, with_entropy: bool = False
+    model: torch.nn.Module, batch: SequenceBatch, *, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs [B, R] of the response tokens (and per-token entropies when asked)."""
     logits = response_logits(model, batch)
