@@ -26,6 +26,7 @@ import torch
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+M = TypeVar("M", bound=torch.nn.Module)
 
 MIXED_PRECISION = {
     "bf16": torch.bfloat16,
@@ -99,12 +100,12 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 def wrap_fsdp2(
-    model: torch.nn.Module,
+    model: M,
     dist: DistInfo,
     *,
     mixed_precision: str | None = None,
     reshard_after_forward: bool = True,
-) -> torch.nn.Module:
+) -> M:
     """Shard `model` in place over all ranks: each decoder layer, then the root (embeddings, norm,
     lm_head). Returns the same module, now an FSDPModule whose parameters are DTensors.
 
