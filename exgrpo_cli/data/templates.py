@@ -40,10 +40,11 @@ class Template:
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         return msgs + [{"role": "user", "content": q.question}]
 
-    def render(self, q: Question, tokenizer: PreTrainedTokenizerBase) -> str:
+    def render(self, q: Question, tokenizer: PreTrainedTokenizerBase | None) -> str:
+        """The prompt text; only chat templates use the tokenizer (None will do for the others)."""
         if not self.chat:
             return self.plain_format.format(question=q.question)
-        if getattr(tokenizer, "chat_template", None) is None:
+        if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
                 f"template {self.name!r} needs a chat template, but the tokenizer has none; "
                 "choose model.template=plain or llama_base"
