@@ -60,11 +60,16 @@ test: install ## run the test suite (CPU, no network); then the vllm-marked test
 test-fast: install ## the suite without the slow end-to-end runs
 	$(PY) -m pytest -q -m "not slow"
 
-lint: install ## ruff
-	$(VENV)/bin/ruff check exgrpo_cli tests benchmarks scripts
+LINT_DIRS := exgrpo_cli tests benchmarks scripts
 
-format: install ## ruff --fix
-	$(VENV)/bin/ruff check --fix exgrpo_cli tests benchmarks
+lint: install ## ruff (lint + format check) and mypy
+	$(VENV)/bin/ruff check $(LINT_DIRS)
+	$(VENV)/bin/ruff format --check $(LINT_DIRS)
+	$(VENV)/bin/mypy exgrpo_cli
+
+format: install ## ruff format, then ruff check --fix
+	$(VENV)/bin/ruff format $(LINT_DIRS)
+	$(VENV)/bin/ruff check --fix $(LINT_DIRS)
 
 tiny-model: install ## rebuild the shipped tiny model (exgrpo_cli/assets/tiny) reproducibly
 	$(PY) scripts/build_tiny_model.py --out exgrpo_cli/assets/tiny

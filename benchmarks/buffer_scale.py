@@ -25,8 +25,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from exgrpo_cli.replay.buffer import ExperienceBuffer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Stat, table  # noqa: E402
@@ -58,7 +62,7 @@ class Synth:
         return k, [self.response() for _ in range(k if k < K else 0)]
 
 
-def fill(buf, synth: Synth, target: int) -> tuple[int, float]:  # noqa: ANN001
+def fill(buf: ExperienceBuffer, synth: Synth, target: int) -> tuple[int, float]:
     """Grow the buffer to `target` experiences with groups of new questions; returns (steps, s)."""
     step, t0, uid = 0, time.perf_counter(), 0
     while buf.num_experiences < target:

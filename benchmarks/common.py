@@ -20,6 +20,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from exgrpo_cli.config import ExgrpoConfig
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -208,7 +212,7 @@ def run_measured(
     return res
 
 
-def compose_config(overrides: list[str]):  # noqa: ANN201 - an ExgrpoConfig
+def compose_config(overrides: list[str]) -> ExgrpoConfig:
     """The typed exgrpo config of `exgrpo train <overrides>` (set trainer.output_dir: the Hydra
     run dir is not resolved outside a Hydra run)."""
     from hydra import compose, initialize_config_dir

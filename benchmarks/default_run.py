@@ -54,7 +54,7 @@ def summarise(runs: list[dict]) -> list[dict]:
     for ratio in dict.fromkeys(r["ratio"] for r in runs):
         rs = [r for r in runs if r["ratio"] == ratio]
 
-        def stat(key: str, rs=rs) -> tuple[float, float]:
+        def stat(key: str, rs: list[dict] = rs) -> tuple[float, float]:
             v = [r[key] for r in rs]
             return statistics.mean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
 

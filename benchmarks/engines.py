@@ -19,7 +19,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
@@ -94,8 +96,12 @@ def worker(engine_name: str, model_name: str, questions: int, n: int, tokens: in
 
 
 def run(
-    quick: bool, model: str | None = None, repeats: int | None = None, threads: int = 0, log=log_stderr
-) -> dict:  # noqa: ANN001
+    quick: bool,
+    model: str | None = None,
+    repeats: int | None = None,
+    threads: int = 0,
+    log: Callable[[str], None] = log_stderr,
+) -> dict[str, Any]:
     model = model or ("tiny" if quick or not smollm2_available() else "smollm2-135m")
     repeats = repeats or (3 if model == "tiny" else 2)
     q, n, tokens = BATCH[model]

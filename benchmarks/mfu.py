@@ -21,6 +21,11 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Stat, compose_config, model_overrides, smollm2_available, table  # noqa: E402
@@ -31,7 +36,7 @@ CHIP_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, 
 SHAPES = {"tiny": (128, 35, (12, 44)), "smollm2-135m": (8, 60, (16, 48))}
 
 
-def matmul_peak(device, dtype, n: int, repeats: int = 5) -> float:  # noqa: ANN001
+def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 5) -> float:
     """Best FLOP/s of an n x n matmul (after a warm-up)."""
     import torch
 
@@ -49,14 +54,14 @@ def matmul_peak(device, dtype, n: int, repeats: int = 5) -> float:  # noqa: ANN0
     return 2 * n**3 / best
 
 
-def _sync(device) -> None:  # noqa: ANN001
+def _sync(device: torch.device) -> None:
     import torch
 
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
-def update_flops(model, prompt_lens: list[int], response_lens: list[int]) -> float:  # noqa: ANN001
+def update_flops(model: PreTrainedModel, prompt_lens: list[int], response_lens: list[int]) -> float:
     cfg = model.config
     d, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
     layer_params = sum(
@@ -70,7 +75,7 @@ def update_flops(model, prompt_lens: list[int], response_lens: list[int]) -> flo
     return 3 * flops
 
 
-def measure(model_name: str, repeats: int, device) -> dict:  # noqa: ANN001
+def measure(model_name: str, repeats: int, device: torch.device) -> dict[str, Any]:
     import numpy as np
     import torch
 

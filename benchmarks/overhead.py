@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from exgrpo_cli.train.loop import Trainer
@@ -44,7 +45,13 @@ def build_trainer(ratio: float) -> Trainer:
     return trainer
 
 
-def run(quick: bool, steps: int | None = None, threads: int = 0, warmup: int = 2, log=log_stderr) -> dict:  # noqa: ANN001
+def run(
+    quick: bool,
+    steps: int | None = None,
+    threads: int = 0,
+    warmup: int = 2,
+    log: Callable[[str], None] = log_stderr,
+) -> dict[str, Any]:
     import torch
 
     if threads:

@@ -21,8 +21,12 @@ import json
 import resource
 import tempfile
 import time
+from typing import TYPE_CHECKING, Any
 
 from common import compose_config
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
 
 def main() -> None:
@@ -54,7 +58,13 @@ def main() -> None:
     data = Dataset.from_list([{"prompt": template.messages(q), "answer": q.answer} for q in train_qs])
     scorer = RewardScorer(requires_think=template.requires_think, workers=1)
 
-    def reward(prompts, completions, completion_ids, answer, **_):  # noqa: ANN001, ANN202
+    def reward(
+        prompts: list[Any],
+        completions: list[Any],
+        completion_ids: list[list[int]],
+        answer: list[str],
+        **_: Any,
+    ) -> list[float]:
         texts = [decode_response(tokenizer, ids) for ids in completion_ids]
         return scorer.score(texts, list(answer)).rewards
 
@@ -104,13 +114,24 @@ def main() -> None:
             self.lengths: list[float] = []
             self._t0 = 0.0
 
-        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN201
+        def on_step_begin(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+        ) -> None:
             self._t0 = time.perf_counter()
 
-        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN201
+        def on_step_end(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+        ) -> None:
             self.times.append(time.perf_counter() - self._t0)
 
-        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001, ANN201
+        def on_log(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            logs: dict[str, float] | None = None,
+            **kw: Any,
+        ) -> None:
             if logs and "completions/mean_length" in logs:
                 self.lengths.append(float(logs["completions/mean_length"]))
 

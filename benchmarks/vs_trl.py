@@ -19,7 +19,9 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
@@ -92,7 +94,9 @@ def per_step(run: dict, warmup: int) -> tuple[list[float], list[float]]:
     return rs, ts
 
 
-def compare(model: str, runs: int, steps: int, warmup: int, threads: int, log=print) -> dict:  # noqa: ANN001
+def compare(
+    model: str, runs: int, steps: int, warmup: int, threads: int, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     overrides = model_overrides(model) + WORKLOADS[model]
     sides: dict[str, list[dict]] = {"trl": [], "exgrpo": []}
     with tempfile.TemporaryDirectory(prefix="exgrpo-bench-") as tmp:
@@ -182,8 +186,8 @@ def run(
     steps: int | None = None,
     models: list[str] | None = None,
     threads: int = 0,
-    log=print,
-) -> dict:  # noqa: ANN001
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     if python_of(BENCH_PY) is None:
         return {"skipped": "no .venv-bench with TRL: run `make bench-venv` first", "results": []}
     models = models or (["tiny"] if quick else ["tiny", "smollm2-135m"])

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # not imported at run time: `exgrpo --help` must not wait for omegaconf
+    from omegaconf import DictConfig
 
 COMMANDS = {
     "train": "RL-train a policy with ExGRPO (replay.ratio=0: on-policy Dr.GRPO)",
@@ -88,7 +92,7 @@ def run_hydra(command: str, overrides: list[str]) -> None:
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
 
     @hydra.main(version_base=None, config_path=config_dir(), config_name="config")
-    def _entry(cfg) -> None:  # noqa: ANN001 - a DictConfig
+    def _entry(cfg: DictConfig) -> None:
         from exgrpo_cli.commands import dispatch
 
         dispatch(command, cfg)

@@ -235,7 +235,7 @@ def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"invalid {key}={value!r}: allowed {allowed}")
 
 
-def _one_of(key: str, value: Any, choices: tuple) -> None:
+def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
     _check(value in choices, key, value, "one of " + ", ".join(map(str, choices)))
 
 
@@ -314,10 +314,15 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(p.sigma > 0, "replay.sigma", p.sigma, "> 0")
     _check(0.0 <= p.mu <= 1.0, "replay.mu", p.mu, "[0, 1] (accuracy scale)")
     if p.bucket_edges is not None:
-        e = list(p.bucket_edges)
-        _check(len(e) >= 1, "replay.bucket_edges", e, "a non-empty list")
-        _check(all(0.0 < x < 1.0 for x in e), "replay.bucket_edges", e, "values inside (0, 1)")
-        _check(all(x < y for x, y in zip(e, e[1:])), "replay.bucket_edges", e, "strictly increasing values")
+        edges = list(p.bucket_edges)
+        _check(len(edges) >= 1, "replay.bucket_edges", edges, "a non-empty list")
+        _check(all(0.0 < x < 1.0 for x in edges), "replay.bucket_edges", edges, "values inside (0, 1)")
+        _check(
+            all(x < y for x, y in zip(edges, edges[1:])),
+            "replay.bucket_edges",
+            edges,
+            "strictly increasing values",
+        )
     _check(
         0.0 <= p.readmit_retired_fraction <= 1.0,
         "replay.readmit_retired_fraction",

@@ -172,9 +172,9 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausal
 # --------------------------------------------------------------------------------------- SFT
 def encode_examples(
     questions: list[Question],
-    tokenizer,
+    tokenizer: PreTrainedTokenizerFast,
     *,
-    direct_fraction: float = 0.0,  # noqa: ANN001
+    direct_fraction: float = 0.0,
     seed: int = 0,
 ) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, response ids) per question. Tokenized apart, as rollouts will see them.
@@ -184,7 +184,7 @@ def encode_examples(
     accuracy. Reasoning first is then a behaviour RL can learn on some questions and use on all.
     """
     rng = random.Random(seed)
-    out = []
+    out: list[tuple[list[int], list[int]]] = []
     for q in questions:
         prompt = TEMPLATES["think_short"].render(q, tokenizer)
         m = q.meta
@@ -199,7 +199,9 @@ def encode_examples(
     return out
 
 
-def _batch(examples, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # noqa: ANN001
+def _batch(
+    examples: list[tuple[list[int], list[int]]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids, attention mask and labels (-100 on prompt and padding: loss on responses)."""
     width = max(len(p) + len(r) for p, r in examples)
     ids = torch.full((len(examples), width), pad_id)
@@ -214,14 +216,14 @@ def _batch(examples, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def sft(
-    model,
-    examples,
+    model: Qwen2ForCausalLM,
+    examples: list[tuple[list[int], list[int]]],
     *,
     steps: int,
     batch_size: int,
     lr: float,
     seed: int,
-    pad_id: int,  # noqa: ANN001
+    pad_id: int,
     log_every: int = 25,
 ) -> list[float]:
     rng = random.Random(seed)
@@ -282,12 +284,12 @@ def is_correct(text: str, gold: str) -> bool:
 
 @torch.no_grad()
 def sampled_accuracy(
-    model,
-    tokenizer,
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
     questions: list[Question],
     *,
     k: int,
-    seed: int,  # noqa: ANN001
+    seed: int,
     max_new_tokens: int = 48,
     chunk: int = 32,
 ) -> dict:

@@ -26,8 +26,8 @@ def plot_curves(
         xs, ys, sds = mean_curve(runs)
         if not xs:
             continue
-        style = {"linewidth": 2.5} if name == baseline else {"linewidth": 1.4}
-        (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=f"{name} (n={len(runs)})", **style)
+        width = 2.5 if name == baseline else 1.4
+        (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=f"{name} (n={len(runs)})", linewidth=width)
         if len(runs) > 1:
             ax.fill_between(
                 xs,

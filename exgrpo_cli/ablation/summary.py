@@ -16,6 +16,10 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # rich is imported when a table is printed
+    from rich.table import Table
 
 NAN = float("nan")
 
@@ -45,9 +49,9 @@ class Row:
     baseline: bool = False
 
 
-def read_metrics(path: Path) -> list[dict]:
+def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The rows of a metrics.jsonl, one per step (a repeated step keeps its last row), by step."""
-    by_step: dict[int, dict] = {}
+    by_step: dict[int, dict[str, Any]] = {}
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
             row = json.loads(line)
@@ -57,13 +61,14 @@ def read_metrics(path: Path) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def _number(v) -> float | None:  # noqa: ANN001
+def _number(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def run_result(rows: list[dict], wall_s: float = NAN, seed: int | None = None) -> RunResult:
+def run_result(rows: list[dict[str, Any]], wall_s: float = NAN, seed: int | None = None) -> RunResult:
     """Summarise one run's metric rows (as read_metrics returns them)."""
-    seen, curve = 0.0, []
+    seen = 0.0
+    curve: list[tuple[int, float, float]] = []
     for row in rows:
         seen += _number(row.get("rollout/responses")) or 0.0
         acc = _number(row.get("val/accuracy"))
@@ -150,7 +155,7 @@ CSV_COLUMNS = (
 )
 
 
-def _csv_value(x) -> str | int | float:  # noqa: ANN001
+def _csv_value(x: str | int | float) -> str | int | float:
     if isinstance(x, bool):
         return int(x)
     if isinstance(x, float) and math.isnan(x):
@@ -235,7 +240,7 @@ def to_markdown(rows: list[Row], title: str, notes: list[str] | None = None) -> 
     return "\n".join(lines).rstrip() + "\n"
 
 
-def rich_table(rows: list[Row], title: str):  # noqa: ANN201 - a rich Table
+def rich_table(rows: list[Row], title: str) -> Table:
     from rich import box
     from rich.table import Table
 

@@ -77,7 +77,8 @@ def parse_variants(raw: Mapping[str, Any]) -> list[Variant]:
             "ablation.variants is empty: choose a sweep with ablation=<name>, or define "
             "variants in a preset (name: [key=value, ...])"
         )
-    variants, slugs = [], {}
+    variants: list[Variant] = []
+    slugs: dict[str, str] = {}
     for name, ov in raw.items():
         if ov is None:
             ov = []
@@ -138,7 +139,7 @@ def plan_jobs(
     base, inherited = list(base), list(inherited)
     for o in base:
         _check_override("ablation.base", o)
-    jobs = []
+    jobs: list[Job] = []
     for v in variants:
         for s in seeds:
             wandb = [f"logger.wandb.group={name}", f"logger.wandb.name={v.slug}-seed{s}"] if name else []
@@ -197,7 +198,7 @@ def shell_command(argv: list[str]) -> str:
 # ----------------------------------------------------------------------------- run bookkeeping
 
 
-def read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -249,7 +250,7 @@ def wall_from_files(run_dir: Path) -> float | None:
     return max(0.0, (ck / "COMPLETE").stat().st_mtime - start.stat().st_mtime)
 
 
-def write_marker(job: Job, finished: bool, wall_s: float | None, returncode: int | None) -> dict:
+def write_marker(job: Job, finished: bool, wall_s: float | None, returncode: int | None) -> dict[str, Any]:
     """Record one attempt; wall time adds up over the attempts of a resumed run."""
     path = job.run_dir / MARKER
     prev = read_json(path) or {}
@@ -291,7 +292,7 @@ def write_plan(
     (sweep_dir / PLAN_FILE).write_text(json.dumps(plan, indent=1))
 
 
-def read_plan(sweep_dir: Path) -> dict:
+def read_plan(sweep_dir: Path) -> dict[str, Any]:
     """The plan of a sweep dir; without sweep.json, every `<dir>/seed*` folder with metrics counts."""
     plan = read_json(sweep_dir / PLAN_FILE)
     if plan:

@@ -23,10 +23,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from types import FrameType
+from typing import IO, TYPE_CHECKING, NoReturn
 
 from exgrpo_cli.ablation import sweep as sw
 from exgrpo_cli.config import ExgrpoConfig
+
+if TYPE_CHECKING:  # rich is imported when a command runs
+    from rich.console import Console
 
 
 def _fail(msg: str, code: int = 2) -> NoReturn:
@@ -44,14 +48,14 @@ def _presets() -> str:
 def _check_variants(jobs: list[sw.Job]) -> None:
     """Compose and validate each variant's config now, not an hour into the sweep."""
     from hydra import compose
-    from omegaconf import OmegaConf
 
+    from exgrpo_cli.commands import to_typed
     from exgrpo_cli.config import ConfigError, validate
 
     for job in {j.variant.name: j for j in jobs}.values():
         try:
             composed = compose(config_name="config", overrides=list(job.overrides))
-            validate(OmegaConf.to_object(composed), "train")
+            validate(to_typed(composed), "train")
         except ConfigError as err:
             _fail(f"variant {job.variant.name!r}: {err}")
         except Exception as err:  # Hydra's own errors: unknown key, bad override syntax
@@ -115,7 +119,9 @@ def run(cfg: ExgrpoConfig) -> None:
         )
 
 
-def _print_commands(jobs, variants, launcher: str, launcher_overrides: list[str]) -> None:  # noqa: ANN001
+def _print_commands(
+    jobs: list[sw.Job], variants: list[sw.Variant], launcher: str, launcher_overrides: list[str]
+) -> None:
     if launcher == "basic":
         for j in jobs:
             print(sw.shell_command(sw.train_argv(j)))
@@ -128,7 +134,7 @@ def _print_commands(jobs, variants, launcher: str, launcher_overrides: list[str]
         )
 
 
-def _warn_changed(done: list[sw.Job], console) -> None:  # noqa: ANN001
+def _warn_changed(done: list[sw.Job], console: Console) -> None:
     for j in done:
         marker = sw.read_json(j.run_dir / sw.MARKER) or {}
         if marker.get("overrides") is not None and marker["overrides"] != list(j.overrides):
@@ -146,18 +152,18 @@ def _tail(path: Path, n: int = 15) -> str:
         return ""
 
 
-def _start(argv: list[str], log) -> subprocess.Popen:  # noqa: ANN001 - an open file
+def _start(argv: list[str], log: IO[str]) -> subprocess.Popen[bytes]:
     # Its own session: a Ctrl-C in the terminal reaches only this process, which passes exactly one
     # signal on (see _wait); the run would otherwise get two and abort instead of saving.
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _wait(proc: subprocess.Popen) -> int:
+def _wait(proc: subprocess.Popen[bytes]) -> int:
     """Wait for a run. SIGINT/SIGTERM are passed on to it (it saves a checkpoint and exits; a
     second signal aborts it), then the sweep stops with KeyboardInterrupt once it has exited."""
     caught: list[int] = []
 
-    def forward(signum: int, frame) -> None:  # noqa: ANN001
+    def forward(signum: int, frame: FrameType | None) -> None:
         caught.append(signum)
         if proc.poll() is None:
             proc.send_signal(signum)
@@ -173,10 +179,11 @@ def _wait(proc: subprocess.Popen) -> int:
     return rc
 
 
-def _run_sequential(todo: list[sw.Job], console) -> list[sw.Job]:  # noqa: ANN001
+def _run_sequential(todo: list[sw.Job], console: Console) -> list[sw.Job]:
     from exgrpo_cli.ablation.summary import read_metrics, run_result
 
-    failed, spent = [], []
+    failed: list[sw.Job] = []
+    spent: list[float] = []
     for i, job in enumerate(todo, 1):
         job.run_dir.mkdir(parents=True, exist_ok=True)
         log = job.run_dir / sw.TRAIN_LOG
@@ -216,9 +223,13 @@ def _run_sequential(todo: list[sw.Job], console) -> list[sw.Job]:  # noqa: ANN00
 
 
 def _run_with_launcher(
-    todo: list[sw.Job], variants, launcher: str, launcher_overrides: list[str], console
-) -> list[sw.Job]:  # noqa: ANN001
-    failed = []
+    todo: list[sw.Job],
+    variants: list[sw.Variant],
+    launcher: str,
+    launcher_overrides: list[str],
+    console: Console,
+) -> list[sw.Job]:
+    failed: list[sw.Job] = []
     for v in variants:
         jobs = [j for j in todo if j.variant == v]
         if not jobs:
@@ -243,7 +254,7 @@ def _run_with_launcher(
     return failed
 
 
-def summarize_dir(sweep: Path, baseline: str, console) -> None:  # noqa: ANN001
+def summarize_dir(sweep: Path, baseline: str, console: Console) -> None:
     """Write summary.md, summary.csv and curves.png into the sweep dir and print the table."""
     from rich.console import Console
 
@@ -256,11 +267,12 @@ def summarize_dir(sweep: Path, baseline: str, console) -> None:  # noqa: ANN001
         base = sw.pick_baseline(names, baseline or plan.get("baseline") or "")
     except sw.SweepError as err:
         _fail(str(err))
-    groups, notes = [], []
+    groups: list[tuple[str, list[sm.RunResult]]] = []
+    notes: list[str] = []
     for v in plan["variants"]:
         vdir = sweep / v["dir"]
         dirs = [vdir / f"seed{s}" for s in plan["seeds"]] if plan.get("seeds") else sorted(vdir.glob("seed*"))
-        runs = []
+        runs: list[sm.RunResult] = []
         for d in dirs:
             if not ((d / "metrics.jsonl").is_file() and sw.is_finished(d)):
                 notes.append(f"{v['name']}: {d.name} not finished, left out")

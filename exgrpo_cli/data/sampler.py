@@ -8,6 +8,7 @@ run draws exactly the questions the uninterrupted one would have drawn.
 from __future__ import annotations
 
 from collections.abc import Container
+from typing import Any
 
 import numpy as np
 
@@ -42,10 +43,10 @@ class QuestionSampler:
             self.position += 1
         return out
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "order": list(self.order)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])

@@ -49,8 +49,9 @@ def read_rows(path: str, fmt: str | None = None) -> list[dict[str, Any]]:
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(p).to_pylist()
-    rows = []
+        table_rows: list[dict[str, Any]] = pq.read_table(p).to_pylist()
+        return table_rows
+    rows: list[dict[str, Any]] = []
     with p.open(encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
@@ -62,7 +63,7 @@ def read_rows(path: str, fmt: str | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-def dig(row: dict, dotted: str) -> Any:
+def dig(row: dict[str, Any], dotted: str) -> Any:
     cur: Any = row
     for part in dotted.split("."):
         if not isinstance(cur, dict) or part not in cur:
@@ -71,7 +72,9 @@ def dig(row: dict, dotted: str) -> Any:
     return cur
 
 
-def row_to_question(row: dict, idx: int, cfg: DataConfig, prefix: str) -> tuple[Question | None, str]:
+def row_to_question(
+    row: dict[str, Any], idx: int, cfg: DataConfig, prefix: str
+) -> tuple[Question | None, str]:
     if "__error__" in row:
         return None, row["__error__"]
     raw_q, raw_a = dig(row, cfg.question_key), dig(row, cfg.answer_key)
@@ -96,16 +99,17 @@ def row_to_question(row: dict, idx: int, cfg: DataConfig, prefix: str) -> tuple[
     if not isinstance(raw_a, str) or not raw_a.strip():
         return None, f"row {idx}: missing or empty answer ({cfg.answer_key})"
     uid = str(row.get("id") or dig(row, "extra_info.index") or idx)
-    meta = {k: row[k] for k in ("data_source", "difficulty", "source") if k in row}
+    meta: dict[str, Any] = {k: row[k] for k in ("data_source", "difficulty", "source") if k in row}
     return Question(
         uid=f"{prefix}-{uid}", question=raw_q, answer=raw_a.strip(), messages=messages, meta=meta
     ), ""
 
 
 def questions_from_rows(
-    rows: Iterable[dict], cfg: DataConfig, prefix: str, report: LoadReport
+    rows: Iterable[dict[str, Any]], cfg: DataConfig, prefix: str, report: LoadReport
 ) -> list[Question]:
-    out, seen = [], set()
+    out: list[Question] = []
+    seen: set[str] = set()
     for idx, row in enumerate(rows):
         report.rows += 1
         if not isinstance(row, dict):
@@ -141,7 +145,7 @@ def _load_synthetic(cfg: DataConfig, report: LoadReport) -> tuple[list[Question]
     )
 
 
-def _from_rows(read: Callable[[DataConfig], Iterable[dict]]) -> Loader:
+def _from_rows(read: Callable[[DataConfig], Iterable[dict[str, Any]]]) -> Loader:
     """A loader for row-based sources: rows -> questions, then the held-out split."""
 
     def load(cfg: DataConfig, report: LoadReport) -> tuple[list[Question], list[Question]]:
@@ -186,7 +190,7 @@ def load_questions(cfg: DataConfig) -> tuple[list[Question], list[Question], Loa
     return questions, val, report
 
 
-def _hf_rows(name: str, split: str) -> list[dict]:
+def _hf_rows(name: str, split: str) -> list[dict[str, Any]]:
     try:
         import datasets
     except ImportError as err:

@@ -10,8 +10,12 @@ the prompt it was trained or evaluated with.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from exgrpo_cli.data.types import Question
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 THINK_SYSTEM = (
     "Reason about the problem step by step inside <think> </think> tags. After </think>, "
@@ -36,15 +40,18 @@ class Template:
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         return msgs + [{"role": "user", "content": q.question}]
 
-    def render(self, q: Question, tokenizer) -> str:  # noqa: ANN001 - any HF tokenizer
+    def render(self, q: Question, tokenizer: PreTrainedTokenizerBase | None) -> str:
+        """The prompt text; only chat templates use the tokenizer (None will do for the others)."""
         if not self.chat:
             return self.plain_format.format(question=q.question)
-        if getattr(tokenizer, "chat_template", None) is None:
+        if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
                 f"template {self.name!r} needs a chat template, but the tokenizer has none; "
                 "choose model.template=plain or llama_base"
             )
-        return tokenizer.apply_chat_template(self.messages(q), tokenize=False, add_generation_prompt=True)
+        # tokenize=False on one conversation: the text (the declared union covers ids and batches)
+        text = tokenizer.apply_chat_template(self.messages(q), tokenize=False, add_generation_prompt=True)
+        return cast(str, text)
 
 
 TEMPLATES: dict[str, Template] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -11,4 +12,4 @@ class Question:
     question: str  # the user-facing question text
     answer: str  # gold answer, checked by math-verify
     messages: tuple[tuple[str, str], ...] = ()  # (role, content) given by the data, if any
-    meta: dict = field(default_factory=dict, compare=False, hash=False)  # e.g. difficulty, source
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # e.g. difficulty, source

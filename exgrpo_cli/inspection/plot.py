@@ -7,10 +7,13 @@ mean behaviour log-prob. matplotlib is imported here only (Agg backend: no displ
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
+    from matplotlib.axes import Axes
 
 
-def _hist(ax, dist: dict[str, Any], title: str, xlabel: str) -> None:  # noqa: ANN001 - an Axes
+def _hist(ax: Axes, dist: dict[str, Any], title: str, xlabel: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
     h = dist["histogram"]

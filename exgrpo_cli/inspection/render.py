@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -117,13 +117,14 @@ def distribution_table(title: str, dist: dict[str, Any], digits: int = 3) -> Gro
 
 def _top(rep: dict[str, Any]) -> Table:
     t = Table(title="questions with the most experiences", title_justify="left")
-    for name, just in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("question id", "left"),
         ("bucket", "right"),
         ("acc", "right"),
         ("experiences", "right"),
         ("mean length", "right"),
-    ):
+    )
+    for name, just in columns:
         t.add_column(name, justify=just)
     for q in rep["top_questions"]:
         t.add_row(
@@ -137,7 +138,7 @@ def _top(rep: dict[str, Any]) -> Table:
 
 
 def render_report(rep: dict[str, Any]) -> Group:
-    parts = [_header(rep), Text(""), _buckets(rep)]
+    parts: list[RenderableType] = [_header(rep), Text(""), _buckets(rep)]
     if rep["experiences"]:
         parts += [
             Text(""),

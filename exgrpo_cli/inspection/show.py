@@ -22,6 +22,9 @@ from exgrpo_cli.replay.buffer import Experience, ExperienceBuffer
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from transformers import PreTrainedTokenizerBase
+
+    from exgrpo_cli.data.types import Question
 
 
 def run_config(checkpoint: Path, fallback: ExgrpoConfig) -> tuple[ExgrpoConfig, str]:
@@ -37,12 +40,14 @@ def run_config(checkpoint: Path, fallback: ExgrpoConfig) -> tuple[ExgrpoConfig, 
         # Saved unresolved: its ${hydra:runtime.output_dir} has no Hydra to resolve it here.
         loaded.trainer.output_dir = str(run)
         obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ExgrpoConfig), loaded))
+        if not isinstance(obj, ExgrpoConfig):  # merged onto the schema: always one
+            raise TypeError(f"it holds a {type(obj).__name__}, not an ExgrpoConfig")
     except Exception as err:  # an older or edited config: say so, still show the responses
         return fallback, f"this command's config ({saved} could not be read: {err})"
     return obj, str(saved)
 
 
-def _find_question(cfg: ExgrpoConfig, uid: str):  # noqa: ANN202 - Question | None, note
+def _find_question(cfg: ExgrpoConfig, uid: str) -> tuple[Question | None, str]:
     from exgrpo_cli.data.sources import load_questions
 
     try:
@@ -100,7 +105,7 @@ def show_question(
 def _scores(
     cfg: ExgrpoConfig,
     mcfg: ModelConfig,
-    tok: Any,
+    tok: PreTrainedTokenizerBase,
     prompt: str,
     exps: list[Experience],
     rows: list[dict[str, Any]],

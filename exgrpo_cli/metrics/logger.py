@@ -15,19 +15,23 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 
 from exgrpo_cli.config import LoggerConfig
+
+if TYPE_CHECKING:  # wandb is imported only when a run logs to it
+    from wandb import Run
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +70,7 @@ class MetricLogger:
         self,
         output_dir: str,
         cfg: LoggerConfig,
-        run_config: dict,
+        run_config: dict[str, Any],
         total_steps: int,
         start_step: int = 0,
         wandb_id: str | None = None,
@@ -80,7 +84,7 @@ class MetricLogger:
         self.cfg = cfg
         self.live = cfg.console and self.console.is_terminal
         self._progress: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
         self.total_steps = total_steps
         self._t0 = time.time()
         if cfg.console and self.live:
@@ -97,16 +101,18 @@ class MetricLogger:
             )
             self._progress.start()
             self._task = self._progress.add_task("train", total=total_steps, completed=start_step, line="")
-        self.wandb_run = None
+        self.wandb_run: Run | None = None
         self.wandb_id = wandb_id
         mode = wandb_mode(cfg.wandb.mode)
         if mode != "disabled":
             self._start_wandb(mode, output_dir, run_config, job_type)
 
-    def _start_wandb(self, mode: str, output_dir: str, run_config: dict, job_type: str) -> None:
+    def _start_wandb(self, mode: str, output_dir: str, run_config: dict[str, Any], job_type: str) -> None:
         import wandb
 
         w = self.cfg.wandb
+        # the config's modes, or WANDB_MODE as it is: wandb.init checks the value itself
+        init_mode = cast(Literal["online", "offline", "disabled", "shared"], mode)
         self.wandb_run = wandb.init(
             project=w.project,
             entity=w.entity or None,
@@ -115,7 +121,7 @@ class MetricLogger:
             tags=list(w.tags) or None,
             config=run_config,
             dir=output_dir,
-            mode=mode,
+            mode=init_mode,
             job_type=job_type,
             id=self.wandb_id,
             resume="allow" if self.wandb_id else None,
@@ -132,7 +138,7 @@ class MetricLogger:
         keep only the rows up to the checkpoint's step (none for a fresh start)."""
         if not self.path.is_file():
             return
-        keep = []
+        keep: list[str] = []
         for line in self.path.read_text(encoding="utf-8").splitlines():
             try:
                 if step > 0 and int(json.loads(line).get("step", -1)) <= step:
@@ -159,7 +165,7 @@ class MetricLogger:
             for k, lbl, fmt in CONSOLE_KEYS
             if isinstance(metrics.get(k), (int, float)) and math.isfinite(metrics[k])
         )
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:  # set together in __init__
             self._progress.update(self._task, completed=step, line=line)
         elif self.cfg.console:
             self.console.print(f"step {step}/{self.total_steps}  {line}", highlight=False, soft_wrap=True)

@@ -17,7 +17,7 @@ import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where tensors are handled: inspect-buffer needs only paths
     import torch
@@ -40,11 +40,11 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
-def write_json(path: Path, obj) -> None:  # noqa: ANN001
+def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=1, sort_keys=True))
 
 
-def read_json(path: Path):  # noqa: ANN201
+def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
@@ -52,12 +52,13 @@ def optimizer_to_files(optimizer: torch.optim.Optimizer, folder: Path) -> None:
     optimizer_state_to_files(optimizer.state_dict(), folder)
 
 
-def optimizer_state_to_files(sd: dict, folder: Path) -> None:
+def optimizer_state_to_files(sd: dict[str, Any], folder: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
     """An `optimizer.state_dict()`-layout dict (e.g. FSDP's gathered full state) to files."""
-    tensors, layout = {}, {}
+    tensors: dict[str, torch.Tensor] = {}
+    layout: dict[str, dict[str, dict[str, Any]]] = {}
     for pid, st in sd["state"].items():
         layout[str(pid)] = {}
         for name, val in st.items():
@@ -75,12 +76,12 @@ def optimizer_from_files(optimizer: torch.optim.Optimizer, folder: Path) -> None
     optimizer.load_state_dict(optimizer_state_from_files(folder))
 
 
-def optimizer_state_from_files(folder: Path) -> dict:
+def optimizer_state_from_files(folder: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     meta = read_json(folder / "optimizer.json")
     tensors = load_file(str(folder / "optimizer.safetensors"))
-    state = {}
+    state: dict[int, dict[str, Any]] = {}
     for pid, entries in meta["state"].items():
         state[int(pid)] = {
             n: tensors[e["tensor"]] if "tensor" in e else e["value"] for n, e in entries.items()

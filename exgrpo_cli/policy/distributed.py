@@ -19,10 +19,14 @@ import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, TypeVar, cast
 
 import torch
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+M = TypeVar("M", bound=torch.nn.Module)
 
 MIXED_PRECISION = {
     "bf16": torch.bfloat16,
@@ -73,7 +77,7 @@ def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DistInf
     if not tdist.is_available():
         raise RuntimeError("WORLD_SIZE > 1 but this torch build has no torch.distributed")
     backend = "nccl" if use_cuda else "gloo"
-    kwargs = {"device_id": dev} if use_cuda else {}
+    kwargs: dict[str, Any] = {"device_id": dev} if use_cuda else {}
     tdist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
     log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
     return info
@@ -86,7 +90,7 @@ def close_distributed() -> None:
         tdist.destroy_process_group()
 
 
-def decoder_layers(model) -> torch.nn.ModuleList:  # noqa: ANN001 - an HF causal LM
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The transformer blocks, each its own FSDP unit (HF Qwen2/Llama/Mistral: model.model.layers)."""
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
@@ -96,12 +100,12 @@ def decoder_layers(model) -> torch.nn.ModuleList:  # noqa: ANN001 - an HF causal
 
 
 def wrap_fsdp2(
-    model,
+    model: M,
     dist: DistInfo,
     *,
-    mixed_precision: str | None = None,  # noqa: ANN001, ANN201
+    mixed_precision: str | None = None,
     reshard_after_forward: bool = True,
-):
+) -> M:
     """Shard `model` in place over all ranks: each decoder layer, then the root (embeddings, norm,
     lm_head). Returns the same module, now an FSDPModule whose parameters are DTensors.
 
@@ -135,7 +139,7 @@ def wrap_fsdp2(
     return model
 
 
-def full_state_dict(model, dist: DistInfo) -> dict[str, torch.Tensor]:  # noqa: ANN001
+def full_state_dict(model: torch.nn.Module, dist: DistInfo) -> dict[str, torch.Tensor]:
     """The full, unsharded weights as plain CPU tensors under the HF names, on rank 0 only.
 
     Collective under FSDP: every rank must call it, and ranks other than 0 get `{}` (never index
@@ -147,11 +151,12 @@ def full_state_dict(model, dist: DistInfo) -> dict[str, torch.Tensor]:  # noqa: 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    sd = get_model_state_dict(model, options=opts)
+    # full_state_dict=True: every value is a plain (CPU) tensor
+    sd = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=opts))
     return sd if dist.is_main else {}
 
 
-def load_full_state_dict(model, state: dict[str, torch.Tensor], dist: DistInfo) -> None:  # noqa: ANN001
+def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], dist: DistInfo) -> None:
     """Inverse of `full_state_dict`: rank 0's full weights are broadcast into every rank's shards."""
     if not dist.distributed:
         model.load_state_dict(state)
@@ -163,13 +168,15 @@ def load_full_state_dict(model, state: dict[str, torch.Tensor], dist: DistInfo) 
     set_model_state_dict(model, dict(state) if dist.is_main else {}, options=opts)
 
 
-def _fqn_order(model, optimizer: torch.optim.Optimizer) -> list[str]:  # noqa: ANN001
+def _fqn_order(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
     """Parameter names in the optimizer's own order: torch numbers them 0.. in this order."""
     names = {id(p): n for n, p in model.named_parameters()}
     return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
-def full_optimizer_state_dict(model, optimizer: torch.optim.Optimizer, dist: DistInfo) -> dict:  # noqa: ANN001
+def full_optimizer_state_dict(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: DistInfo
+) -> dict[str, Any]:
     """The optimizer state in the plain `optimizer.state_dict()` layout (integer parameter ids), full
     and on CPU, on rank 0 (`{}` elsewhere). The same layout as a one-process run, so
     `checkpoint.optimizer_to_files` needs no change and a run may resume on another world size."""
@@ -178,7 +185,7 @@ def full_optimizer_state_dict(model, optimizer: torch.optim.Optimizer, dist: Dis
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    sd = get_optimizer_state_dict(model, optimizer, options=opts)
+    sd: dict[str, Any] = get_optimizer_state_dict(model, optimizer, options=opts)
     if not dist.is_main:
         return {}
     index = {n: i for i, n in enumerate(_fqn_order(model, optimizer))}
@@ -187,9 +194,9 @@ def full_optimizer_state_dict(model, optimizer: torch.optim.Optimizer, dist: Dis
 
 
 def load_full_optimizer_state_dict(
-    model,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    state: dict,  # noqa: ANN001
+    state: dict[str, Any],
     dist: DistInfo,
 ) -> None:
     """Inverse of `full_optimizer_state_dict` (rank 0 passes the state, the others anything)."""
@@ -198,7 +205,7 @@ def load_full_optimizer_state_dict(
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    sd: dict = {}
+    sd: dict[str, Any] = {}
     if dist.is_main:
         names = _fqn_order(model, optimizer)
         groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
@@ -220,7 +227,7 @@ def barrier(dist: DistInfo) -> None:
         torch.distributed.barrier()
 
 
-def broadcast_object(obj, dist: DistInfo, src: int = 0):  # noqa: ANN001, ANN201
+def broadcast_object(obj: T, dist: DistInfo, src: int = 0) -> T:
     """`obj` as rank `src` holds it, on every rank (pickled: keep it small, e.g. a question list)."""
     if not dist.distributed:
         return obj
@@ -229,11 +236,11 @@ def broadcast_object(obj, dist: DistInfo, src: int = 0):  # noqa: ANN001, ANN201
     return box[0]
 
 
-def all_gather_object(obj, dist: DistInfo) -> list:  # noqa: ANN001
+def all_gather_object(obj: T, dist: DistInfo) -> list[T]:
     """Every rank's `obj`, in rank order, on every rank (pickled: e.g. this rank's scored groups)."""
     if not dist.distributed:
         return [obj]
-    out: list = [None] * dist.world_size
+    out: list[Any] = [None] * dist.world_size
     torch.distributed.all_gather_object(out, obj)
     return out
 

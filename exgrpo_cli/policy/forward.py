@@ -116,7 +116,7 @@ def synced_micro_batches(
 def response_logits(model: torch.nn.Module, batch: SequenceBatch) -> Tensor:
     """Logits [B, R, V] of the positions that predict the response tokens."""
     keep = batch.response_mask.shape[1] + 1
-    kwargs = dict(
+    kwargs: dict[str, Tensor | bool] = dict(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,

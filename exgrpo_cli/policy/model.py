@@ -10,11 +10,15 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
+
+if TYPE_CHECKING:  # transformers is imported when a model is loaded, not with this module
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +61,11 @@ def attn_implementation(requested: str, device: torch.device) -> str:
     return "sdpa"
 
 
-def load_tokenizer(cfg: ModelConfig):
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     path = resolve_path(cfg.path, cfg.gguf_file)
-    kwargs = {"trust_remote_code": cfg.trust_remote_code}
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
     if cfg.gguf_file:
         kwargs["gguf_file"] = cfg.gguf_file
     tok = AutoTokenizer.from_pretrained(path, **kwargs)
@@ -71,14 +75,14 @@ def load_tokenizer(cfg: ModelConfig):
     return tok
 
 
-def load_model(cfg: ModelConfig, device: torch.device):
+def load_model(cfg: ModelConfig, device: torch.device) -> PreTrainedModel:
     """An HF causal LM in the configured dtype on `device`, in train mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = resolve_path(cfg.path, cfg.gguf_file)
     if device.type == "cpu" and cfg.dtype != "float32":
         log.warning("model.dtype=%s on a CPU is ~100x slower than float32", cfg.dtype)
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "trust_remote_code": cfg.trust_remote_code,
         "dtype": DTYPES[cfg.dtype],
         "attn_implementation": attn_implementation(cfg.attn_implementation, device),
@@ -94,12 +98,12 @@ def load_model(cfg: ModelConfig, device: torch.device):
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if cfg.gguf_file:
         # dequantised GGUF weights are plain tensors; drop the quantizer so save_pretrained works
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # set at load time, undeclared on the class
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) hides the bound self
     model.train()
     return model

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from exgrpo_cli.rollout.base import Rollout, RolloutEngine, SamplingSpec
 
 if TYPE_CHECKING:
-    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from exgrpo_cli.config import ExgrpoConfig
 
@@ -25,12 +25,14 @@ __all__ = ["ENGINES", "EngineSpec", "Rollout", "RolloutEngine", "SamplingSpec", 
 @dataclass(frozen=True)
 class EngineSpec:
     # (config, the trainer's model or None, tokenizer) -> engine
-    build: Callable[[ExgrpoConfig, torch.nn.Module | None, Any], RolloutEngine]
+    build: Callable[[ExgrpoConfig, PreTrainedModel | None, PreTrainedTokenizerBase], RolloutEngine]
     needs_trainer_model: bool  # samples from an HF module in this process (eval must load one)
     supports_greedy: bool  # accepts temperature 0 (else a tiny temperature stands in for greedy)
 
 
-def _build_hf(cfg: ExgrpoConfig, model: torch.nn.Module | None, tokenizer: Any) -> RolloutEngine:
+def _build_hf(
+    cfg: ExgrpoConfig, model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase
+) -> RolloutEngine:
     from exgrpo_cli.rollout.hf import HFEngine
 
     if model is None:
@@ -38,7 +40,9 @@ def _build_hf(cfg: ExgrpoConfig, model: torch.nn.Module | None, tokenizer: Any) 
     return HFEngine(model, tokenizer)
 
 
-def _build_vllm(cfg: ExgrpoConfig, model: torch.nn.Module | None, tokenizer: Any) -> RolloutEngine:
+def _build_vllm(
+    cfg: ExgrpoConfig, model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase
+) -> RolloutEngine:
     from exgrpo_cli.rollout.vllm_engine import VLLMEngine
 
     # with the trainer's model, vLLM starts from its weights (resumed, GGUF, sharded) at once
@@ -52,7 +56,9 @@ ENGINES: dict[str, EngineSpec] = {
 }
 
 
-def build_engine(cfg: ExgrpoConfig, model: torch.nn.Module | None, tokenizer: Any) -> RolloutEngine:
+def build_engine(
+    cfg: ExgrpoConfig, model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase
+) -> RolloutEngine:
     from exgrpo_cli.registry import pick
 
     return pick(ENGINES, "rollout.engine", cfg.rollout.engine).build(cfg, model, tokenizer)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -29,15 +33,16 @@ class RolloutEngine(Protocol):
         """n[i] samples of prompt i; results grouped by prompt in prompt order."""
         ...
 
-    def sync_weights(self, model) -> float:  # noqa: ANN001
+    def sync_weights(self, model: torch.nn.Module) -> float:
         """Make the engine sample from `model`'s current weights; returns seconds spent."""
         ...
 
     def close(self) -> None: ...
 
 
-def decode_response(tokenizer, ids: list[int]) -> str:  # noqa: ANN001
+def decode_response(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     """Response text for the reward: end-of-sequence/pad tokens dropped, other special tokens
     (e.g. a `</think>` added as a special token) kept, since the reward needs them."""
     drop = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
-    return tokenizer.decode([t for t in ids if t not in drop], skip_special_tokens=False)
+    # one flat id list decodes to one string (decode's `str | list[str]` covers batches)
+    return cast(str, tokenizer.decode([t for t in ids if t not in drop], skip_special_tokens=False))

@@ -14,18 +14,23 @@ that path chunks are also cut to keep it under `logits_budget_bytes`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, cast
+
 import torch
 
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec
 from exgrpo_cli.rollout.sampling import sample
 
+if TYPE_CHECKING:
+    from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
+
 
 class HFEngine:
     def __init__(
         self,
-        model,
-        tokenizer,
-        max_batch: int = 256,  # noqa: ANN001
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        max_batch: int = 256,
         logits_budget_bytes: int = 1 << 30,
         hf_generate: bool = False,
     ) -> None:
@@ -37,8 +42,9 @@ class HFEngine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
-    def sync_weights(self, model) -> float:  # noqa: ANN001
-        self.model = model  # same object as the trainer's: nothing to copy
+    def sync_weights(self, model: torch.nn.Module) -> float:
+        # the trainer's own HF model (the engine was built from it): nothing to copy
+        self.model = cast("PreTrainedModel", model)
         return 0.0
 
     def close(self) -> None:
@@ -60,7 +66,7 @@ class HFEngine:
         chunk_size = (
             self.max_batch if own_loop else max(1, min(self.max_batch, self.logits_budget_bytes // per_seq))
         )
-        starts = list(range(0, len(flat), chunk_size))
+        starts: list[int | None] = list(range(0, len(flat), chunk_size))
         if synced:  # ... so every rank makes as many generate calls (an idle rank feeds a dummy row)
             from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
 
@@ -121,7 +127,9 @@ class HFEngine:
         device = next(self.model.parameters()).device
         width = max(len(ids) for _, ids in chunk)
         input_ids, attention = self._left_padded(chunk)
-        res = self.model.generate(
+        # AutoModelForCausalLM's classes mix GenerationMixin into PreTrainedModel; asked for a dict
+        # with the logits, generate returns an output with .sequences and .logits
+        res: Any = cast("GenerationMixin", self.model).generate(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
             do_sample=True,
@@ -173,7 +181,7 @@ def _world_size() -> int:
     return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
 
 
-def _eos_ids(model, tokenizer) -> list[int]:  # noqa: ANN001
+def _eos_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     ids: list[int] = []
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     for cand in (gen_eos, tokenizer.eos_token_id):

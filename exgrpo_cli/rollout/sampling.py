@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -65,11 +69,11 @@ def draw(logits: Tensor, temperature: float, top_p: float, generator: torch.Gene
 
 @torch.no_grad()
 def sample(
-    model,
+    model: PreTrainedModel,
     input_ids: Tensor,
     attention_mask: Tensor,
     *,
-    max_new_tokens: int,  # noqa: ANN001
+    max_new_tokens: int,
     eos_ids: list[int],
     temperature: float,
     top_p: float,
@@ -99,12 +103,12 @@ def sample(
 
 
 def _decode(
-    model,
+    model: PreTrainedModel,
     input_ids: Tensor,
     attention: Tensor,
     eos: Tensor,
     temperature: float,
-    top_p: float,  # noqa: ANN001
+    top_p: float,
     generator: torch.Generator,
     compact_share: float,
     out: tuple[Tensor, ...],
@@ -164,7 +168,7 @@ def _decode(
         )
 
 
-def _cache_kwarg(model) -> str:  # noqa: ANN001
+def _cache_kwarg(model: torch.nn.Module) -> str:
     """transformers 5.2x renamed `past_key_values` to `cache` (the old name warns until 5.40); the
     vLLM venv's older transformers only knows the old one."""
     params = inspect.signature(type(model).forward).parameters

@@ -22,10 +22,17 @@ import random
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from exgrpo_cli.config import ExgrpoConfig
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +45,7 @@ INSTALL_HINT = (
 )
 
 
-def _import_vllm():  # noqa: ANN202
+def _import_vllm() -> ModuleType:
     try:
         import vllm
     except ImportError as err:
@@ -47,6 +54,9 @@ def _import_vllm():  # noqa: ANN202
 
 
 class VLLMEngine:
+    # from_config's temporary folder with the model's config, removed by close()
+    _config_dir: tempfile.TemporaryDirectory[str] | None = None
+
     def __init__(
         self,
         model_path: str,
@@ -62,7 +72,7 @@ class VLLMEngine:
         kv_cache_gib: float | None = None,
         load_format: str = "auto",
         trust_remote_code: bool = False,
-        llm_kwargs: dict | None = None,
+        llm_kwargs: dict[str, Any] | None = None,
     ) -> None:
         """`load_format="dummy"`: random weights at start, the caller syncs the real ones (saves
         reading a checkpoint the trainer has already loaded). `in_process` None: keep
@@ -81,7 +91,7 @@ class VLLMEngine:
         on_cuda = torch.cuda.is_available()
         self.sleep_mode = sleep_mode and on_cuda
         self._sleeping: set[str] = set()
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if on_cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:
@@ -123,7 +133,13 @@ class VLLMEngine:
         )
 
     @classmethod
-    def from_config(cls, cfg, tokenizer, model=None, **llm_kwargs) -> VLLMEngine:  # noqa: ANN001
+    def from_config(
+        cls,
+        cfg: ExgrpoConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        model: PreTrainedModel | None = None,
+        **llm_kwargs: Any,
+    ) -> VLLMEngine:
         """An engine for `cfg.model`. With `model` (the trainer's HF module) vLLM starts from
         dummy weights and is synced from `model` right away: the rollouts then follow the
         trainer's weights even when those came from a resumed checkpoint or a GGUF file."""
@@ -217,7 +233,7 @@ class VLLMEngine:
         return rollouts
 
     # ------------------------------------------------------------------ weights
-    def sync_weights(self, model) -> float:  # noqa: ANN001 - a module or a {name: tensor} mapping
+    def sync_weights(self, model: torch.nn.Module | Mapping[str, torch.Tensor]) -> float:
         """Copy the trainer's weights into vLLM; returns the seconds spent.
 
         `model` may be the HF module (its state_dict, lm_head included for tied models) or an
@@ -292,7 +308,9 @@ class VLLMEngine:
             cfg_dir.cleanup()
 
 
-def eos_token_ids(tokenizer, model=None, path: str | None = None) -> list[int]:  # noqa: ANN001
+def eos_token_ids(
+    tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module | None = None, path: str | None = None
+) -> list[int]:
     """End-of-sequence ids: the tokenizer's plus the generation config's (chat models often stop
     on `<|im_end|>` while the tokenizer's eos is `<|endoftext|>`)."""
     gen = getattr(model, "generation_config", None)
@@ -311,7 +329,7 @@ def eos_token_ids(tokenizer, model=None, path: str | None = None) -> list[int]: 
     return ids
 
 
-def _named_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:  # noqa: ANN001
+def _named_tensors(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
     items = model.items() if isinstance(model, Mapping) else model.state_dict().items()
     for name, t in items:
         if hasattr(t, "full_tensor"):  # an FSDP2 DTensor shard: gather this one parameter

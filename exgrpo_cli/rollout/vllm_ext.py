@@ -14,6 +14,7 @@ collide with the worker's own (e.g. `update_weights`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -35,6 +36,8 @@ class _Counted:
 
 class WeightSyncExtension:
     """Mixed into vLLM's worker; `self.model_runner` is the worker's."""
+
+    model_runner: Any  # the worker's (declared only: an attribute here would clash with it)
 
     def exgrpo_reload_weights(self, weights: WorkerWeights) -> int:
         """Load HF-named tensors in place (only possible in-process: with the engine in another
