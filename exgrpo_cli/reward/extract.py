@@ -8,8 +8,10 @@ catastrophically, so that megabyte-long or deeply nested model outputs cost at m
 
 The extraction rule (`extract_answer`):
 
-1. Think tags. With `requires_think=True` a response without `</think>` has no answer (None).
-   Whenever `</think>` is present, only the text after the LAST `</think>` is read.
+1. Think tags. With `requires_think=True` (think templates) a response without `</think>` has no
+   answer (None), and only the text between the FIRST `</think>` and the next `</think>` (or the
+   end) is read, as in the official training reward (math_verify_reward.py). Without it, whenever
+   `</think>` is present, only the text after the LAST `</think>` is read.
 2. Boxed answer. The last `\\boxed{...}` or `\\fbox{...}` command decides: its content, with
    balanced braces (escaped `\\{` / `\\}` do not count as structure), stripped. If that last box
    is never closed (a truncated response) or is empty, the answer is None; an earlier box does
@@ -47,14 +49,20 @@ _CHOICE = re.compile(r"\(\s*([A-J])\s*\)|([A-J])(?:[).:]|$)", re.I)
 
 
 def strip_think(response: str, requires_think: bool = False) -> str | None:
-    """The part of `response` that holds the answer: after the last `</think>` when present.
+    """The part of `response` that holds the answer.
 
-    None when `requires_think` and the closing tag is missing (the model never finished thinking).
-    """
-    cut = response.rfind(THINK_CLOSE)
-    if cut < 0:
-        return None if requires_think else response
-    return response[cut + len(THINK_CLOSE) :]
+    With `requires_think`: the text between the first `</think>` and the next one (or the end),
+    None when there is no `</think>` (the model never finished thinking). Without: the text after
+    the last `</think>` when present, else the whole response."""
+    if not requires_think:
+        cut = response.rfind(THINK_CLOSE)
+        return response if cut < 0 else response[cut + len(THINK_CLOSE) :]
+    first = response.find(THINK_CLOSE)
+    if first < 0:
+        return None
+    start = first + len(THINK_CLOSE)
+    end = response.find(THINK_CLOSE, start)
+    return response[start:] if end < 0 else response[start:end]
 
 
 def _match_brace(text: str, open_pos: int) -> int:

@@ -53,7 +53,7 @@ def test_think_handling() -> None:
     r = "<think>maybe \\boxed{1}</think>so \\boxed{2}"
     assert extract_answer(r) == "2"
     assert extract_answer(r, requires_think=True) == "2"
-    # only the text after the LAST </think> counts
+    # without think tags required: only the text after the LAST </think> counts
     assert extract_answer("<think>a</think>\\boxed{1}<think>b</think>\\boxed{3}") == "3"
     assert extract_answer("<think>\\boxed{1}</think> nothing after") is None
     # required tag missing -> no answer, even with a box
@@ -62,6 +62,21 @@ def test_think_handling() -> None:
     assert extract_answer("<think>unfinished \\boxed{5}") == "5"
     assert strip_think("a</think>b</think>c") == "c"
     assert strip_think("abc", requires_think=True) is None
+
+
+def test_think_template_reads_after_the_first_close_tag() -> None:
+    """The official training reward (math_verify_reward.py) verifies
+    `("<think>\\n" + response).split("</think>")[1]`: the text between the first `</think>` and the
+    next one; `<think>` itself is always there, since the reward manager prepends it."""
+    several = "<think>a</think>\\boxed{1}<think>b</think>\\boxed{3}"
+    assert extract_answer(several, requires_think=True) == "1"
+    assert extract_answer("a</think> \\boxed{1} </think> \\boxed{2} </think> \\boxed{3}", True) == "1"
+    assert strip_think("a</think>b</think>c", requires_think=True) == "b"
+    assert strip_think("a</think>b", requires_think=True) == "b"
+    # nothing between the first two tags: no answer, however many boxes follow
+    assert extract_answer("a</think></think>\\boxed{4}", requires_think=True) is None
+    # a close tag without an open tag is enough (the official prepends "<think>\\n")
+    assert extract_answer("reasoning</think>\\boxed{6}", requires_think=True) == "6"
 
 
 @pytest.mark.parametrize(

@@ -101,6 +101,14 @@ def test_think_requirement() -> None:
     assert result.extracted == ["2", None, None]
 
 
+def test_think_template_grades_the_text_after_the_first_close_tag() -> None:
+    responses = ["<think>a</think>\\boxed{2}</think>\\boxed{3}", "<think>a</think>x</think>\\boxed{2}"]
+    with RewardScorer(requires_think=True, workers=1) as s:
+        result = s.score(responses, ["2", "2"])
+    assert result.rewards == [1.0, 0.0]
+    assert result.extracted == ["2", None]
+
+
 def test_module_level_score() -> None:
     responses = ["\\boxed{0.5}", "<think>\\boxed{7}</think>\\boxed{3}", "nothing"]
     assert score(responses, ["1/2", "3", "1"]) == [1.0, 1.0, 0.0]
