@@ -163,6 +163,25 @@ def test_official_rows_keep_their_chat_for_the_think_template():
     assert TEMPLATES["think_short"].messages(q)[-1]["content"] == q.question
 
 
+def test_official_eval_drops_the_data_system_message():
+    """generate_vllm.py drops each row's system message: the model's own chat template then supplies
+    its default system prompt."""
+    needs_official("test.id.parquet")
+    q = B.load_official(B.REGISTRY["aime24"], str(OFFICIAL)).questions[0]
+    msgs = TEMPLATES["think"].messages(q, data_system=False)
+    assert msgs == [{"role": "user", "content": q.question}]
+    # a template that does not use the data's messages keeps its own system line
+    assert TEMPLATES["think_short"].messages(q, data_system=False)[0]["role"] == "system"
+
+
+def test_paper_benchmarks_follow_the_official_protocol(tmp_path):
+    assert all(b.official for b in B.PAPER_BENCHMARKS)
+    assert not B.SYNTHETIC.official and not B.CUSTOM.official
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(row(f"q{i}", "1", src)) + "\n" for i, src in enumerate(["aime", "x"])))
+    assert [lb.bench.official for lb in B.load_custom(str(path), DataConfig())] == [False, False]
+
+
 def test_official_ood_files_are_multiple_choice():
     needs_official("valid.arc_c.parquet")
     arc = B.load_official(B.REGISTRY["arc_c"], str(OFFICIAL))

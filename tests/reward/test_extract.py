@@ -7,7 +7,17 @@ import time
 import pytest
 
 from exgrpo_cli.reward import extract_answer
-from exgrpo_cli.reward.extract import choice_letter, last_boxed, normalise, prepare_math, strip_think
+from exgrpo_cli.reward.extract import (
+    AnswerRule,
+    choice_letter,
+    last_boxed,
+    last_boxed_strict,
+    normalise,
+    prepare_math,
+    strip_think,
+    think_part,
+    training_rule,
+)
 
 
 @pytest.mark.parametrize(
@@ -77,6 +87,67 @@ def test_think_template_reads_after_the_first_close_tag() -> None:
     assert extract_answer("a</think></think>\\boxed{4}", requires_think=True) is None
     # a close tag without an open tag is enough (the official prepends "<think>\\n")
     assert extract_answer("reasoning</think>\\boxed{6}", requires_think=True) == "6"
+
+
+@pytest.mark.parametrize(
+    ("think", "expected"),
+    [
+        ("first", ["b", None, "", "b"]),
+        ("last", ["c", "abc", "", "b"]),
+        ("first_or_whole", ["b", "abc", "", "b"]),
+        ("whole", ["a</think>b</think>c", "abc", "</think>", "a</think>b"]),
+    ],
+)
+def test_think_rules(think: str, expected: list[str | None]) -> None:
+    texts = ["a</think>b</think>c", "abc", "</think>", "a</think>b"]
+    assert [think_part(t, think) for t in texts] == expected  # type: ignore[arg-type]
+
+
+def test_unknown_think_rule() -> None:
+    with pytest.raises(ValueError, match="think rule"):
+        AnswerRule("after")  # type: ignore[arg-type]
+
+
+def test_training_rule() -> None:
+    assert training_rule(True) == AnswerRule("first") and training_rule(False) == AnswerRule("last")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so \\boxed{42}", "42"),
+        ("\\boxed{1} then \\boxed{ \\frac{1}{2} }.", "\\frac{1}{2}"),
+        ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+        ("\\boxed{C}", "C"),
+        # the last \\boxed decides, and it must open a brace at once
+        ("\\boxed{1} then \\boxed 5", None),
+        ("\\boxed{1} then \\boxed {5}", None),
+        ("\\boxed{3} then mentions \\boxed", None),
+        ("\\boxed{1} then truncated \\boxed{2", None),
+        # every brace counts, escaped ones too (oat_math_grader.last_boxed_only_string)
+        ("\\boxed{\\{1}", None),
+        ("\\fbox{7}", None),  # \\fbox is not read
+        ("\\fbox{7} \\boxed{8}", "8"),
+        ("empty \\boxed{ }", None),
+        ("no box: the answer is 12", None),
+        ("", None),
+    ],
+)
+def test_last_boxed_strict(text: str, expected: str | None) -> None:
+    assert last_boxed_strict(text) == expected
+    assert AnswerRule("whole", boxed_only=True).extract(text) == expected
+
+
+def test_boxed_only_rule_has_no_fallback_and_reads_the_whole_text() -> None:
+    rule = AnswerRule("whole", boxed_only=True)
+    assert rule.extract("The answer is 12.") is None and extract_answer("The answer is 12.") == "12"
+    assert rule.extract("<think>\\boxed{1}</think>\\boxed{2}</think>\\boxed{3}") == "3"
+    # a think prompt: the first segment after </think>, or the whole text when there is none
+    think = AnswerRule("first_or_whole", boxed_only=True)
+    assert think.extract("<think>\\boxed{1}</think>\\boxed{2}</think>\\boxed{3}") == "2"
+    assert think.extract("never closed \\boxed{5}") == "5"
+    assert think.extract("a</think>nothing boxed</think>\\boxed{3}") is None
+    assert rule.extract(None) is None  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
