@@ -16,6 +16,7 @@ from exgrpo_cli.evaluation import benchmarks as B
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 OFFICIAL = SHARED / "benchmarks"
+CONF_EVAL = Path(__file__).resolve().parents[2] / "conf" / "eval"
 
 
 def needs_official(name: str) -> Path:
@@ -220,3 +221,21 @@ def test_a_missing_benchmark_names_the_run_without_it(tmp_path):
     cfg.eval.benchmarks, cfg.eval.data_dir = ["math500", "gpqa", "arc_c"], str(tmp_path)
     with pytest.raises(B.BenchmarkDataError, match=r"eval.benchmarks=\[arc_c,gpqa\]"):
         B.load_suite(cfg)
+
+
+@pytest.mark.parametrize("suite", ["id", "ood", "paper"])
+def test_paper_suite_presets(suite):
+    """The paper's eval setup: 8192 new tokens (temperature 0.6 and top-p 1 are the schema's
+    defaults); a preset holds only what differs from the schema."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from exgrpo_cli.config import EvalConfig
+
+    preset = OmegaConf.to_container(OmegaConf.load(CONF_EVAL / f"{suite}.yaml"))
+    assert preset["max_new_tokens"] == 8192
+    assert preset["benchmarks"] == B.SUITES[suite]
+    defaults = dataclasses.asdict(EvalConfig())
+    assert defaults["temperature"] == 0.6 and defaults["top_p"] == 1.0
+    assert {k for k, v in preset.items() if v == defaults[k]} == set()
