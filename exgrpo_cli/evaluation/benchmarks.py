@@ -16,6 +16,7 @@ custom suites keep the training reward's prompt and rule.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 from dataclasses import dataclass, replace
@@ -204,7 +205,7 @@ def _load_hf(bench: Benchmark, path: Path | None) -> LoadedBenchmark:
     local = f"{path} does not exist" if path else "eval.data_dir is not set"
     hint = f"or, offline, put {bench.file} in eval.data_dir ({local})"
     try:
-        import datasets
+        datasets = importlib.import_module("datasets")  # optional: only MMLU-Pro from the hub needs it
     except ImportError:
         raise BenchmarkDataError(
             f"{bench.title} loads from the Hugging Face dataset {bench.hf_id!r}, which "

@@ -25,9 +25,9 @@ import logging
 import os
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 
@@ -37,6 +37,12 @@ from exgrpo_cli.evaluation.benchmarks import REGISTRY, Benchmark, LoadedBenchmar
 from exgrpo_cli.evaluation.report import BenchmarkResult, ModelResult, print_table, write_reports
 from exgrpo_cli.evaluation.scoring import avg_at_n, mean_pass_at_k, metric_name
 from exgrpo_cli.reward.extract import THINK_RULES, AnswerRule, ThinkRule, training_rule
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from exgrpo_cli.evaluation.validate import SampledResult
+    from exgrpo_cli.reward import RewardScorer
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +160,9 @@ def summarize(
     )
 
 
-def _rows(label: str, lb: LoadedBenchmark, res, requires_think: bool) -> Iterable[dict]:  # noqa: ANN001
+def _rows(
+    label: str, lb: LoadedBenchmark, res: SampledResult, requires_think: bool
+) -> Iterable[dict[str, Any]]:
     b = lb.bench
     kinds = lb.kinds()
     for i, q in enumerate(res.questions):
@@ -188,10 +196,10 @@ def evaluate_model(
     path: str,
     suite: list[LoadedBenchmark],
     template: Template,
-    scorer,
-    gen_fh,
+    scorer: RewardScorer,
+    gen_fh: TextIO,
     console: Console,
-) -> ModelResult:  # noqa: ANN001
+) -> ModelResult:
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
     import torch
 
@@ -271,10 +279,13 @@ class _Progress:
     """A transient rich progress bar on a terminal; nothing otherwise (logs get one line per
     benchmark from the caller)."""
 
-    def __init__(self, console: Console, what: str, total: int) -> None:
-        self.console, self.what, self.total, self.bar = console, what, total, None
+    task: TaskID  # set with the bar
 
-    def __enter__(self):  # noqa: ANN204
+    def __init__(self, console: Console, what: str, total: int) -> None:
+        self.console, self.what, self.total = console, what, total
+        self.bar: Progress | None = None
+
+    def __enter__(self) -> Callable[[int], None]:
         if self.console.is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -9,13 +9,29 @@ benchmarks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.reward.extract import AnswerRule
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
+
+
+class Scorer(Protocol):
+    """What `sample_and_grade` needs of a scorer (`RewardScorer`). Its result must have
+    `.rewards`; `.extracted`, `.timeouts` and `.errors` are read when present. `rules` is passed
+    only when the caller gives `rule_for_prompt`."""
+
+    def score(
+        self,
+        responses: Sequence[str],
+        answers: Sequence[str],
+        kinds: Sequence[str] | None = None,
+        *,
+        rules: Sequence[AnswerRule] | None = None,
+    ) -> Any: ...
 
 
 @dataclass
@@ -41,10 +57,10 @@ class SampledResult:
 
 def sample_and_grade(
     engine: RolloutEngine,
-    tokenizer,
+    tokenizer: Any,  # a Hugging Face tokenizer
     template: Template,
     questions: list[Question],
-    scorer,
+    scorer: Scorer,
     *,
     n: int,
     spec: SamplingSpec,

@@ -145,7 +145,8 @@ def last_boxed(text: str) -> tuple[bool, str | None]:
         if after < len(text) and (text[after].isalpha() or text[after] == "@"):
             before = pos  # another command such as \boxedfoo or \fboxsep: keep looking
             continue
-        j = _WS.match(text, after).end()
+        ws = _WS.match(text, after)  # `\s*` always matches
+        j = after if ws is None else ws.end()
         if j < len(text) and text[j] == "{":
             close = _match_brace(text, j)
             if close < 0:

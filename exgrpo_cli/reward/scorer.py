@@ -160,6 +160,7 @@ class RewardScorer:
             if settled is not None:
                 rewards[i] = settled
             else:
+                assert pred is not None  # _precheck settles every item without an answer
                 to_verify.append(i)
                 items.append((prepare_math(str(gold)), prepare_math(pred)))
 
