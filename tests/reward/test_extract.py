@@ -243,6 +243,7 @@ def test_hostile_inputs_are_fast(text: str) -> None:
     start = time.perf_counter()
     extract_answer(text)
     extract_answer(text, requires_think=True)
+    AnswerRule("first_or_whole", boxed_only=True).extract(text)
     assert time.perf_counter() - start < 10.0  # linear: well under a second each when quiet
 
 
