@@ -4,7 +4,9 @@ Each model preset names one template (ALGORITHM.md section 8). Think-style templ
 reasoning inside `<think>...</think>` and the answer in `\\boxed{}` after it; the reward then
 requires the closing `</think>` (`Template.requires_think`). When a data row carries its own chat
 messages (the official parquet files do), `think` uses them as given so that a model sees exactly
-the prompt it was trained or evaluated with.
+the prompt it was trained with. The official evaluation (generate_vllm.py) drops the data's
+system message and lets the model's own chat template supply its default one: `exgrpo eval` asks
+for that with `data_system=False` on the paper benchmarks.
 """
 
 from __future__ import annotations
@@ -30,17 +32,19 @@ class Template:
     name: str
     system: str | None  # None: no system message
     chat: bool  # rendered with the tokenizer's chat template
-    requires_think: bool  # the reward only reads the text after </think>
+    requires_think: bool  # the training reward needs a </think> and reads the text after the first
     use_data_messages: bool = False  # prefer the row's own chat messages when present
     plain_format: str = "{question}"  # used when chat is False
 
-    def messages(self, q: Question) -> list[dict[str, str]]:
+    def messages(self, q: Question, data_system: bool = True) -> list[dict[str, str]]:
+        """The chat of `q`; with `data_system=False` the data's own system message is left out (the
+        template's own system line, used when the data has no messages, is kept)."""
         if self.use_data_messages and q.messages:
-            return [{"role": r, "content": c} for r, c in q.messages]
+            return [{"role": r, "content": c} for r, c in q.messages if data_system or r != "system"]
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         return msgs + [{"role": "user", "content": q.question}]
 
-    def render(self, q: Question, tokenizer: PreTrainedTokenizerBase | None) -> str:
+    def render(self, q: Question, tokenizer: PreTrainedTokenizerBase | None, data_system: bool = True) -> str:
         """The prompt text; only chat templates use the tokenizer (None will do for the others)."""
         if not self.chat:
             return self.plain_format.format(question=q.question)
@@ -50,8 +54,8 @@ class Template:
                 "choose model.template=plain or llama_base"
             )
         # tokenize=False on one conversation: the text (the declared union covers ids and batches)
-        text = tokenizer.apply_chat_template(self.messages(q), tokenize=False, add_generation_prompt=True)
-        return cast(str, text)
+        msgs = self.messages(q, data_system)
+        return cast(str, tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
 
 
 TEMPLATES: dict[str, Template] = {

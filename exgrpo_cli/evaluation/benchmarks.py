@@ -8,10 +8,15 @@ official LUFFY/ExGRPO parquet files in `eval.data_dir` (one file, filtered by `d
 MMLU-Pro, too large for that copy, also loads from the Hugging Face hub on a connected machine.
 The official test file repeats each AIME/AMC question 32 times (the rows of avg@32): repeated
 rows are grouped back into one question, and the runner samples n responses for it instead.
+
+The paper's benchmarks are `official`: asked and graded as the official evaluation
+(ExGRPO/eval_scripts/generate_vllm.py) does; see `runner.official_answer_rule`. The synthetic and
+custom suites keep the training reward's prompt and rule.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 from dataclasses import dataclass, replace
@@ -58,26 +63,32 @@ class Benchmark:
     data_source: str = ""  # rows of `file` with this data_source ("": every row)
     hf_id: str = ""  # Hugging Face dataset id, tried when `file` is absent
     hf_split: str = "test"
+    # the official eval's protocol: the data's system message dropped (the model's own chat
+    # template supplies its default), the answer only from the last \boxed{} (official_answer_rule)
+    official: bool = False
 
 
 # In the paper's column order (ID, then OOD); the tables and averages follow this order.
-PAPER_BENCHMARKS = (
-    Benchmark("aime24", "AIME24", "id", n=32, file="test.id.parquet", data_source="aime"),
-    Benchmark("aime25", "AIME25", "id", n=32, file="test.id.parquet", data_source="aime25"),
-    Benchmark("amc", "AMC", "id", n=32, file="test.id.parquet", data_source="amc"),
-    Benchmark("math500", "MATH-500", "id", file="test.id.parquet", data_source="math"),
-    Benchmark("minerva", "Minerva", "id", file="test.id.parquet", data_source="minerva"),
-    Benchmark("olympiad", "Olympiad", "id", file="test.id.parquet", data_source="olympiad_bench"),
-    Benchmark("arc_c", "ARC-c", "ood", kind="choice", file="valid.arc_c.parquet"),
-    Benchmark("gpqa", "GPQA-D", "ood", kind="choice", file="valid.gpqa.parquet"),
-    Benchmark(
-        "mmlu_pro",
-        "MMLU-Pro",
-        "ood",
-        kind="choice",
-        file="valid.mmlu_pro.parquet",
-        hf_id="TIGER-Lab/MMLU-Pro",
-    ),
+PAPER_BENCHMARKS = tuple(
+    replace(b, official=True)
+    for b in (
+        Benchmark("aime24", "AIME24", "id", n=32, file="test.id.parquet", data_source="aime"),
+        Benchmark("aime25", "AIME25", "id", n=32, file="test.id.parquet", data_source="aime25"),
+        Benchmark("amc", "AMC", "id", n=32, file="test.id.parquet", data_source="amc"),
+        Benchmark("math500", "MATH-500", "id", file="test.id.parquet", data_source="math"),
+        Benchmark("minerva", "Minerva", "id", file="test.id.parquet", data_source="minerva"),
+        Benchmark("olympiad", "Olympiad", "id", file="test.id.parquet", data_source="olympiad_bench"),
+        Benchmark("arc_c", "ARC-c", "ood", kind="choice", file="valid.arc_c.parquet"),
+        Benchmark("gpqa", "GPQA-D", "ood", kind="choice", file="valid.gpqa.parquet"),
+        Benchmark(
+            "mmlu_pro",
+            "MMLU-Pro",
+            "ood",
+            kind="choice",
+            file="valid.mmlu_pro.parquet",
+            hf_id="TIGER-Lab/MMLU-Pro",
+        ),
+    )
 )
 SYNTHETIC = Benchmark("synthetic", "Synthetic", "other", n=4)
 CUSTOM = Benchmark("custom", "Custom", "other", n=0)
@@ -194,7 +205,7 @@ def _load_hf(bench: Benchmark, path: Path | None) -> LoadedBenchmark:
     local = f"{path} does not exist" if path else "eval.data_dir is not set"
     hint = f"or, offline, put {bench.file} in eval.data_dir ({local})"
     try:
-        import datasets
+        datasets = importlib.import_module("datasets")  # optional: only MMLU-Pro from the hub needs it
     except ImportError:
         raise BenchmarkDataError(
             f"{bench.title} loads from the Hugging Face dataset {bench.hf_id!r}, which "
@@ -318,7 +329,7 @@ def load_custom(path: str, data_cfg: DataConfig) -> list[LoadedBenchmark]:
         for src in sources:
             known = BY_DATA_SOURCE.get(src)
             bench = (
-                replace(known, n=0, file="", data_source=src)
+                replace(known, n=0, file="", data_source=src, official=False)
                 if known
                 else Benchmark(src, src, "other", n=0, data_source=src)
             )

@@ -7,6 +7,13 @@ so their samples are paired) and per benchmark, `sample_and_grade` draws n respo
 with the rollout engine and grades them with the reward module; every sample goes to
 generations.jsonl as soon as its benchmark is done, and `eval.regrade=<generations.jsonl>` grades
 such a file again, without a model, into a new run dir.
+
+The paper's benchmarks follow the official evaluation (ExGRPO/eval_scripts/generate_vllm.py with
+eval.sh's options): the data's system message is dropped, so that the model's own chat template
+supplies its default one, and each sample is graded under `official_answer_rule` of its rendered
+prompt. The synthetic and custom suites keep the template's prompt and the training reward's rule.
+Each generation row records the rule it was graded with (`think_rule`, `boxed_only`), and a
+regrade uses it.
 """
 
 from __future__ import annotations
@@ -18,9 +25,9 @@ import logging
 import os
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 
@@ -29,12 +36,32 @@ from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.evaluation.benchmarks import REGISTRY, Benchmark, LoadedBenchmark, load_suite
 from exgrpo_cli.evaluation.report import BenchmarkResult, ModelResult, print_table, write_reports
 from exgrpo_cli.evaluation.scoring import avg_at_n, mean_pass_at_k, metric_name
+from exgrpo_cli.reward.extract import THINK_RULES, AnswerRule, ThinkRule, training_rule
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from exgrpo_cli.evaluation.validate import SampledResult
+    from exgrpo_cli.reward import RewardScorer
 
 log = logging.getLogger(__name__)
 
 GENERATIONS = "generations.jsonl"
 # HF `generate` refuses temperature 0; a temperature this small samples the argmax token (greedy).
 GREEDY_TEMPERATURE = 1e-4
+THINK_OPENING = "<think>\n"
+
+
+def official_answer_rule(prompt: str) -> AnswerRule:
+    """Where generate_vllm.py reads a sample's answer, from its rendered prompt.
+
+    A prompt that ends with "<think>\\n" (a chat template that opens the think block) puts the
+    sample in think format: the text between the first `</think>` and the next is graded, or the
+    whole text when there is no `</think>` (split()[1] fails there, and the oat grader that
+    eval.sh turns on grades the whole text instead). Any other prompt: the whole text. Either way
+    the answer is the content of the last `\\boxed{}` (oat_math_grader.py), with no fallback."""
+    think: ThinkRule = "first_or_whole" if prompt.endswith(THINK_OPENING) else "whole"
+    return AnswerRule(think, boxed_only=True)
 
 
 def output_dir(cfg: ExgrpoConfig) -> Path:
@@ -133,10 +160,13 @@ def summarize(
     )
 
 
-def _rows(label: str, lb: LoadedBenchmark, res, requires_think: bool) -> Iterable[dict]:  # noqa: ANN001
+def _rows(
+    label: str, lb: LoadedBenchmark, res: SampledResult, requires_think: bool
+) -> Iterable[dict[str, Any]]:
     b = lb.bench
     kinds = lb.kinds()
     for i, q in enumerate(res.questions):
+        rule = res.rules[i] if res.rules else training_rule(requires_think)
         for j, response in enumerate(res.responses[i]):
             yield {
                 "model": label,
@@ -151,6 +181,8 @@ def _rows(label: str, lb: LoadedBenchmark, res, requires_think: bool) -> Iterabl
                 "gold": q.answer,
                 "kind": kinds[i],
                 "requires_think": requires_think,
+                "think_rule": rule.think,
+                "boxed_only": rule.boxed_only,
                 "correct": res.correct[i][j] > 0.5,
             }
 
@@ -164,10 +196,10 @@ def evaluate_model(
     path: str,
     suite: list[LoadedBenchmark],
     template: Template,
-    scorer,
-    gen_fh,
+    scorer: RewardScorer,
+    gen_fh: TextIO,
     console: Console,
-) -> ModelResult:  # noqa: ANN001
+) -> ModelResult:
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
     import torch
 
@@ -212,6 +244,8 @@ def evaluate_model(
                     kinds=lb.kinds(),
                     chunk=max(1, e.batch_size) * n,
                     progress=tick,
+                    data_system=not lb.bench.official,
+                    rule_for_prompt=official_answer_rule if lb.bench.official else None,
                 )
             for row in _rows(label, lb, res, template.requires_think):
                 gen_fh.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -245,10 +279,13 @@ class _Progress:
     """A transient rich progress bar on a terminal; nothing otherwise (logs get one line per
     benchmark from the caller)."""
 
-    def __init__(self, console: Console, what: str, total: int) -> None:
-        self.console, self.what, self.total, self.bar = console, what, total, None
+    task: TaskID  # set with the bar
 
-    def __enter__(self):  # noqa: ANN204
+    def __init__(self, console: Console, what: str, total: int) -> None:
+        self.console, self.what, self.total = console, what, total
+        self.bar: Progress | None = None
+
+    def __enter__(self) -> Callable[[int], None]:
         if self.console.is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -360,25 +397,39 @@ def read_generations(path: str) -> list[dict]:
     if bad is not None:
         missing = sorted(need - set(rows[bad]))
         raise ConfigError(f"invalid eval.regrade={path!r}: row {bad + 1} lacks {missing}")
+    bad = next((i for i, r in enumerate(rows) if r.get("think_rule", "first") not in THINK_RULES), None)
+    if bad is not None:
+        raise ConfigError(
+            f"invalid eval.regrade={path!r}: row {bad + 1} has think_rule={rows[bad]['think_rule']!r}; "
+            f"known: {', '.join(THINK_RULES)}"
+        )
     return rows
 
 
+def row_rule(row: dict) -> AnswerRule:
+    """The answer rule a generation row was graded with: its `think_rule` / `boxed_only`, or, for
+    rows written before those fields, the training reward's rule of its `requires_think`."""
+    if "think_rule" in row:
+        return AnswerRule(row["think_rule"], boxed_only=bool(row.get("boxed_only", False)))
+    return training_rule(bool(row.get("requires_think", False)))
+
+
 def regrade_rows(rows: list[dict], timeout_s: float = 5.0) -> list[dict]:
-    """Grade every row again (its stored kind and think-tag rule); returns updated copies."""
+    """Grade every row again (its stored kind and answer rule); returns updated copies."""
     from exgrpo_cli.reward import RewardScorer
 
     out = [dict(r) for r in rows]
-    workers = min(4, os.cpu_count() or 1)
-    for think in sorted({bool(r.get("requires_think", False)) for r in out}):
-        idx = [i for i, r in enumerate(out) if bool(r.get("requires_think", False)) == think]
-        with RewardScorer(requires_think=think, workers=workers, timeout_s=timeout_s) as sc:
-            res = sc.score(
-                [out[i]["response"] for i in idx],
-                [str(out[i]["gold"]) for i in idx],
-                kinds=[out[i]["kind"] for i in idx],
-            )
-        for i, reward, ext in zip(idx, res.rewards, res.extracted):
-            out[i]["extracted"], out[i]["correct"] = ext, reward > 0.5
+    if not out:
+        return out
+    with RewardScorer(workers=min(4, os.cpu_count() or 1), timeout_s=timeout_s) as sc:
+        res = sc.score(
+            [r["response"] for r in out],
+            [str(r["gold"]) for r in out],
+            kinds=[r["kind"] for r in out],
+            rules=[row_rule(r) for r in out],
+        )
+    for r, reward, ext in zip(out, res.rewards, res.extracted):
+        r["extracted"], r["correct"] = ext, reward > 0.5
     return out
 
 

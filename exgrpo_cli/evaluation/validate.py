@@ -2,17 +2,36 @@
 
 The same rollout engine and reward as training; n samples per question at the rollout
 temperature, so `val/accuracy` is the mean per-sample accuracy (avg@n) and `val/pass@n` the share
-of questions solved at least once.
+of questions solved at least once. `exgrpo eval` uses the same function, with the official
+evaluation's prompt (`data_system=False`) and answer rule (`rule_for_prompt`) on the paper
+benchmarks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
+from exgrpo_cli.reward.extract import AnswerRule
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
+
+
+class Scorer(Protocol):
+    """What `sample_and_grade` needs of a scorer (`RewardScorer`). Its result must have
+    `.rewards`; `.extracted`, `.timeouts` and `.errors` are read when present. `rules` is passed
+    only when the caller gives `rule_for_prompt`."""
+
+    def score(
+        self,
+        responses: Sequence[str],
+        answers: Sequence[str],
+        kinds: Sequence[str] | None = None,
+        *,
+        rules: Sequence[AnswerRule] | None = None,
+    ) -> Any: ...
 
 
 @dataclass
@@ -24,6 +43,7 @@ class SampledResult:
     prompts: list[str] = field(default_factory=list)  # per question, the rendered prompt text
     timeouts: int = 0  # samples whose verification timed out (graded 0)
     errors: int = 0  # samples whose verification failed (graded 0)
+    rules: list[AnswerRule] = field(default_factory=list)  # per question ([]: the scorer's own rule)
 
     @property
     def accuracy(self) -> float:
@@ -37,21 +57,27 @@ class SampledResult:
 
 def sample_and_grade(
     engine: RolloutEngine,
-    tokenizer,
+    tokenizer: Any,  # a Hugging Face tokenizer
     template: Template,
     questions: list[Question],
-    scorer,
+    scorer: Scorer,
     *,
     n: int,
     spec: SamplingSpec,
     kinds: list[str] | None = None,
     chunk: int = 256,
     progress: Callable[[int], None] | None = None,
+    data_system: bool = True,
+    rule_for_prompt: Callable[[str], AnswerRule] | None = None,
 ) -> SampledResult:
     """Generate n responses per question (in chunks of `chunk` sequences) and grade them.
 
-    `progress`, when given, is called with the number of questions generated after each chunk."""
-    texts_in = [template.render(q, tokenizer) for q in questions]
+    `progress`, when given, is called with the number of questions generated after each chunk.
+    `data_system=False` leaves the data's system message out of the prompts; `rule_for_prompt`,
+    when given, picks the answer rule of each question's samples from its rendered prompt (else
+    the scorer grades with its own rule)."""
+    texts_in = [template.render(q, tokenizer, data_system) for q in questions]
+    rules = [] if rule_for_prompt is None else [rule_for_prompt(t) for t in texts_in]
     prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts_in]
     per_call = max(1, chunk // n)
     texts: list[list[str]] = []
@@ -68,7 +94,11 @@ def sample_and_grade(
     flat_resp = [t for row in texts for t in row]
     flat_gold = [q.answer for q in questions for _ in range(n)]
     flat_kind = None if kinds is None else [k for k in kinds for _ in range(n)]
-    graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind)
+    if rules:
+        flat_rules = [r for r in rules for _ in range(n)]
+        graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind, rules=flat_rules)
+    else:  # the call of training's validation (and of minimal test doubles)
+        graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind)
     correct = [graded.rewards[i * n : (i + 1) * n] for i in range(len(questions))]
     # a minimal scorer (a test double) may return only `.rewards`
     got = getattr(graded, "extracted", None) or [None] * len(flat_resp)
@@ -81,4 +111,5 @@ def sample_and_grade(
         texts_in,
         getattr(graded, "timeouts", 0),
         getattr(graded, "errors", 0),
+        rules,
     )

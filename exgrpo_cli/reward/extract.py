@@ -1,15 +1,24 @@
 """Answer extraction: from a model's response text to the short answer string that gets verified.
 
 Sits in the reward stage of the train step (after rollouts, before the replay buffer update): the
-scorer calls `extract_answer` on every response in the parent process, then only the short
-extracted string travels to a verification worker (`pool.py`). Everything here is pure string
-work, linear-time in the response length, with no recursion and no regex that can backtrack
-catastrophically, so that megabyte-long or deeply nested model outputs cost at most a second or so.
+scorer calls `extract_answer` (or an `AnswerRule`) on every response in the parent process, then
+only the short extracted string travels to a verification worker (`pool.py`). Everything here is
+pure string work, linear-time in the response length, with no recursion and no regex that can
+backtrack catastrophically, so that megabyte-long or deeply nested model outputs cost at most a
+second or so.
 
-The extraction rule (`extract_answer`):
+An `AnswerRule` says where the answer is read; `extract_answer(response, requires_think)` is the
+training reward's rule:
 
-1. Think tags. With `requires_think=True` a response without `</think>` has no answer (None).
-   Whenever `</think>` is present, only the text after the LAST `</think>` is read.
+1. Think tags (`AnswerRule.think`):
+   - "first" (think templates, `requires_think=True`; the official training reward,
+     math_verify_reward.py): no `</think>` means no answer (None); otherwise only the text
+     between the FIRST `</think>` and the next `</think>` (or the end) is read.
+   - "last" (other templates, `requires_think=False`): whenever `</think>` is present, only the
+     text after the LAST `</think>` is read; otherwise the whole response.
+   - "first_or_whole" (the official eval for a prompt that opens a think block): as "first", but
+     a response without `</think>` is read whole.
+   - "whole": the whole response (the official eval for any other prompt).
 2. Boxed answer. The last `\\boxed{...}` or `\\fbox{...}` command decides: its content, with
    balanced braces (escaped `\\{` / `\\}` do not count as structure), stripped. If that last box
    is never closed (a truncated response) or is empty, the answer is None; an earlier box does
@@ -19,14 +28,21 @@ The extraction rule (`extract_answer`):
    `**` wrappers and a trailing full stop removed; if that is empty, the last number (integer,
    decimal, `a/b`, optional sign and thousands commas) in the final characters of the text.
 4. Otherwise None.
+
+With `AnswerRule.boxed_only` (the official eval, oat_math_grader.py) steps 2-3 become
+`last_boxed_strict`: the last occurrence of `\\boxed` decides, and only when `{` follows it at once
+and closes; `\\fbox`, bare `\\boxed 5` and the fallbacks give no answer.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Literal
 
 THINK_CLOSE = "</think>"
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
+_BOXED = "\\boxed"
+_BOX_COMMANDS = (_BOXED, "\\fbox")
 _CHUNK = 4096  # brace matching skips whole chunks that cannot close the box (C-speed str.count)
 _LINE_CAP = 2000  # the "answer is" fallback reads at most this many characters of its line
 _NUMBER_WINDOW = 2000  # the last-number fallback looks at the final characters first
@@ -34,6 +50,7 @@ _NUMBER_WINDOW = 2000  # the last-number fallback looks at the final characters 
 _WS = re.compile(r"\s*")
 # a backslash escape (so `\{`, `\}` and `\\` are skipped as a unit) or a structural brace
 _BRACE_TOKEN = re.compile(r"\\.|[{}]", re.S)
+_BRACE = re.compile(r"[{}]")
 _BARE_BOX_TOKEN = re.compile(r"[^\s$]+")
 _ANSWER_CUE = re.compile(r"answer\s*(?:is|:)\s*:?", re.I)
 _SENTENCE_END = re.compile(r"\n|\.\s")
@@ -46,15 +63,30 @@ _TEXT_CMD = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*
 _CHOICE = re.compile(r"\(\s*([A-J])\s*\)|([A-J])(?:[).:]|$)", re.I)
 
 
-def strip_think(response: str, requires_think: bool = False) -> str | None:
-    """The part of `response` that holds the answer: after the last `</think>` when present.
+ThinkRule = Literal["first", "last", "first_or_whole", "whole"]
+THINK_RULES: tuple[ThinkRule, ...] = ("first", "last", "first_or_whole", "whole")
 
-    None when `requires_think` and the closing tag is missing (the model never finished thinking).
-    """
-    cut = response.rfind(THINK_CLOSE)
-    if cut < 0:
-        return None if requires_think else response
-    return response[cut + len(THINK_CLOSE) :]
+
+def think_part(response: str, think: ThinkRule) -> str | None:
+    """The part of `response` that holds the answer under the think rule `think` (see the module
+    docstring); None when the rule needs a `</think>` that is missing."""
+    if think == "whole":
+        return response
+    if think == "last":
+        cut = response.rfind(THINK_CLOSE)
+        return response if cut < 0 else response[cut + len(THINK_CLOSE) :]
+    first = response.find(THINK_CLOSE)
+    if first < 0:
+        return None if think == "first" else response
+    start = first + len(THINK_CLOSE)
+    end = response.find(THINK_CLOSE, start)
+    return response[start:] if end < 0 else response[start:end]
+
+
+def strip_think(response: str, requires_think: bool = False) -> str | None:
+    """The training reward's think cut: rule "first" with `requires_think` (None when `</think>`
+    is missing: the model never finished thinking), else rule "last"."""
+    return think_part(response, "first" if requires_think else "last")
 
 
 def _match_brace(text: str, open_pos: int) -> int:
@@ -113,7 +145,8 @@ def last_boxed(text: str) -> tuple[bool, str | None]:
         if after < len(text) and (text[after].isalpha() or text[after] == "@"):
             before = pos  # another command such as \boxedfoo or \fboxsep: keep looking
             continue
-        j = _WS.match(text, after).end()
+        ws = _WS.match(text, after)  # `\s*` always matches
+        j = after if ws is None else ws.end()
         if j < len(text) and text[j] == "{":
             close = _match_brace(text, j)
             if close < 0:
@@ -125,6 +158,24 @@ def last_boxed(text: str) -> tuple[bool, str | None]:
             if bare is not None:
                 return True, bare.group()
         before = pos  # a bare mention of the command (e.g. at the very end): keep looking
+
+
+def last_boxed_strict(text: str) -> str | None:
+    """The official eval's box (oat_math_grader.py `extract_answer`): the content of the LAST
+    `\\boxed` in `text`, stripped, when a `{` follows it at once and is closed; every brace counts,
+    escaped ones too, as there. None otherwise (no `\\boxed`, `\\boxed 5`, unclosed, empty)."""
+    pos = text.rfind(_BOXED)
+    if pos < 0:
+        return None
+    open_pos = pos + len(_BOXED)
+    if open_pos >= len(text) or text[open_pos] != "{":
+        return None
+    depth = 0
+    for m in _BRACE.finditer(text, open_pos):
+        depth += 1 if m.group() == "{" else -1
+        if depth == 0:
+            return text[open_pos + 1 : m.start()].strip() or None
+    return None
 
 
 def _unwrap(s: str) -> str:
@@ -166,17 +217,42 @@ def _last_number(text: str) -> str | None:
         return last.group()
 
 
-def extract_answer(response: str, requires_think: bool = False) -> str | None:
-    """The final answer of `response`, or None (see the module docstring for the exact rule)."""
-    if not isinstance(response, str):
-        return None
-    text = strip_think(response, requires_think)
-    if text is None:
-        return None
+def _boxed_or_fallback(text: str) -> str | None:
     found, content = last_boxed(text)
     if found:
         return content
     return _answer_phrase(text) or _last_number(text)
+
+
+@dataclass(frozen=True)
+class AnswerRule:
+    """Where a response's answer is read: the think rule, then the box (see the module docstring)."""
+
+    think: ThinkRule = "last"
+    boxed_only: bool = False  # only the last `\\boxed{}` (`last_boxed_strict`), no fallbacks
+
+    def __post_init__(self) -> None:
+        if self.think not in THINK_RULES:
+            raise ValueError(f"unknown think rule {self.think!r}; known: {', '.join(THINK_RULES)}")
+
+    def extract(self, response: str) -> str | None:
+        """The final answer of `response` under this rule, or None."""
+        if not isinstance(response, str):
+            return None
+        text = think_part(response, self.think)
+        if text is None:
+            return None
+        return last_boxed_strict(text) if self.boxed_only else _boxed_or_fallback(text)
+
+
+def training_rule(requires_think: bool) -> AnswerRule:
+    """The training reward's rule: "first" for think templates, "last" for the others."""
+    return AnswerRule("first" if requires_think else "last")
+
+
+def extract_answer(response: str, requires_think: bool = False) -> str | None:
+    """The final answer of `response` under the training reward's rule, or None."""
+    return training_rule(requires_think).extract(response)
 
 
 def prepare_math(answer: str) -> str:

@@ -29,6 +29,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_any
+from typing import Any, cast
 
 from exgrpo_cli.reward.verify import worker_main
 
@@ -172,7 +173,8 @@ class VerifyPool:
                 for k, w in enumerate(self._workers):
                     if w.seq is not None:
                         self._replace(k)
-            return call.results  # type: ignore[return-value] - every entry is set once outstanding is 0
+            # every entry is set once outstanding is 0
+            return cast("list[tuple[str, bool]]", call.results)
 
     def _dispatch(self, call: _Call) -> None:
         for k, w in enumerate(self._workers):
@@ -201,7 +203,7 @@ class VerifyPool:
             if w.seq is not None or not w.ready
         ]
         timeout = min([_MAX_WAIT_S] + [max(0.0, d - now) for d in deadlines])
-        handles = {}
+        handles: dict[Any, int] = {}  # a worker's pipe and its process sentinel -> its index
         for k, w in enumerate(self._workers):
             handles[w.conn] = k
             handles[w.proc.sentinel] = k

@@ -4,7 +4,8 @@ The reward stage of the train step: after rollouts are generated, `RewardScorer.
 response into a 0/1 reward, which then feeds the replay buffer update and the advantages.
 
 Per item, in order:
-1. `extract_answer` (think tags, last box, fallback); no answer scores 0.
+1. extraction under the item's `AnswerRule` (default: the training rule of `requires_think`,
+   i.e. `extract_answer`: think tags, last box, fallback); no answer scores 0.
 2. An extracted answer longer than `max_answer_chars` (1000) scores 0 without parsing: real final
    answers are short, and this bounds what reaches the parser.
 3. kind "choice": the letter A-J in the extracted answer against the gold letter, in this process.
@@ -29,7 +30,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exgrpo_cli.reward.extract import choice_letter, extract_answer, normalise, prepare_math
+from exgrpo_cli.reward.extract import AnswerRule, choice_letter, normalise, prepare_math, training_rule
 from exgrpo_cli.reward.pool import VerifyPool
 
 log = logging.getLogger(__name__)
@@ -126,8 +127,10 @@ class RewardScorer:
         kinds: Sequence[str] | None = None,
         *,
         timeout_s: float | None = None,
+        rules: Sequence[AnswerRule] | None = None,
     ) -> ScoreResult:
-        """Reward per response; `kinds` per item is "math" (default) or "choice"."""
+        """Reward per response; `kinds` per item is "math" (default) or "choice"; `rules` per item
+        says where its answer is read (default: `training_rule(self.requires_think)`)."""
         n = len(responses)
         if len(answers) != n:
             raise ValueError(f"got {n} responses but {len(answers)} answers")
@@ -137,11 +140,14 @@ class RewardScorer:
         bad = sorted({k for k in kinds if k not in KINDS})
         if bad:
             raise ValueError(f"unknown reward kind(s) {bad}; allowed: {', '.join(KINDS)}")
+        rules = [training_rule(self.requires_think)] * n if rules is None else list(rules)
+        if len(rules) != n:
+            raise ValueError(f"got {n} responses but {len(rules)} answer rules")
         budget = self.timeout_s if timeout_s is None else float(timeout_s)
         if budget <= 0:
             raise ValueError(f"reward timeout_s must be > 0, got {budget}")
 
-        extracted = [extract_answer(r, self.requires_think) for r in responses]
+        extracted = [rule.extract(r) for r, rule in zip(responses, rules)]
         rewards = [0.0] * n
         errors = timeouts = 0
         to_verify: list[int] = []
@@ -154,6 +160,7 @@ class RewardScorer:
             if settled is not None:
                 rewards[i] = settled
             else:
+                assert pred is not None  # _precheck settles every item without an answer
                 to_verify.append(i)
                 items.append((prepare_math(str(gold)), prepare_math(pred)))
 

@@ -21,7 +21,9 @@ import os
 import signal
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
 _GOLD_CACHE_SIZE = 4096
 
@@ -42,13 +44,15 @@ class Verifier:
     checked against every rollout of its question)."""
 
     def __init__(self) -> None:
-        from math_verify import parse, verify
-        from math_verify.errors import TimeoutException
+        from math_verify import parse, verify  # type: ignore[import-untyped]
+        from math_verify.errors import TimeoutException  # type: ignore[import-untyped]
 
-        self._parse, self._verify, self.timeout_exc = parse, verify, TimeoutException
-        self._gold: OrderedDict[str, list] = OrderedDict()
+        self._parse: Callable[..., list[Any]] = parse
+        self._verify: Callable[..., bool] = verify
+        self.timeout_exc: type[BaseException] = TimeoutException
+        self._gold: OrderedDict[str, list[Any]] = OrderedDict()
 
-    def _parse_math(self, text: str, budget: _Budget) -> list | None:
+    def _parse_math(self, text: str, budget: _Budget) -> list[Any] | None:
         """Parsed candidates ([] when unparseable), or None on timeout."""
         seconds = budget.seconds()
         if seconds is None:
@@ -60,7 +64,7 @@ class Verifier:
         except Exception:  # a parser error means "no answer", not a broken worker
             return []
 
-    def _gold_parsed(self, gold: str, budget: _Budget) -> list | None:
+    def _gold_parsed(self, gold: str, budget: _Budget) -> list[Any] | None:
         hit = self._gold.get(gold)
         if hit is not None:
             self._gold.move_to_end(gold)

@@ -16,6 +16,7 @@ from exgrpo_cli.evaluation import benchmarks as B
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 OFFICIAL = SHARED / "benchmarks"
+CONF_EVAL = Path(__file__).resolve().parents[2] / "conf" / "eval"
 
 
 def needs_official(name: str) -> Path:
@@ -163,6 +164,25 @@ def test_official_rows_keep_their_chat_for_the_think_template():
     assert TEMPLATES["think_short"].messages(q)[-1]["content"] == q.question
 
 
+def test_official_eval_drops_the_data_system_message():
+    """generate_vllm.py drops each row's system message: the model's own chat template then supplies
+    its default system prompt."""
+    needs_official("test.id.parquet")
+    q = B.load_official(B.REGISTRY["aime24"], str(OFFICIAL)).questions[0]
+    msgs = TEMPLATES["think"].messages(q, data_system=False)
+    assert msgs == [{"role": "user", "content": q.question}]
+    # a template that does not use the data's messages keeps its own system line
+    assert TEMPLATES["think_short"].messages(q, data_system=False)[0]["role"] == "system"
+
+
+def test_paper_benchmarks_follow_the_official_protocol(tmp_path):
+    assert all(b.official for b in B.PAPER_BENCHMARKS)
+    assert not B.SYNTHETIC.official and not B.CUSTOM.official
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(row(f"q{i}", "1", src)) + "\n" for i, src in enumerate(["aime", "x"])))
+    assert [lb.bench.official for lb in B.load_custom(str(path), DataConfig())] == [False, False]
+
+
 def test_official_ood_files_are_multiple_choice():
     needs_official("valid.arc_c.parquet")
     arc = B.load_official(B.REGISTRY["arc_c"], str(OFFICIAL))
@@ -201,3 +221,21 @@ def test_a_missing_benchmark_names_the_run_without_it(tmp_path):
     cfg.eval.benchmarks, cfg.eval.data_dir = ["math500", "gpqa", "arc_c"], str(tmp_path)
     with pytest.raises(B.BenchmarkDataError, match=r"eval.benchmarks=\[arc_c,gpqa\]"):
         B.load_suite(cfg)
+
+
+@pytest.mark.parametrize("suite", ["id", "ood", "paper"])
+def test_paper_suite_presets(suite):
+    """The paper's eval setup: 8192 new tokens (temperature 0.6 and top-p 1 are the schema's
+    defaults); a preset holds only what differs from the schema."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from exgrpo_cli.config import EvalConfig
+
+    preset = OmegaConf.to_container(OmegaConf.load(CONF_EVAL / f"{suite}.yaml"))
+    assert preset["max_new_tokens"] == 8192
+    assert preset["benchmarks"] == B.SUITES[suite]
+    defaults = dataclasses.asdict(EvalConfig())
+    assert defaults["temperature"] == 0.6 and defaults["top_p"] == 1.0
+    assert {k for k, v in preset.items() if v == defaults[k]} == set()

@@ -111,6 +111,8 @@ def test_synthetic_suite_compare(tmp_path):
     assert b["benchmarks"]["synthetic"]["score"] == syn["score"]
     assert len(rows) == 2 * 4 * 2
     assert "Synthetic" in proc.stdout and "builtin:tiny#2" in proc.stdout
+    # not a paper benchmark: graded by the training reward's rule of the tiny model's think template
+    assert {(r["think_rule"], r["boxed_only"]) for r in rows} == {("first", False)}
 
 
 @needs_tiny
@@ -135,6 +137,9 @@ def test_official_benchmarks_and_regrade(tmp_path):
     for name, b in model["benchmarks"].items():
         assert (b["questions"], b["samples_per_question"], b["metric"]) == (2, 1, "pass@1"), name
     assert [r["benchmark"] for r in rows] == [b for b in present for _ in range(2)]
+    # the official eval's rule: the tiny chat template does not open a think block, so the whole
+    # text is graded, answer from the last \\boxed{} only
+    assert {(r["think_rule"], r["boxed_only"]) for r in rows} == {("whole", True)}
     md = (run / "results.md").read_text()
     assert "| Model |" in md and "Details" in md
 

@@ -118,6 +118,47 @@ def test_regrade_rows_and_results_from_rows():
     assert (arc.metric, arc.score, arc.pass_at_k, arc.kind) == ("pass@1", 0.5, None, "choice")
 
 
+def test_official_answer_rule_follows_the_prompt():
+    from exgrpo_cli.reward import AnswerRule
+
+    think_prompt = "<|im_start|>assistant\n<think>\n"
+    assert runner.official_answer_rule(think_prompt) == AnswerRule("first_or_whole", boxed_only=True)
+    assert runner.official_answer_rule("<|im_start|>assistant\n") == AnswerRule("whole", boxed_only=True)
+    assert runner.official_answer_rule("<think>") == AnswerRule("whole", boxed_only=True)
+
+
+def test_regrade_uses_each_rows_answer_rule():
+    def official(sample, response, gold, think_rule, kind="math"):
+        row = gen_row("m", "aime24" if kind == "math" else "gpqa", "q0", sample, response, gold, kind=kind)
+        return {**row, "think_rule": think_rule, "boxed_only": True}
+
+    rows = [
+        # a think prompt: the text after the first </think> (up to the next) ...
+        official(0, "<think>a</think>\\boxed{12}</think>\\boxed{13}", "12", "first_or_whole"),
+        # ... or, without </think>, the whole text (the training rule would give no answer)
+        official(1, "no close tag \\boxed{12}", "12", "first_or_whole"),
+        # another prompt: the whole text, last box; never a fallback
+        official(2, "<think>a</think>\\boxed{12}</think>\\boxed{13}", "13", "whole"),
+        official(3, "the answer is 12", "12", "whole"),
+        official(4, "\\boxed{\\text{(B)}}", "B", "whole", kind="choice"),
+        # a row without the rule fields: the training rule of its requires_think ("first")
+        gen_row("m", "aime24", "q0", 5, "<think>a</think>\\boxed{12}</think>\\boxed{13}", "12"),
+    ]
+    graded = runner.regrade_rows(rows)
+    assert [r["extracted"] for r in graded] == ["12", "12", "13", None, "\\text{(B)}", "12"]
+    assert [r["correct"] for r in graded] == [True, True, True, False, True, True]
+
+
+def test_read_generations_refuses_an_unknown_think_rule(tmp_path):
+    from exgrpo_cli.config import ConfigError
+
+    row = gen_row("m", "aime24", "q0", 0, "r", "1")
+    path = tmp_path / "g.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "think_rule": "after"}) + "\n")
+    with pytest.raises(ConfigError, match="row 2 has think_rule='after'"):
+        runner.read_generations(str(path))
+
+
 def test_read_generations_refuses_incomplete_rows(tmp_path):
     from exgrpo_cli.config import ConfigError
 

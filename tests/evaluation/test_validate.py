@@ -67,3 +67,56 @@ def test_sample_and_grade_old_and_new_outputs():
     assert res.prompts == [f"question {i}" for i in range(5)]
     assert res.extracted == [[None] * 3] * 5  # this scorer extracts nothing
     assert (res.timeouts, res.errors) == (0, 0)
+
+
+class ChatTokenizer(CharTokenizer):
+    """Renders a chat as "role: content" lines, then the generation prompt "<think>\\n" (a chat
+    template that opens the think block) or "assistant:"."""
+
+    chat_template = "stub"
+
+    def __init__(self, opens_think: bool) -> None:
+        self.opens_think = opens_think
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):  # noqa: ANN001, ANN201
+        lines = [f"{m['role']}: {m['content']}" for m in messages]
+        return "\n".join(lines) + ("\n<think>\n" if self.opens_think else "\nassistant:")
+
+
+class RecordingScorer:
+    def __init__(self) -> None:
+        self.rules = None
+
+    def score(self, responses, answers, kinds=None, rules=None):  # noqa: ANN001, ANN201
+        self.rules = rules
+        return RewardsOnly([0.0] * len(responses))
+
+
+def test_sample_and_grade_official_prompt_and_rule():
+    from exgrpo_cli.evaluation.runner import official_answer_rule
+    from exgrpo_cli.reward import AnswerRule
+
+    q = Question("q0", "what?", "2", messages=(("system", "the data's system prompt"), ("user", "what?")))
+    for opens_think, think in ((True, "first_or_whole"), (False, "whole")):
+        scorer = RecordingScorer()
+        res = sample_and_grade(
+            EchoEngine(),
+            ChatTokenizer(opens_think),
+            TEMPLATES["think"],
+            [q],
+            scorer,
+            n=2,
+            spec=SamplingSpec(0.6, 1.0, 8, seed=0),
+            data_system=False,
+            rule_for_prompt=official_answer_rule,
+        )
+        assert "system" not in res.prompts[0] and res.prompts[0].startswith("user: what?")
+        assert res.rules == [AnswerRule(think, boxed_only=True)]
+        assert scorer.rules == [AnswerRule(think, boxed_only=True)] * 2  # one per sample
+    # the training call: the data's own messages, and the scorer's own rule
+    scorer = RecordingScorer()
+    res = sample_and_grade(
+        EchoEngine(), ChatTokenizer(True), TEMPLATES["think"], [q], scorer, n=1, spec=SamplingSpec()
+    )
+    assert res.prompts[0].startswith("system: the data's system prompt\nuser: what?")
+    assert scorer.rules is None and res.rules == []

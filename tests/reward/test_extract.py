@@ -7,7 +7,17 @@ import time
 import pytest
 
 from exgrpo_cli.reward import extract_answer
-from exgrpo_cli.reward.extract import choice_letter, last_boxed, normalise, prepare_math, strip_think
+from exgrpo_cli.reward.extract import (
+    AnswerRule,
+    choice_letter,
+    last_boxed,
+    last_boxed_strict,
+    normalise,
+    prepare_math,
+    strip_think,
+    think_part,
+    training_rule,
+)
 
 
 @pytest.mark.parametrize(
@@ -53,7 +63,7 @@ def test_think_handling() -> None:
     r = "<think>maybe \\boxed{1}</think>so \\boxed{2}"
     assert extract_answer(r) == "2"
     assert extract_answer(r, requires_think=True) == "2"
-    # only the text after the LAST </think> counts
+    # without think tags required: only the text after the LAST </think> counts
     assert extract_answer("<think>a</think>\\boxed{1}<think>b</think>\\boxed{3}") == "3"
     assert extract_answer("<think>\\boxed{1}</think> nothing after") is None
     # required tag missing -> no answer, even with a box
@@ -62,6 +72,82 @@ def test_think_handling() -> None:
     assert extract_answer("<think>unfinished \\boxed{5}") == "5"
     assert strip_think("a</think>b</think>c") == "c"
     assert strip_think("abc", requires_think=True) is None
+
+
+def test_think_template_reads_after_the_first_close_tag() -> None:
+    """The official training reward (math_verify_reward.py) verifies
+    `("<think>\\n" + response).split("</think>")[1]`: the text between the first `</think>` and the
+    next one; `<think>` itself is always there, since the reward manager prepends it."""
+    several = "<think>a</think>\\boxed{1}<think>b</think>\\boxed{3}"
+    assert extract_answer(several, requires_think=True) == "1"
+    assert extract_answer("a</think> \\boxed{1} </think> \\boxed{2} </think> \\boxed{3}", True) == "1"
+    assert strip_think("a</think>b</think>c", requires_think=True) == "b"
+    assert strip_think("a</think>b", requires_think=True) == "b"
+    # nothing between the first two tags: no answer, however many boxes follow
+    assert extract_answer("a</think></think>\\boxed{4}", requires_think=True) is None
+    # a close tag without an open tag is enough (the official prepends "<think>\\n")
+    assert extract_answer("reasoning</think>\\boxed{6}", requires_think=True) == "6"
+
+
+@pytest.mark.parametrize(
+    ("think", "expected"),
+    [
+        ("first", ["b", None, "", "b"]),
+        ("last", ["c", "abc", "", "b"]),
+        ("first_or_whole", ["b", "abc", "", "b"]),
+        ("whole", ["a</think>b</think>c", "abc", "</think>", "a</think>b"]),
+    ],
+)
+def test_think_rules(think: str, expected: list[str | None]) -> None:
+    texts = ["a</think>b</think>c", "abc", "</think>", "a</think>b"]
+    assert [think_part(t, think) for t in texts] == expected  # type: ignore[arg-type]
+
+
+def test_unknown_think_rule() -> None:
+    with pytest.raises(ValueError, match="think rule"):
+        AnswerRule("after")  # type: ignore[arg-type]
+
+
+def test_training_rule() -> None:
+    assert training_rule(True) == AnswerRule("first") and training_rule(False) == AnswerRule("last")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so \\boxed{42}", "42"),
+        ("\\boxed{1} then \\boxed{ \\frac{1}{2} }.", "\\frac{1}{2}"),
+        ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+        ("\\boxed{C}", "C"),
+        # the last \\boxed decides, and it must open a brace at once
+        ("\\boxed{1} then \\boxed 5", None),
+        ("\\boxed{1} then \\boxed {5}", None),
+        ("\\boxed{3} then mentions \\boxed", None),
+        ("\\boxed{1} then truncated \\boxed{2", None),
+        # every brace counts, escaped ones too (oat_math_grader.last_boxed_only_string)
+        ("\\boxed{\\{1}", None),
+        ("\\fbox{7}", None),  # \\fbox is not read
+        ("\\fbox{7} \\boxed{8}", "8"),
+        ("empty \\boxed{ }", None),
+        ("no box: the answer is 12", None),
+        ("", None),
+    ],
+)
+def test_last_boxed_strict(text: str, expected: str | None) -> None:
+    assert last_boxed_strict(text) == expected
+    assert AnswerRule("whole", boxed_only=True).extract(text) == expected
+
+
+def test_boxed_only_rule_has_no_fallback_and_reads_the_whole_text() -> None:
+    rule = AnswerRule("whole", boxed_only=True)
+    assert rule.extract("The answer is 12.") is None and extract_answer("The answer is 12.") == "12"
+    assert rule.extract("<think>\\boxed{1}</think>\\boxed{2}</think>\\boxed{3}") == "3"
+    # a think prompt: the first segment after </think>, or the whole text when there is none
+    think = AnswerRule("first_or_whole", boxed_only=True)
+    assert think.extract("<think>\\boxed{1}</think>\\boxed{2}</think>\\boxed{3}") == "2"
+    assert think.extract("never closed \\boxed{5}") == "5"
+    assert think.extract("a</think>nothing boxed</think>\\boxed{3}") is None
+    assert rule.extract(None) is None  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -157,6 +243,7 @@ def test_hostile_inputs_are_fast(text: str) -> None:
     start = time.perf_counter()
     extract_answer(text)
     extract_answer(text, requires_think=True)
+    AnswerRule("first_or_whole", boxed_only=True).extract(text)
     assert time.perf_counter() - start < 10.0  # linear: well under a second each when quiet
 
 

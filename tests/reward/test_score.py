@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from exgrpo_cli.reward import RewardScorer, ScoreResult, score
+from exgrpo_cli.reward import AnswerRule, RewardScorer, ScoreResult, score
 
 SLOW_GOLD, SLOW_PRED = "9^{9^{9^9}}", "\\boxed{10^{10^{10^{10}}}}"  # verify runs until its alarm
 
@@ -99,6 +99,27 @@ def test_think_requirement() -> None:
         result = s.score(["<think>1</think>\\boxed{2}", "\\boxed{2}", "<think>\\boxed{2}"], ["2", "2", "2"])
     assert result.rewards == [1.0, 0.0, 0.0]
     assert result.extracted == ["2", None, None]
+
+
+def test_think_template_grades_the_text_after_the_first_close_tag() -> None:
+    responses = ["<think>a</think>\\boxed{2}</think>\\boxed{3}", "<think>a</think>x</think>\\boxed{2}"]
+    with RewardScorer(requires_think=True, workers=1) as s:
+        result = s.score(responses, ["2", "2"])
+    assert result.rewards == [1.0, 0.0]
+    assert result.extracted == ["2", None]
+
+
+def test_answer_rules_per_item(scorer: RewardScorer) -> None:
+    official = AnswerRule("first_or_whole", boxed_only=True)
+    responses = ["no think \\boxed{2}", "the answer is 2", "<think>a</think>\\boxed{2}", "\\boxed{C}"]
+    rules = [official, official, AnswerRule("first"), official]
+    result = scorer.score(responses, ["2", "2", "2", "C"], kinds=["math"] * 3 + ["choice"], rules=rules)
+    assert result.rewards == [1.0, 0.0, 1.0, 1.0]
+    assert result.extracted == ["2", None, "2", "C"]
+    # without rules: the scorer's own (training) rule, here "last" with its fallbacks
+    assert scorer.score(responses[:2], ["2", "2"]).rewards == [1.0, 1.0]
+    with pytest.raises(ValueError, match="answer rules"):
+        scorer.score(responses, ["2"] * 4, rules=rules[:2])
 
 
 def test_module_level_score() -> None:
