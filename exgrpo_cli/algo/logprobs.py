@@ -7,6 +7,9 @@ code computes wrongly, issue #57 there).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -61,8 +64,8 @@ def _chunk_stats(
 
 class _ChunkedHead(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
+    def forward(
+        ctx: Any,  # torch's FunctionCtx, which declares none of the attributes it carries
         hidden: Tensor,
         weight: Tensor,
         targets: Tensor,
@@ -80,15 +83,13 @@ class _ChunkedHead(torch.autograd.Function):
                 logp_all = z - lse.unsqueeze(-1)
                 ent[s : s + chunk] = -(logp_all.exp() * logp_all).sum(-1)
         ctx.save_for_backward(hidden, weight, targets)
-        ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy  # type: ignore[attr-defined]
+        ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy
         return logp, ent
 
     @staticmethod
-    def backward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx, g_logp: Tensor, g_ent: Tensor
-    ) -> tuple[Tensor | None, ...]:
-        hidden, weight, targets = ctx.saved_tensors  # type: ignore[attr-defined]
-        temperature, chunk, with_entropy = ctx.temperature, ctx.chunk, ctx.with_entropy  # type: ignore[attr-defined]
+    def backward(ctx: Any, g_logp: Tensor, g_ent: Tensor) -> tuple[Tensor | None, ...]:
+        hidden, weight, targets = ctx.saved_tensors
+        temperature, chunk, with_entropy = ctx.temperature, ctx.chunk, ctx.with_entropy
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         # in the weight's dtype, as its gradient will be: an fp32 copy of a 152k x 3.5k bf16 head
         # would be 2.2 GB more
@@ -137,7 +138,6 @@ def chunked_token_logprobs(
         )
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"targets {tuple(targets.shape)} must be [N] for hidden {tuple(hidden.shape)}")
-    logp, ent = _ChunkedHead.apply(
-        hidden, weight, targets, float(temperature), max(1, int(chunk_tokens)), with_entropy
-    )
+    apply: Callable[..., tuple[Tensor, Tensor]] = _ChunkedHead.apply  # torch leaves `apply` untyped
+    logp, ent = apply(hidden, weight, targets, float(temperature), max(1, int(chunk_tokens)), with_entropy)
     return logp, ent if with_entropy else None

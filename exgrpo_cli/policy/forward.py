@@ -142,7 +142,8 @@ def output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     """The output projection when logits are exactly `hidden @ head.weight.T` (Qwen2, Llama,
     Mistral, SmolLM2 ...), so they can be computed in chunks from the final hidden states; None for
     models whose logits are biased, scaled or soft-capped (they take the full-logits path)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
     cfg = getattr(model, "config", None)
     if not isinstance(head, torch.nn.Linear) or head.bias is not None or not hasattr(model, "get_decoder"):
         return None

@@ -20,7 +20,7 @@ def default_bucket_edges(group_size: int) -> list[float]:
 class BucketScheme:
     """Buckets as ranges [e_i, e_i+1) of accuracy k/K, from `bucket_edges` (None: one per count)."""
 
-    def __init__(self, group_size: int, bucket_edges: Sequence[float] | None = None):
+    def __init__(self, group_size: int, bucket_edges: Sequence[float] | None = None) -> None:
         if group_size < 2:
             raise ValueError(f"group_size must be >= 2 (got {group_size}): K=1 has no partial accuracy")
         edges = default_bucket_edges(group_size) if bucket_edges is None else [float(e) for e in bucket_edges]

@@ -27,6 +27,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ class Experience:
 class _Question:
     __slots__ = ("bucket", "ids", "logp", "meta")
 
-    def __init__(self, bucket: int, ids: np.ndarray, logp: np.ndarray, meta: np.ndarray):
+    def __init__(self, bucket: int, ids: np.ndarray, logp: np.ndarray, meta: np.ndarray) -> None:
         self.bucket = bucket
         self.ids = ids
         self.logp = logp
@@ -74,7 +75,7 @@ class ExperienceBuffer:
 
     def __init__(
         self, group_size: int, bucket_edges: Sequence[float] | None = None, max_experiences: int = 0
-    ):
+    ) -> None:
         if max_experiences < 0:
             raise ValueError(f"replay.max_experiences must be >= 0 (got {max_experiences})")
         self._scheme = BucketScheme(group_size, bucket_edges)
@@ -173,7 +174,9 @@ class ExperienceBuffer:
             self._add_to_checksum(sum(_value_hash(a, lp) for a, lp in zip(ids, logps)))
             self._enforce_cap()
 
-    def _new_responses(self, q: _Question | None, correct: Sequence[tuple[np.ndarray, np.ndarray]]):
+    def _new_responses(
+        self, q: _Question | None, correct: Sequence[tuple[np.ndarray, np.ndarray]]
+    ) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
         """Validated responses not already stored for this question (nor repeated within the group)."""
         ids_out: list[np.ndarray] = []
         logp_out: list[np.ndarray] = []
@@ -347,7 +350,7 @@ class ExperienceBuffer:
         return m
 
     # ----------------------------------------------------------------- persistence
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """{"arrays": name -> numpy array, "index": JSON-able dict}. Copies the token data once."""
         qs = list(self._questions.values())
         arrays = {
@@ -370,7 +373,7 @@ class ExperienceBuffer:
         }
         return {"arrays": arrays, "index": index}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the content with ``state``; group size and bucket edges must match this buffer."""
         from exgrpo_cli.replay.persistence import checked_arrays
 

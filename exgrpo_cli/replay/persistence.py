@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,7 @@ ARRAYS_FILE = "experiences.safetensors"
 INDEX_FILE = "index.json"
 
 
-def save_buffer(state: dict, directory: str) -> None:
+def save_buffer(state: dict[str, Any], directory: str) -> None:
     """Write an ``ExperienceBuffer.state_dict()``. The index goes last (and an old one is removed
     first), so an interrupted save leaves no loadable half."""
     from safetensors.numpy import save_file
@@ -35,7 +36,7 @@ def save_buffer(state: dict, directory: str) -> None:
     os.replace(index_path + ".tmp", index_path)
 
 
-def load_buffer(directory: str) -> dict:
+def load_buffer(directory: str) -> dict[str, Any]:
     """The state written by ``save_buffer``, for ``ExperienceBuffer.load_state_dict``."""
     from safetensors.numpy import load_file
 
@@ -45,7 +46,7 @@ def load_buffer(directory: str) -> dict:
 
 
 def checked_arrays(
-    state: dict, group_size: int, edges: list[float]
+    state: dict[str, Any], group_size: int, edges: list[float]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(token ids, log-probs, meta, experiences per question) of a saved buffer state, after
     checking that it fits a buffer of `group_size` and bucket `edges` and that its arrays and index

@@ -7,6 +7,8 @@ A one-way switch: once the mean accuracy of a step's fresh rollouts reaches
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DelayedStart:
     def __init__(self, threshold: float) -> None:
@@ -20,10 +22,10 @@ class DelayedStart:
             self.started_at = step
         return self.active
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"threshold": self.threshold, "active": self.active, "started_at": self.started_at}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.threshold = float(state["threshold"])
         self.active = bool(state["active"])
         self.started_at = state["started_at"]

@@ -48,7 +48,7 @@ def gaussian_weights(bucket_centres: Sequence[float], mu: float, sigma: float) -
     if not sigma > 0:
         raise ValueError(f"replay.sigma must be > 0 (got {sigma})")
     z = (np.asarray(bucket_centres, dtype=np.float64) - mu) / sigma
-    return (np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)).tolist()
+    return [float(v) for v in np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)]
 
 
 def bucket_probabilities(
@@ -80,7 +80,7 @@ def bucket_probabilities(
     z = (np.asarray(bucket_centres, dtype=np.float64) - mu) / sigma
     logw = np.where(mask, -0.5 * z * z, -np.inf)
     w = np.exp(logw - logw[mask].max())
-    return (w / w.sum()).tolist()
+    return [float(v) for v in w / w.sum()]
 
 
 def sample_bucket_counts(

@@ -44,8 +44,8 @@ class Verifier:
     checked against every rollout of its question)."""
 
     def __init__(self) -> None:
-        from math_verify import parse, verify  # type: ignore[import-untyped]
-        from math_verify.errors import TimeoutException  # type: ignore[import-untyped]
+        from math_verify import parse, verify
+        from math_verify.errors import TimeoutException
 
         self._parse: Callable[..., list[Any]] = parse
         self._verify: Callable[..., bool] = verify

@@ -54,7 +54,7 @@ class RunState:
     def state_dict(self) -> dict[str, Any]:
         """The JSON part of the state (trainer_state.json); tensors and arrays go to files."""
         version, mt, gauss = random.getstate()
-        name, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+        name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
         return {
             "step": self.step,
             "seed": self.seed,
@@ -65,7 +65,7 @@ class RunState:
             "python_random": [version, list(mt), gauss],
             "numpy_random": {
                 "name": name,
-                "keys": keys.tolist(),
+                "keys": np.asarray(keys).tolist(),
                 "pos": int(pos),
                 "has_gauss": int(has_gauss),
                 "cached": float(cached),

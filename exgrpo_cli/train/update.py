@@ -111,11 +111,10 @@ def policy_update(
         optimizer.zero_grad(set_to_none=True)  # also frees the gradients' memory until the next step
     fresh = [i for i in res.trainer_logp if not bool(batch.replay_mask[i])]
     res.trainer_logp = {i: res.trainer_logp[i] for i in fresh}
-    res.logprob_diff_sum = sum(
-        float(np.abs(np.subtract(res.trainer_logp[i], batch.behavior_logp[i])).sum())
-        for i in fresh
-        if batch.behavior_logp[i]
-    )
+    for i in fresh:
+        engine = batch.behavior_logp[i]
+        if engine:
+            res.logprob_diff_sum += float(np.abs(np.subtract(res.trainer_logp[i], engine)).sum())
     return res
 
 
