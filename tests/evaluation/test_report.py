@@ -147,7 +147,27 @@ def test_models_to_run_labels_and_paths(tmp_path):
         runner.resolve_model_path(str(tmp_path / "nope"))
 
 
+def _crc32(data: bytes) -> int:
+    """CRC-32 (the reflected IEEE polynomial 0xEDB88320), bit by bit: not zlib's code."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0xEDB88320 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
 def test_benchmark_seeds_do_not_depend_on_order():
-    assert runner.benchmark_seed(0, "aime24") == runner.benchmark_seed(0, "aime24")
-    assert runner.benchmark_seed(0, "aime24") != runner.benchmark_seed(0, "aime25")
-    assert runner.benchmark_seed(1, "aime24") != runner.benchmark_seed(0, "aime24")
+    """A benchmark's seed is the run seed and its own name only (seed * 1_000_003 + CRC-32 of the
+    name): the same in every model of a comparison whatever the order or subset of benchmarks."""
+    assert _crc32(b"123456789") == 0xCBF43926  # the standard check value of CRC-32
+    assert runner.benchmark_seed(0, "aime24") == _crc32(b"aime24")
+    assert runner.benchmark_seed(2, "math500") == 2_000_006 + _crc32(b"math500")
+    names = list(REGISTRY)
+    for order in (names, names[::-1], names[1::2]):
+        for seed in (0, 1, 7):
+            assert [runner.benchmark_seed(seed, n) for n in order] == [
+                seed * 1_000_003 + _crc32(n.encode()) for n in order
+            ]
+    every = [runner.benchmark_seed(s, n) for s in range(3) for n in names]
+    assert len(set(every)) == len(every) == 3 * len(names)  # no two benchmarks or seeds share one

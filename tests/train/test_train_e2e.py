@@ -28,7 +28,7 @@ def _train(out: Path, *extra: str) -> list[dict]:
 
 
 def test_train_smoke(tiny_model, tmp_path):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "run"
     rows = _train(out, "trainer.steps=2", "replay.ratio=0")
@@ -46,8 +46,19 @@ def test_train_smoke(tiny_model, tmp_path):
     assert rows[1]["rollout/logprob_diff_mean"] < 1e-3  # HF engine: the trainer's own weights
     ckpt = out / "checkpoints" / "step_2"
     assert (out / "checkpoints" / "latest").read_text() == "step_2"
-    model = AutoModelForCausalLM.from_pretrained(ckpt / "model")
-    assert sum(p.numel() for p in model.parameters()) > 0
+    # the checkpoint reloads as the shipped architecture with trained weights, deterministically
+    trained, again, shipped = (
+        AutoModelForCausalLM.from_pretrained(folder).eval()
+        for folder in (ckpt / "model", ckpt / "model", tiny_model)
+    )
+    shapes = [{k: tuple(v.shape) for k, v in m.state_dict().items()} for m in (trained, shipped)]
+    assert shapes[0] == shapes[1] and len(shapes[0]) > 0
+    ids = AutoTokenizer.from_pretrained(tiny_model)("Compute 37 + 58.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = [m(ids).logits for m in (trained, again, shipped)]
+    assert logits[0].shape == (1, ids.shape[1], trained.config.vocab_size)
+    assert torch.equal(logits[0], logits[1])
+    assert (logits[0] - logits[2]).abs().max() > 1e-3  # two steps moved them by ~0.1
     before = load_file(str(tiny_model / "model.safetensors"))
     after = load_file(str(ckpt / "model" / "model.safetensors"))
     unchanged = [k for k, v in before.items() if torch.equal(v, after[k])]
