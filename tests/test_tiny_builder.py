@@ -49,6 +49,7 @@ def _check_special_tokens(tok, model):
     assert model.config.vocab_size == len(tok)
 
 
+@pytest.mark.slow
 def test_built_folder_loads_and_renders(two_builds):
     (out, _), (info, _) = two_builds
     model, tok = _load(out)
@@ -73,6 +74,7 @@ def test_built_folder_loads_and_renders(two_builds):
     assert 0.0 <= meta["heldout_sampled"]["accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_reloaded_tokenizer_splits_like_the_trained_one(two_builds):
     """AutoTokenizer loads a qwen2 folder as Qwen2Tokenizer, which installs its own pre-tokenizer: the
     builder must train with that one, or the reloaded model sees text split unlike its training data."""
@@ -95,6 +97,7 @@ def test_reloaded_tokenizer_splits_like_the_trained_one(two_builds):
     assert AutoTokenizer.from_pretrained(saved).encode(text) == built.encode(text, add_special_tokens=False)
 
 
+@pytest.mark.slow
 def test_generate_from_loaded_folder(two_builds):
     (out, _), _ = two_builds
     model, tok = _load(out)
@@ -112,6 +115,7 @@ def test_generate_from_loaded_folder(two_builds):
     assert greedy.shape[0] == 2
 
 
+@pytest.mark.slow
 def test_same_seed_same_build(two_builds):
     (a, b), _ = two_builds
     for name in ("tokenizer.json", "config.json", "generation_config.json"):

@@ -8,6 +8,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from exgrpo_cli.ablation import sweep as sw
 
 from conftest import run_cli
@@ -21,6 +23,8 @@ variants:
   on-policy: [replay.ratio=0]
   w/o shaping: [replay.ratio=0.5, replay.shaping=false]
 """
+
+pytestmark = pytest.mark.slow  # two training runs (~20 s)
 
 
 def _ablate(conf: Path, sweep: Path, hydra_dir: Path):  # noqa: ANN202

@@ -90,6 +90,7 @@ def test_missing_data_stops_before_any_model_is_loaded(tmp_path):
 
 
 @needs_tiny
+@pytest.mark.slow
 def test_synthetic_suite_compare(tmp_path):
     run = tmp_path / "syn"
     proc = exgrpo_eval(
@@ -114,6 +115,7 @@ def test_synthetic_suite_compare(tmp_path):
 
 
 @needs_tiny
+@pytest.mark.slow
 def test_official_benchmarks_and_regrade(tmp_path):
     present = [b for f, names in FILES.items() if (OFFICIAL / f).is_file() for b in names]
     if not present:

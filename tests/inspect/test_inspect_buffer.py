@@ -46,6 +46,7 @@ def _inspect(*args: str, cwd: Path) -> dict | str:
     return json.loads(res.stdout) if "--json" in args else res.stdout
 
 
+@pytest.mark.slow
 def test_inspect_a_real_run_as_json_and_text(run_dir, tmp_path):
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
     buf = ExperienceBuffer.load(str(run_dir / "checkpoints/step_2/replay"))
@@ -95,9 +96,13 @@ def test_inspect_a_real_run_as_json_and_text(run_dir, tmp_path):
     assert f"question {uid}" in text and "gold:" in text
 
 
-def test_inspect_refuses_a_missing_target_and_question(run_dir, tmp_path):
+def test_inspect_refuses_a_missing_target(tmp_path):
     res = run_cli(["inspect-buffer", str(tmp_path / "nope"), f"hydra.run.dir={tmp_path / 'h'}"])
     assert res.returncode == 1 and "does not exist" in res.stderr
+
+
+@pytest.mark.slow
+def test_inspect_refuses_a_missing_question(run_dir, tmp_path):
     res = run_cli(
         [
             "inspect-buffer",

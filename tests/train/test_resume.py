@@ -32,6 +32,9 @@ ARGS = [
     "trainer.seed=7",
 ]
 
+# Every test here shares a 4-step reference run (the module fixture), and two rerun it with kills.
+pytestmark = pytest.mark.slow
+
 
 def _final_state(out: Path) -> dict[str, torch.Tensor]:
     ck = out / "checkpoints" / "step_4"

@@ -27,6 +27,7 @@ def _train(out: Path, *extra: str) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_train_smoke(tiny_model, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -65,6 +66,7 @@ def test_train_smoke(tiny_model, tmp_path):
     assert not unchanged, f"parameters that did not train: {unchanged}"
 
 
+@pytest.mark.slow
 def test_exgrpo_replays_from_the_second_step(tiny_model, tmp_path):
     out = tmp_path / "run"
     rows = _train(
@@ -93,6 +95,7 @@ def test_exgrpo_replays_from_the_second_step(tiny_model, tmp_path):
     assert (out / "checkpoints" / "step_3" / "replay" / "index.json").is_file()
 
 
+@pytest.mark.slow
 def test_ratio_zero_is_exactly_on_policy(tiny_model, tmp_path):
     """With replay.ratio=0 no replay setting may change anything: the run is plain Dr.GRPO."""
     a = tmp_path / "a"
