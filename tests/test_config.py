@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ def check(cfg: ExgrpoConfig) -> None:
     validate(cfg)
     check_variants(cfg, "train")
 
+
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))
 
 
@@ -32,7 +34,7 @@ def _compose(overrides: list[str]) -> ExgrpoConfig:
     return to_typed(cfg)
 
 
-def _presets():
+def _presets() -> Iterator[tuple[str, str]]:
     for group in GROUPS:
         for f in sorted((CONF / group).glob("*.yaml")):
             yield group, f.stem
@@ -91,7 +93,7 @@ def test_invalid_values_name_the_key(override: str, key: str):
         check(cfg)
 
 
-def test_model_path_that_is_not_a_causal_lm(tmp_path):
+def test_model_path_that_is_not_a_causal_lm(tmp_path: Path):
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(ConfigError, match="model.path"):
         check(_compose([f"model.path={tmp_path}"]))

@@ -2,6 +2,8 @@
 results.md, and grading a generations file again with the real reward module."""
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,7 +57,7 @@ def test_columns_put_each_average_after_its_group():
     ]
 
 
-def test_results_json_and_markdown(tmp_path):
+def test_results_json_and_markdown(tmp_path: Path):
     settings = {"temperature": 0.6, "k": 1}
     res = R.write_reports(tmp_path, models(), "paper", settings)
     on_disk = json.loads((tmp_path / "results.json").read_text())
@@ -81,7 +83,16 @@ def test_console_table_has_a_row_per_model():
     assert "AIME24" in text and "ID avg" in text and "exgrpo" in text and "66.7" in text
 
 
-def gen_row(model, name, qid, sample, response, gold, kind="math", think=True):
+def gen_row(
+    model: str,
+    name: str,
+    qid: str,
+    sample: int,
+    response: str,
+    gold: str,
+    kind: str = "math",
+    think: bool = True,
+) -> dict[str, Any]:
     return {
         "model": model,
         "benchmark": name,
@@ -118,7 +129,7 @@ def test_regrade_rows_and_results_from_rows():
     assert (arc.metric, arc.score, arc.pass_at_k, arc.kind) == ("pass@1", 0.5, None, "choice")
 
 
-def test_read_generations_refuses_incomplete_rows(tmp_path):
+def test_read_generations_refuses_incomplete_rows(tmp_path: Path):
     from exgrpo_cli.config import ConfigError
 
     path = tmp_path / "g.jsonl"
@@ -127,7 +138,7 @@ def test_read_generations_refuses_incomplete_rows(tmp_path):
         runner.read_generations(str(path))
 
 
-def test_models_to_run_labels_and_paths(tmp_path):
+def test_models_to_run_labels_and_paths(tmp_path: Path):
     cfg = ExgrpoConfig()
     cfg.eval.compare = ["builtin:tiny", "Qwen/Qwen2.5-Math-7B", "builtin:tiny"]
     assert runner.models_to_run(cfg) == [

@@ -28,7 +28,7 @@ def _train(out: Path, *extra: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_train_smoke(tiny_model, tmp_path):
+def test_train_smoke(tiny_model: Path, tmp_path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "run"
@@ -67,7 +67,7 @@ def test_train_smoke(tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_exgrpo_replays_from_the_second_step(tiny_model, tmp_path):
+def test_exgrpo_replays_from_the_second_step(tiny_model: Path, tmp_path: Path):
     out = tmp_path / "run"
     rows = _train(
         out, "trainer.steps=3", "replay.ratio=0.5", "replay.start_threshold=0", "algo.questions_per_step=8"
@@ -96,7 +96,7 @@ def test_exgrpo_replays_from_the_second_step(tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_ratio_zero_is_exactly_on_policy(tiny_model, tmp_path):
+def test_ratio_zero_is_exactly_on_policy(tiny_model: Path, tmp_path: Path):
     """With replay.ratio=0 no replay setting may change anything: the run is plain Dr.GRPO."""
     a = tmp_path / "a"
     b = tmp_path / "b"
@@ -118,7 +118,7 @@ def test_ratio_zero_is_exactly_on_policy(tiny_model, tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["replay.ratio=2", "rollout.n=1"])
-def test_bad_config_exits_2(tmp_path, bad):
+def test_bad_config_exits_2(tmp_path: Path, bad: str):
     res = run_cli(["train", bad, f"hydra.run.dir={tmp_path}"])
     assert res.returncode == 2 and bad.split("=")[0] in res.stderr
 
