@@ -14,7 +14,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 TINY = REPO / "exgrpo_cli" / "assets" / "tiny"
 
 
-def pytest_collection_modifyitems(config, items):  # noqa: ANN001
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")

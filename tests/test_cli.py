@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +31,7 @@ def test_train_help_shows_hydra_groups():
     assert "Config groups" in res.stdout and "replay: " in res.stdout and "model: " in res.stdout
 
 
-def test_cfg_job_with_overrides(tmp_path):
+def test_cfg_job_with_overrides(tmp_path: Path):
     res = run_cli(["train", "replay.ratio=0.25", "model=qwen2.5-math-7b", "--cfg", "job"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "ratio: 0.25" in res.stdout and "Elliott/Qwen2.5-Math-7B-16k-think" in res.stdout
@@ -40,7 +41,7 @@ def test_cfg_job_with_overrides(tmp_path):
     "override,key",
     [("replay.ratio=1.5", "replay.ratio"), ("replay.bucket_edges=[0.7,0.2]", "replay.bucket_edges")],
 )
-def test_invalid_value_exit_code_2_before_loading(tmp_path, override, key):
+def test_invalid_value_exit_code_2_before_loading(tmp_path: Path, override: str, key: str):
     t0 = time.perf_counter()
     res = run_cli(["train", override, f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
     assert res.returncode == 2
@@ -49,7 +50,7 @@ def test_invalid_value_exit_code_2_before_loading(tmp_path, override, key):
     assert not (tmp_path / "checkpoints").exists()
 
 
-def test_multirun_launches_each_job(tmp_path):
+def test_multirun_launches_each_job(tmp_path: Path):
     res = run_cli(["train", "-m", "replay.ratio=1.5,2.0", f"hydra.sweep.dir={tmp_path}"], cwd=tmp_path)
     # both jobs are refused by validation: Hydra ran them in turn, the first one's exit stops the sweep
     assert res.returncode == 2 and "replay.ratio" in res.stderr

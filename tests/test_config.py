@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def _compose(overrides: list[str]) -> ExgrpoConfig:
     return with_preset_name(to_typed(cfg), choices)
 
 
-def _presets():
+def _presets() -> Iterator[tuple[str, str]]:
     for group in GROUPS:
         for f in sorted((CONF / group).glob("*.yaml")):
             yield group, f.stem
@@ -102,7 +103,7 @@ def test_invalid_values_name_the_key(override: str, key: str):
         check(cfg)
 
 
-def test_model_path_that_is_not_a_causal_lm(tmp_path):
+def test_model_path_that_is_not_a_causal_lm(tmp_path: Path):
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(ConfigError, match="model.path"):
         check(_compose([f"model.path={tmp_path}"]))

@@ -12,11 +12,18 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from conftest import TINY, run_cli
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from exgrpo_cli.policy.forward import SequenceBatch
+    from exgrpo_cli.rollout.base import RolloutEngine
 
 pytestmark = pytest.mark.gpu
 
@@ -51,7 +58,7 @@ def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _load(folder: Path, attn: str):  # noqa: ANN202
+def _load(folder: Path, attn: str) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPE, attn_implementation=attn).to(DEVICE)
@@ -65,7 +72,7 @@ def _rows(n: int = 8) -> tuple[list[list[int]], list[list[int]]]:
     return prompts, responses
 
 
-def _gap(model, sb, adv: torch.Tensor) -> float:  # noqa: ANN001
+def _gap(model: PreTrainedModel, sb: SequenceBatch, adv: torch.Tensor) -> float:
     """Mean response log-prob of the positive-advantage rows minus that of the negative ones."""
     from exgrpo_cli.policy.forward import forward_logprobs
 
@@ -75,7 +82,7 @@ def _gap(model, sb, adv: torch.Tensor) -> float:  # noqa: ANN001
     return float(per_row[adv > 0].mean() - per_row[adv < 0].mean())
 
 
-def _train_steps(model, steps: int = 5, lr: float = 1e-3) -> tuple[float, float]:  # noqa: ANN001
+def _train_steps(model: PreTrainedModel, steps: int = 5, lr: float = 1e-3) -> tuple[float, float]:
     """A few policy-gradient steps with fixed advantages; returns the positive-minus-negative
     log-prob gap before and after (it must grow: the update goes the way the advantages say)."""
     from exgrpo_cli.algo import exgrpo_policy_loss
@@ -145,7 +152,7 @@ def test_auto_attention_picks_flash_attn_on_a_gpu(qwen2_dir: Path) -> None:
     assert next(model.parameters()).dtype == DTYPE
 
 
-def _engine_diff(engine, model, prompts: list[list[int]]) -> float:  # noqa: ANN001
+def _engine_diff(engine: RolloutEngine, model: PreTrainedModel, prompts: list[list[int]]) -> float:
     """Mean |vLLM - trainer| log-prob over the tokens vLLM samples for `prompts` (4 each)."""
     from exgrpo_cli.policy.forward import forward_logprobs, pack
     from exgrpo_cli.rollout.base import SamplingSpec

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tomllib
 import zipfile
+from pathlib import Path
 
 from conftest import REPO, cli_env
 
@@ -17,7 +18,7 @@ def test_explicit_package_list_matches_the_folders():
     assert listed == found | {"exgrpo_cli.conf"}
 
 
-def test_non_editable_install_finds_its_configs(tmp_path):
+def test_non_editable_install_finds_its_configs(tmp_path: Path):
     wheels = tmp_path / "wheels"
     subprocess.run(
         [

@@ -6,13 +6,19 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub, even by accident
 
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from exgrpo_cli.data.synthetic import direct_answer, make_question, worked_solution  # noqa: E402
 from exgrpo_cli.data.templates import TEMPLATES  # noqa: E402
@@ -22,11 +28,12 @@ from conftest import REPO  # noqa: E402
 sys.path.insert(0, str(REPO / "scripts"))
 import build_tiny_model as tiny_builder  # noqa: E402
 
+Builds = tuple[list[Path], list[dict]]  # two build folders (same seed) and what main() returned
 SMALL = ["--sft-steps", "3", "--seed", "7", "--threads", "1", "--eval-questions", "4", "--eval-k", "2"]
 
 
 @pytest.fixture(scope="module")
-def two_builds(tmp_path_factory):
+def two_builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
     threads = torch.get_num_threads()
     try:
         dirs = [tmp_path_factory.mktemp(f"tiny{i}") for i in range(2)]
@@ -36,11 +43,11 @@ def two_builds(tmp_path_factory):
     return dirs, infos
 
 
-def _load(path):
+def _load(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 
-def _check_special_tokens(tok, model):
+def _check_special_tokens(tok: PreTrainedTokenizerBase, model: PreTrainedModel) -> None:
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
     assert "<|im_start|>" in tok.get_vocab()
     assert tok.padding_side == "left"
@@ -49,7 +56,8 @@ def _check_special_tokens(tok, model):
     assert model.config.vocab_size == len(tok)
 
 
-def test_built_folder_loads_and_renders(two_builds):
+@pytest.mark.slow
+def test_built_folder_loads_and_renders(two_builds: Builds):
     (out, _), (info, _) = two_builds
     model, tok = _load(out)
     _check_special_tokens(tok, model)
@@ -73,7 +81,8 @@ def test_built_folder_loads_and_renders(two_builds):
     assert 0.0 <= meta["heldout_sampled"]["accuracy"] <= 1.0
 
 
-def test_reloaded_tokenizer_splits_like_the_trained_one(two_builds):
+@pytest.mark.slow
+def test_reloaded_tokenizer_splits_like_the_trained_one(two_builds: Builds):
     """AutoTokenizer loads a qwen2 folder as Qwen2Tokenizer, which installs its own pre-tokenizer: the
     builder must train with that one, or the reloaded model sees text split unlike its training data."""
     (out, _), _ = two_builds
@@ -95,7 +104,8 @@ def test_reloaded_tokenizer_splits_like_the_trained_one(two_builds):
     assert AutoTokenizer.from_pretrained(saved).encode(text) == built.encode(text, add_special_tokens=False)
 
 
-def test_generate_from_loaded_folder(two_builds):
+@pytest.mark.slow
+def test_generate_from_loaded_folder(two_builds: Builds):
     (out, _), _ = two_builds
     model, tok = _load(out)
     qs = [make_question("a", 3, "+", 4), make_question("b", 12, "*", 34)]
@@ -112,7 +122,8 @@ def test_generate_from_loaded_folder(two_builds):
     assert greedy.shape[0] == 2
 
 
-def test_same_seed_same_build(two_builds):
+@pytest.mark.slow
+def test_same_seed_same_build(two_builds: Builds):
     (a, b), _ = two_builds
     for name in ("tokenizer.json", "config.json", "generation_config.json"):
         assert (a / name).read_text() == (b / name).read_text(), name
@@ -174,7 +185,7 @@ def test_direct_fraction_of_warm_start_answers_skips_the_reasoning():
     pool = tiny_builder.sft_pool([], seed=0, size=400)
     direct = tok.encode("<think></think>", add_special_tokens=False)
 
-    def share(examples):
+    def share(examples: list[tuple[list[int], list[int]]]) -> float:
         return sum(r[: len(direct)] == direct for _, r in examples) / len(examples)
 
     assert share(tiny_builder.encode_examples(pool, tok)) == 0.0

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from exgrpo_cli.ablation import sweep as sw
 
@@ -22,8 +25,10 @@ variants:
   w/o shaping: [replay.ratio=0.5, replay.shaping=false]
 """
 
+pytestmark = pytest.mark.slow  # two training runs (~20 s)
 
-def _ablate(conf: Path, sweep: Path, hydra_dir: Path):  # noqa: ANN202
+
+def _ablate(conf: Path, sweep: Path, hydra_dir: Path) -> subprocess.CompletedProcess:
     return run_cli(
         [
             "ablate",
@@ -37,7 +42,7 @@ def _ablate(conf: Path, sweep: Path, hydra_dir: Path):  # noqa: ANN202
     )
 
 
-def test_ablate_two_variants_then_restart(tiny_model, tmp_path):
+def test_ablate_two_variants_then_restart(tiny_model: Path, tmp_path: Path):
     conf = tmp_path / "conf"
     (conf / "ablation").mkdir(parents=True)
     (conf / "ablation" / "toy.yaml").write_text(TOY)

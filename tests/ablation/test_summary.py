@@ -35,7 +35,7 @@ def _finished(run: Path, variant: str, seed: int, wall: float | None) -> None:
 
 
 @pytest.fixture
-def sweep_dir(tmp_path) -> Path:
+def sweep_dir(tmp_path: Path) -> Path:
     """Two variants: 'A' (the baseline) with seeds 0 and 1, 'w/o B' with seed 0 only finished."""
     root = tmp_path / "sweep"
     root.mkdir()
@@ -70,7 +70,7 @@ def sweep_dir(tmp_path) -> Path:
     return root
 
 
-def test_run_result_reads_final_best_rollouts_and_curve(sweep_dir):
+def test_run_result_reads_final_best_rollouts_and_curve(sweep_dir: Path):
     r = sm.run_result(sm.read_metrics(sweep_dir / "A/seed1/metrics.jsonl"), wall_s=140.0)
     assert (r.final, r.best, r.rollouts, r.wall_s) == (0.75, 0.75, 24.0, 140.0)
     assert r.curve == [(0, 0.0, 0.5), (2, 12.0, 0.25), (4, 24.0, 0.75)]
@@ -78,7 +78,7 @@ def test_run_result_reads_final_best_rollouts_and_curve(sweep_dir):
         sm.run_result([{"step": 1, "rollout/responses": 8}])
 
 
-def test_summary_rows_exact(sweep_dir):
+def test_summary_rows_exact(sweep_dir: Path):
     a0 = sm.run_result(sm.read_metrics(sweep_dir / "A/seed0/metrics.jsonl"), 100.0)
     a1 = sm.run_result(sm.read_metrics(sweep_dir / "A/seed1/metrics.jsonl"), 140.0)
     b0 = sm.run_result(sm.read_metrics(sweep_dir / "wo-B/seed0/metrics.jsonl"))
@@ -100,7 +100,7 @@ def test_summary_rows_exact(sweep_dir):
     assert e.runs == 0 and math.isnan(e.final_mean) and math.isnan(e.delta_final)
 
 
-def test_mean_curve_uses_common_validation_steps(sweep_dir):
+def test_mean_curve_uses_common_validation_steps(sweep_dir: Path):
     a0 = sm.run_result(sm.read_metrics(sweep_dir / "A/seed0/metrics.jsonl"))
     a1 = sm.run_result(sm.read_metrics(sweep_dir / "A/seed1/metrics.jsonl"))
     b0 = sm.run_result(sm.read_metrics(sweep_dir / "wo-B/seed0/metrics.jsonl"))
@@ -111,7 +111,7 @@ def test_mean_curve_uses_common_validation_steps(sweep_dir):
     assert sm.mean_curve([b0])[2] == [0.0, 0.0]  # one seed: no band
 
 
-def test_summarize_dir_writes_table_csv_markdown_and_plot(sweep_dir):
+def test_summarize_dir_writes_table_csv_markdown_and_plot(sweep_dir: Path):
     from io import StringIO
 
     from rich.console import Console
@@ -144,7 +144,7 @@ def test_summarize_dir_writes_table_csv_markdown_and_plot(sweep_dir):
     assert "0.688 ± 0.088" in out.getvalue() and "Δ final vs A" in out.getvalue()
 
 
-def test_summarize_through_the_cli_with_another_baseline(sweep_dir, tmp_path):
+def test_summarize_through_the_cli_with_another_baseline(sweep_dir: Path, tmp_path: Path):
     res = run_cli(
         [
             "ablate",
@@ -171,7 +171,7 @@ def test_summarize_through_the_cli_with_another_baseline(sweep_dir, tmp_path):
 # ----------------------------------------------------------------------------- the plan
 
 
-def test_variants_slugs_and_override_merging(tmp_path):
+def test_variants_slugs_and_override_merging(tmp_path: Path):
     vs = sw.parse_variants(
         {"on-policy": ["replay.ratio=0"], "ExGRPO": [], "w/o shaping": "replay.shaping=false"}
     )

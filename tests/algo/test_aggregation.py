@@ -10,7 +10,14 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from exgrpo_cli.algo.advantages import group_advantages
-from exgrpo_cli.algo.aggregation import AggregationSettings, UpdateShape, balanced_partition, drgrpo, official
+from exgrpo_cli.algo.aggregation import (
+    Aggregation,
+    AggregationSettings,
+    UpdateShape,
+    balanced_partition,
+    drgrpo,
+    official,
+)
 from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
@@ -84,7 +91,9 @@ def _grads(model: torch.nn.Module, loss: torch.Tensor) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
-def _ours(model: torch.nn.Module, batch: MixedBatch, adv: torch.Tensor, aggregation, budget: int) -> list:  # noqa: ANN001
+def _ours(
+    model: torch.nn.Module, batch: MixedBatch, adv: torch.Tensor, aggregation: Aggregation, budget: int
+) -> list[torch.Tensor]:
     plan = UpdatePlan(
         loss=exgrpo_loss,
         loss_settings=LossSettings(clip_eps=None, beta=BETA),

@@ -10,7 +10,9 @@ def test_policy_shaping_values():
     assert torch.allclose(policy_shaping(w, 0.1), torch.tensor([0.0, 0.5, 1 / 1.1, 0.99]))
 
 
-def _one_row(logp, blogp, adv, replay, **kw):
+def _one_row(
+    logp: float, blogp: float, adv: float, replay: bool, **kw: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     logp = torch.tensor([[logp]], requires_grad=True)
     loss = exgrpo_policy_loss(
         logp,

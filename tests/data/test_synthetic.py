@@ -24,7 +24,7 @@ from exgrpo_cli.data.synthetic import compute, train_and_val, worked_solution
         (40, "*", 7, "40*7 = 280"),
     ],
 )
-def test_worked_solution_text(a, op, b, trace):
+def test_worked_solution_text(a: int, op: str, b: int, trace: str):
     result = compute(a, op, b)
     assert worked_solution(a, op, b) == f"<think>{trace}</think>\\boxed{{{result}}}"
 
@@ -40,7 +40,7 @@ def _value(step: str) -> int:
 
 
 @pytest.mark.parametrize("op", ["+", "-", "*"])
-def test_every_step_of_every_trace_equals_the_result(op):
+def test_every_step_of_every_trace_equals_the_result(op: str):
     for a in range(100):
         for b in range(100):
             text = worked_solution(a, op, b)

@@ -71,7 +71,7 @@ def test_samples_per_question_precedence():
     assert B.LoadedBenchmark(B.REGISTRY["aime24"], [], [1], "x").samples_per_question(0) == 32
 
 
-def test_missing_official_file_says_what_to_put_where(tmp_path):
+def test_missing_official_file_says_what_to_put_where(tmp_path: Path):
     with pytest.raises(B.BenchmarkDataError) as err:
         B.load_official(B.REGISTRY["aime24"], str(tmp_path))
     msg = str(err.value)
@@ -80,7 +80,7 @@ def test_missing_official_file_says_what_to_put_where(tmp_path):
         B.load_official(B.REGISTRY["gpqa"], "")
 
 
-def test_missing_mmlu_pro_names_the_file_and_the_hub_id(tmp_path, monkeypatch):
+def test_missing_mmlu_pro_names_the_file_and_the_hub_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # if `datasets` is installed: fail fast, no network
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(B.BenchmarkDataError) as err:
@@ -97,7 +97,7 @@ def test_options_row_letters_the_choices_like_the_arc_file():
     assert r["reward_model"]["ground_truth"] == "B"
 
 
-def test_custom_jsonl_with_common_keys(tmp_path):
+def test_custom_jsonl_with_common_keys(tmp_path: Path):
     path = tmp_path / "mine.jsonl"
     lines = [
         {"question": "What is 2+2?", "answer": "4"},
@@ -110,7 +110,7 @@ def test_custom_jsonl_with_common_keys(tmp_path):
     assert [q.answer for q in lb.questions] == ["4", "6"] and lb.repeats == [2, 1]
 
 
-def test_custom_file_split_by_data_source_and_letters_graded_as_choice(tmp_path):
+def test_custom_file_split_by_data_source_and_letters_graded_as_choice(tmp_path: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -175,7 +175,7 @@ def test_official_eval_drops_the_data_system_message():
     assert TEMPLATES["think_short"].messages(q, data_system=False)[0]["role"] == "system"
 
 
-def test_paper_benchmarks_follow_the_official_protocol(tmp_path):
+def test_paper_benchmarks_follow_the_official_protocol(tmp_path: Path):
     assert all(b.official for b in B.PAPER_BENCHMARKS)
     assert not B.SYNTHETIC.official and not B.CUSTOM.official
     path = tmp_path / "mixed.jsonl"
@@ -216,7 +216,7 @@ def test_limit_on_official_files():
     ]
 
 
-def test_a_missing_benchmark_names_the_run_without_it(tmp_path):
+def test_a_missing_benchmark_names_the_run_without_it(tmp_path: Path):
     cfg = ExgrpoConfig()
     cfg.eval.benchmarks, cfg.eval.data_dir = ["math500", "gpqa", "arc_c"], str(tmp_path)
     with pytest.raises(B.BenchmarkDataError, match=r"eval.benchmarks=\[arc_c,gpqa\]"):
@@ -224,7 +224,7 @@ def test_a_missing_benchmark_names_the_run_without_it(tmp_path):
 
 
 @pytest.mark.parametrize("suite", ["id", "ood", "paper"])
-def test_paper_suite_presets(suite):
+def test_paper_suite_presets(suite: str):
     """The paper's eval setup: 8192 new tokens (temperature 0.6 and top-p 1 are the schema's
     defaults); a preset holds only what differs from the schema."""
     import dataclasses

@@ -82,7 +82,7 @@ def check_outputs(run_dir: Path, proc: subprocess.CompletedProcess) -> tuple[dic
     return results, rows
 
 
-def test_missing_data_stops_before_any_model_is_loaded(tmp_path):
+def test_missing_data_stops_before_any_model_is_loaded(tmp_path: Path):
     proc = exgrpo_eval(tmp_path / "run", "eval=id", f"eval.data_dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "test.id.parquet" in proc.stderr and "data_source=aime" in proc.stderr
@@ -90,7 +90,8 @@ def test_missing_data_stops_before_any_model_is_loaded(tmp_path):
 
 
 @needs_tiny
-def test_synthetic_suite_compare(tmp_path):
+@pytest.mark.slow
+def test_synthetic_suite_compare(tmp_path: Path):
     run = tmp_path / "syn"
     proc = exgrpo_eval(
         run,
@@ -116,7 +117,8 @@ def test_synthetic_suite_compare(tmp_path):
 
 
 @needs_tiny
-def test_official_benchmarks_and_regrade(tmp_path):
+@pytest.mark.slow
+def test_official_benchmarks_and_regrade(tmp_path: Path):
     present = [b for f, names in FILES.items() if (OFFICIAL / f).is_file() for b in names]
     if not present:
         pytest.skip(f"no official benchmark file in {OFFICIAL}")

@@ -2,6 +2,8 @@
 results.md, and grading a generations file again with the real reward module."""
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,7 +57,7 @@ def test_columns_put_each_average_after_its_group():
     ]
 
 
-def test_results_json_and_markdown(tmp_path):
+def test_results_json_and_markdown(tmp_path: Path):
     settings = {"temperature": 0.6, "k": 1}
     res = R.write_reports(tmp_path, models(), "paper", settings)
     on_disk = json.loads((tmp_path / "results.json").read_text())
@@ -81,7 +83,16 @@ def test_console_table_has_a_row_per_model():
     assert "AIME24" in text and "ID avg" in text and "exgrpo" in text and "66.7" in text
 
 
-def gen_row(model, name, qid, sample, response, gold, kind="math", think=True):
+def gen_row(
+    model: str,
+    name: str,
+    qid: str,
+    sample: int,
+    response: str,
+    gold: str,
+    kind: str = "math",
+    think: bool = True,
+) -> dict[str, Any]:
     return {
         "model": model,
         "benchmark": name,
@@ -128,7 +139,9 @@ def test_official_answer_rule_follows_the_prompt():
 
 
 def test_regrade_uses_each_rows_answer_rule():
-    def official(sample, response, gold, think_rule, kind="math"):
+    def official(
+        sample: int, response: str, gold: str, think_rule: str, kind: str = "math"
+    ) -> dict[str, Any]:
         row = gen_row("m", "aime24" if kind == "math" else "gpqa", "q0", sample, response, gold, kind=kind)
         return {**row, "think_rule": think_rule, "boxed_only": True}
 
@@ -149,7 +162,7 @@ def test_regrade_uses_each_rows_answer_rule():
     assert [r["correct"] for r in graded] == [True, True, True, False, True, True]
 
 
-def test_read_generations_refuses_an_unknown_think_rule(tmp_path):
+def test_read_generations_refuses_an_unknown_think_rule(tmp_path: Path):
     from exgrpo_cli.config import ConfigError
 
     row = gen_row("m", "aime24", "q0", 0, "r", "1")
@@ -159,7 +172,7 @@ def test_read_generations_refuses_an_unknown_think_rule(tmp_path):
         runner.read_generations(str(path))
 
 
-def test_read_generations_refuses_incomplete_rows(tmp_path):
+def test_read_generations_refuses_incomplete_rows(tmp_path: Path):
     from exgrpo_cli.config import ConfigError
 
     path = tmp_path / "g.jsonl"
@@ -168,7 +181,7 @@ def test_read_generations_refuses_incomplete_rows(tmp_path):
         runner.read_generations(str(path))
 
 
-def test_models_to_run_labels_and_paths(tmp_path):
+def test_models_to_run_labels_and_paths(tmp_path: Path):
     cfg = ExgrpoConfig()
     cfg.eval.compare = ["builtin:tiny", "Qwen/Qwen2.5-Math-7B", "builtin:tiny"]
     assert runner.models_to_run(cfg) == [
@@ -188,7 +201,27 @@ def test_models_to_run_labels_and_paths(tmp_path):
         runner.resolve_model_path(str(tmp_path / "nope"))
 
 
+def _crc32(data: bytes) -> int:
+    """CRC-32 (the reflected IEEE polynomial 0xEDB88320), bit by bit: not zlib's code."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0xEDB88320 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
 def test_benchmark_seeds_do_not_depend_on_order():
-    assert runner.benchmark_seed(0, "aime24") == runner.benchmark_seed(0, "aime24")
-    assert runner.benchmark_seed(0, "aime24") != runner.benchmark_seed(0, "aime25")
-    assert runner.benchmark_seed(1, "aime24") != runner.benchmark_seed(0, "aime24")
+    """A benchmark's seed is the run seed and its own name only (seed * 1_000_003 + CRC-32 of the
+    name): the same in every model of a comparison whatever the order or subset of benchmarks."""
+    assert _crc32(b"123456789") == 0xCBF43926  # the standard check value of CRC-32
+    assert runner.benchmark_seed(0, "aime24") == _crc32(b"aime24")
+    assert runner.benchmark_seed(2, "math500") == 2_000_006 + _crc32(b"math500")
+    names = list(REGISTRY)
+    for order in (names, names[::-1], names[1::2]):
+        for seed in (0, 1, 7):
+            assert [runner.benchmark_seed(seed, n) for n in order] == [
+                seed * 1_000_003 + _crc32(n.encode()) for n in order
+            ]
+    every = [runner.benchmark_seed(s, n) for s in range(3) for n in names]
+    assert len(set(every)) == len(every) == 3 * len(names)  # no two benchmarks or seeds share one

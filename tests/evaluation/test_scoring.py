@@ -18,7 +18,7 @@ def test_pass_at_k_exact_values():
 
 
 @pytest.mark.parametrize("n,c", [(1, 0), (1, 1), (4, 1), (32, 7), (32, 32)])
-def test_pass_at_1_is_the_share_correct(n, c):
+def test_pass_at_1_is_the_share_correct(n: int, c: int):
     assert pass_at_k(n, c, 1) == pytest.approx(c / n, abs=1e-15)
 
 
@@ -28,7 +28,7 @@ def test_pass_at_k_is_monotone_in_k():
 
 
 @pytest.mark.parametrize("n,c,k", [(4, 5, 1), (4, -1, 1), (4, 2, 0), (4, 2, 5)])
-def test_pass_at_k_refuses_impossible_counts(n, c, k):
+def test_pass_at_k_refuses_impossible_counts(n: int, c: int, k: int):
     with pytest.raises(ValueError):
         pass_at_k(n, c, k)
 

@@ -2,6 +2,7 @@
 works (a scorer that returns only rewards), and the eval's extra outputs line up per sample."""
 
 from dataclasses import dataclass
+from typing import Any
 
 from exgrpo_cli.data.templates import TEMPLATES
 from exgrpo_cli.data.types import Question
@@ -12,10 +13,10 @@ from exgrpo_cli.rollout.base import Rollout, SamplingSpec
 class CharTokenizer:
     eos_token_id, pad_token_id = 0, 0
 
-    def __call__(self, text, add_special_tokens=False):  # noqa: ANN001, ANN204
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
         return {"input_ids": [ord(c) for c in text]}
 
-    def decode(self, ids, skip_special_tokens=False):  # noqa: ANN001, ANN201
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return "".join(chr(i) for i in ids)
 
 
@@ -25,7 +26,7 @@ class EchoEngine:
     def __init__(self) -> None:
         self.calls = []
 
-    def generate(self, prompt_ids, n, spec):  # noqa: ANN001, ANN201
+    def generate(self, prompt_ids: list[list[int]], n: list[int], spec: SamplingSpec) -> list[Rollout]:
         self.calls.append((len(prompt_ids), spec.seed))
         return [
             Rollout(i, [ord(c) for c in f"\\boxed{{{j}}}"], None, True)
@@ -40,7 +41,7 @@ class RewardsOnly:
 
 
 class LastSampleRight:
-    def score(self, responses, answers, kinds=None):  # noqa: ANN001, ANN201
+    def score(self, responses: list[str], answers: list[str], kinds: list[str] | None = None) -> RewardsOnly:
         return RewardsOnly([1.0 if r == f"\\boxed{{{a}}}" else 0.0 for r, a in zip(responses, answers)])
 
 
@@ -78,7 +79,9 @@ class ChatTokenizer(CharTokenizer):
     def __init__(self, opens_think: bool) -> None:
         self.opens_think = opens_think
 
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):  # noqa: ANN001, ANN201
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], tokenize: bool = False, add_generation_prompt: bool = True
+    ) -> str:
         lines = [f"{m['role']}: {m['content']}" for m in messages]
         return "\n".join(lines) + ("\n<think>\n" if self.opens_think else "\nassistant:")
 
@@ -87,7 +90,13 @@ class RecordingScorer:
     def __init__(self) -> None:
         self.rules = None
 
-    def score(self, responses, answers, kinds=None, rules=None):  # noqa: ANN001, ANN201
+    def score(
+        self,
+        responses: list[str],
+        answers: list[str],
+        kinds: list[str] | None = None,
+        rules: list[Any] | None = None,
+    ) -> RewardsOnly:
         self.rules = rules
         return RewardsOnly([0.0] * len(responses))
 

@@ -29,7 +29,7 @@ SMALL = [
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from conftest import TINY
 
     if not (TINY / "config.json").is_file():
@@ -46,7 +46,8 @@ def _inspect(*args: str, cwd: Path) -> dict | str:
     return json.loads(res.stdout) if "--json" in args else res.stdout
 
 
-def test_inspect_a_real_run_as_json_and_text(run_dir, tmp_path):
+@pytest.mark.slow
+def test_inspect_a_real_run_as_json_and_text(run_dir: Path, tmp_path: Path):
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
     buf = ExperienceBuffer.load(str(run_dir / "checkpoints/step_2/replay"))
     assert buf.num_questions > 0, "the tiny model solves some questions partly"
@@ -95,9 +96,13 @@ def test_inspect_a_real_run_as_json_and_text(run_dir, tmp_path):
     assert f"question {uid}" in text and "gold:" in text
 
 
-def test_inspect_refuses_a_missing_target_and_question(run_dir, tmp_path):
+def test_inspect_refuses_a_missing_target(tmp_path: Path):
     res = run_cli(["inspect-buffer", str(tmp_path / "nope"), f"hydra.run.dir={tmp_path / 'h'}"])
     assert res.returncode == 1 and "does not exist" in res.stderr
+
+
+@pytest.mark.slow
+def test_inspect_refuses_a_missing_question(run_dir: Path, tmp_path: Path):
     res = run_cli(
         [
             "inspect-buffer",
@@ -180,7 +185,7 @@ def _synthetic_checkpoint(root: Path, n_experiences: int) -> Path:
     return root
 
 
-def test_100k_experiences_in_a_few_seconds(tmp_path):
+def test_100k_experiences_in_a_few_seconds(tmp_path: Path):
     run = _synthetic_checkpoint(tmp_path / "run", 100_000)
     t0 = time.perf_counter()
     res = run_cli(["inspect-buffer", str(run), "--json", f"hydra.run.dir={tmp_path / 'h'}"])

@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import torch
 
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.rollout.vllm_engine import _named_tensors
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 STEPS, ROWS_PER_RANK, SEQ, LR = 2, 4, 24, 1e-3
 
 
-def build():  # noqa: ANN201
+def build() -> PreTrainedModel:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
@@ -38,7 +42,7 @@ def build():  # noqa: ANN201
     return Qwen2ForCausalLM(cfg).float()
 
 
-def mean_token_nll(model, ids: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+def mean_token_nll(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
     # every row has the same length, so each rank's mean is over the same token count and the mean
     # over ranks of the per-rank means is the mean over the concatenated batch
     logits = model(input_ids=ids, use_cache=False).logits[:, :-1]

@@ -24,6 +24,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_fsdp2_two_ranks_match_single_process(tmp_path: Path) -> None:
     if not torch.distributed.is_available():
         pytest.skip("torch built without torch.distributed")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -39,7 +40,7 @@ def test_missing_package_names_the_install_command() -> None:
 
 
 def test_known_package_gets_its_own_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    def absent(name: str):  # noqa: ANN202
+    def absent(name: str) -> NoReturn:
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(packaged.importlib.metadata, "distribution", absent)

@@ -190,7 +190,7 @@ def _assert_same(a: ExperienceBuffer, b: ExperienceBuffer) -> None:
     assert a.end_step() == b.end_step()
 
 
-def test_save_load_round_trip_is_exact(tmp_path):
+def test_save_load_round_trip_is_exact(tmp_path: Path):
     buf = _busy_buffer()
     assert buf.num_questions > 10 and len(buf.retired) > 0
     buf.save(str(tmp_path / "buf"))
@@ -237,7 +237,7 @@ def test_cap_evicts_oldest_first():
     assert buf.num_experiences == 3 and buf.stored_tokens == 3
 
 
-def test_cap_survives_churn_and_reload(tmp_path):
+def test_cap_survives_churn_and_reload(tmp_path: Path):
     buf = _busy_buffer(max_experiences=25)
     assert buf.num_experiences == 25
     buf.save(str(tmp_path / "b"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from exgrpo_cli.replay.buffer import ExperienceBuffer
@@ -21,7 +23,7 @@ def test_indexed_set_add_remove_and_positions():
     assert list(IndexedSet(list(s))) == list(s)  # rebuilding from the order restores it
 
 
-def test_selection_after_removals_survives_save_and_load(tmp_path):
+def test_selection_after_removals_survives_save_and_load(tmp_path: Path):
     buf = ExperienceBuffer(group_size=4)
     for i in range(30):
         ids = np.array([i, 100 + i], dtype=np.int32)

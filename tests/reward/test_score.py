@@ -241,7 +241,9 @@ INTEGER_PAIRS = [
 ]
 
 
-def test_integer_fast_path_agrees_with_math_verify(scorer: RewardScorer, monkeypatch) -> None:
+def test_integer_fast_path_agrees_with_math_verify(
+    scorer: RewardScorer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two plain integers are settled in-process; the result is the worker's (math-verify's)."""
     preds = [f"\\boxed{{{p}}}" for p, _ in INTEGER_PAIRS]
     golds = [g for _, g in INTEGER_PAIRS]

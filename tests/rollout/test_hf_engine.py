@@ -4,11 +4,16 @@ when the logits budget cuts a call into many small `generate` chunks."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 import torch
 
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.rollout.hf import HFEngine
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 EOS, VOCAB = 2, 256
 
@@ -18,7 +23,7 @@ class Tok:
 
 
 @pytest.fixture(scope="module")
-def model():  # noqa: ANN201
+def model() -> PreTrainedModel:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
@@ -41,7 +46,7 @@ def model():  # noqa: ANN201
 
 
 @torch.no_grad()
-def _teacher_forced(model, prompt: list[int], response: list[int]) -> torch.Tensor:  # noqa: ANN001
+def _teacher_forced(model: PreTrainedModel, prompt: list[int], response: list[int]) -> torch.Tensor:
     ids = torch.tensor([prompt + response])
     logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
@@ -59,12 +64,12 @@ def _teacher_forced(model, prompt: list[int], response: list[int]) -> torch.Tens
     ],
 )
 def test_samples_and_logprobs(
-    model,
+    model: PreTrainedModel,
     hf_generate: bool,
     budget: int,
     max_batch: int,
-    chunks: list[int],  # noqa: ANN001
-    monkeypatch,
+    chunks: list[int],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     torch.set_num_threads(1)
     calls, generate = [], model.generate
@@ -84,7 +89,7 @@ def test_samples_and_logprobs(
         assert torch.allclose(torch.tensor(r.logprobs), expected, atol=1e-4), (r.logprobs, expected)
 
 
-def test_own_loop_drops_finished_rows_and_is_seeded(model) -> None:  # noqa: ANN001
+def test_own_loop_drops_finished_rows_and_is_seeded(model: PreTrainedModel) -> None:
     """Many rows ending at different steps (so the loop compacts its batch several times): every
     response still gets its own tokens and log-probs, and a seed repeats the call exactly."""
     torch.set_num_threads(1)

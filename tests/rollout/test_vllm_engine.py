@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -19,8 +20,11 @@ import torch
 pytest.importorskip("vllm")
 
 from exgrpo_cli.config import ExgrpoConfig  # noqa: E402
-from exgrpo_cli.rollout.base import SamplingSpec  # noqa: E402
+from exgrpo_cli.rollout.base import Rollout, SamplingSpec  # noqa: E402
 from exgrpo_cli.rollout.vllm_engine import VLLMEngine  # noqa: E402
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 pytestmark = pytest.mark.vllm
 
@@ -29,7 +33,7 @@ PROMPTS = [list(range(10, 50)), list(range(100, 133)), [7, 8, 9, 300, 301, 302, 
 COUNTS = [2, 3, 1]
 
 
-def build_model():  # noqa: ANN201
+def build_model() -> PreTrainedModel:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
@@ -53,14 +57,14 @@ def build_model():  # noqa: ANN201
 
 
 @torch.no_grad()
-def teacher_forced(model, prompt: list[int], response: list[int]) -> torch.Tensor:  # noqa: ANN001
+def teacher_forced(model: PreTrainedModel, prompt: list[int], response: list[int]) -> torch.Tensor:
     """The trainer's view: log_softmax of raw logits (T=1) at each response position."""
     ids = torch.tensor([prompt + response])
     logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1]
     return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
-def mean_abs_diff(model, rollouts) -> float:  # noqa: ANN001
+def mean_abs_diff(model: PreTrainedModel, rollouts: list[Rollout]) -> float:
     diffs = [
         (teacher_forced(model, PROMPTS[r.prompt_index], r.response_ids) - torch.tensor(r.logprobs)).abs()
         for r in rollouts

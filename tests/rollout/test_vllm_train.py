@@ -12,6 +12,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,7 @@ pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def test_train_with_vllm_rollouts_keeps_the_engine_in_sync(tiny_model, tmp_path) -> None:
+def test_train_with_vllm_rollouts_keeps_the_engine_in_sync(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     res = run_cli(
         [
@@ -53,7 +54,7 @@ def test_train_with_vllm_rollouts_keeps_the_engine_in_sync(tiny_model, tmp_path)
     assert rows[3]["val/accuracy"] >= 0.0
 
 
-def test_torchrun_ranks_each_sync_their_own_engine(tiny_model, tmp_path) -> None:
+def test_torchrun_ranks_each_sync_their_own_engine(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

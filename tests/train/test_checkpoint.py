@@ -1,18 +1,21 @@
 """Atomic checkpoints: a torn write is never picked up; pruning keeps the newest."""
 
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 
 from exgrpo_cli.policy import checkpoint as ckpt
 
 
-def _write(payload: str):
-    def write(tmp):
+def _write(payload: str) -> Callable[[Path], None]:
+    def write(tmp: Path) -> None:
         (tmp / "payload.txt").write_text(payload)
 
     return write
 
 
-def test_latest_pointer_prune_and_torn_write(tmp_path):
+def test_latest_pointer_prune_and_torn_write(tmp_path: Path):
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3):
         ckpt.save_checkpoint(root, step, _write(str(step)), keep=2)
@@ -29,7 +32,7 @@ def test_latest_pointer_prune_and_torn_write(tmp_path):
     assert ckpt.latest_checkpoint(root).name == "step_3"
 
 
-def test_optimizer_round_trip_without_pickle(tmp_path):
+def test_optimizer_round_trip_without_pickle(tmp_path: Path):
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.ones(1, 3)).sum().backward()

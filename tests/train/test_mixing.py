@@ -1,5 +1,7 @@
 """The mixed batch's group structure and the pure helpers around the train step."""
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -73,7 +75,7 @@ def test_pack_left_pads_prompts_and_right_pads_responses():
     assert (sb.targets * sb.response_mask.long()).tolist() == [[7, 8, 0], [9, 10, 11]]
 
 
-def test_response_logprobs_match_each_row_alone(tiny_model):
+def test_response_logprobs_match_each_row_alone(tiny_model: Path):
     """Padding on both sides and the response-only projection change nothing: each row's
     log-probs and entropies equal those of the row run alone without padding."""
     from exgrpo_cli.config import ModelConfig

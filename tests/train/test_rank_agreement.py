@@ -8,6 +8,7 @@ does under torchrun, without a process group. The real 2-process run is in test_
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,7 +34,7 @@ class Exchange:
         self.slots: list = [None] * world
         self.barrier = threading.Barrier(world, timeout=30)
 
-    def __call__(self, obj, dist: DistInfo) -> list:  # noqa: ANN001
+    def __call__(self, obj: object, dist: DistInfo) -> list:
         self.slots[dist.rank] = obj
         self.barrier.wait()
         out = list(self.slots)
@@ -80,7 +81,7 @@ def _state(buffer: ExperienceBuffer, switch: DelayedStart, position: int = 0) ->
     return RunState(None, None, sampler, buffer, switch, seed=0)  # type: ignore[arg-type]
 
 
-def _trainer(rank: int, world: int, scorer) -> Trainer:  # noqa: ANN001
+def _trainer(rank: int, world: int, scorer: FlakyGrader) -> Trainer:
     cfg = ExgrpoConfig()
     state = _state(ExperienceBuffer(4), DelayedStart(0.0))
     return Trainer(
@@ -88,7 +89,7 @@ def _trainer(rank: int, world: int, scorer) -> Trainer:  # noqa: ANN001
     )  # type: ignore[arg-type]
 
 
-def _run_ranks(world: int, fn) -> list:  # noqa: ANN001
+def _run_ranks(world: int, fn: Callable[[int], object]) -> list:
     results: list = [None] * world
     errors: list = []
 
@@ -114,7 +115,7 @@ def test_each_group_is_graded_once_and_ranks_get_the_same_rewards(monkeypatch: p
     # disagree on the rewards of every group, and so on the buffer
     graders = [FlakyGrader(times_out=False), FlakyGrader(times_out=True)]
 
-    def rank(r: int):  # noqa: ANN202
+    def rank(r: int) -> tuple[list[list[float]], dict[str, float]]:
         groups = _groups()
         metrics = _trainer(r, 2, graders[r]).score(groups)
         return [[resp.reward for resp in g.responses] for g in groups], metrics

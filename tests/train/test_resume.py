@@ -32,6 +32,9 @@ ARGS = [
     "trainer.seed=7",
 ]
 
+# Every test here shares a 4-step reference run (the module fixture), and two rerun it with kills.
+pytestmark = pytest.mark.slow
+
 
 def _final_state(out: Path) -> dict[str, torch.Tensor]:
     ck = out / "checkpoints" / "step_4"
@@ -59,7 +62,7 @@ def _train(out: Path, env_extra: dict | None = None) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, request) -> dict:
+def reference(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict:
     if not (REPO / "exgrpo_cli/assets/tiny/config.json").is_file():
         pytest.skip("the tiny model is not built")
     out = tmp_path_factory.mktemp("ref")
@@ -69,11 +72,11 @@ def reference(tmp_path_factory, request) -> dict:
     return {"state": _final_state(out), "index": index, "out": out}
 
 
-def test_reference_run_has_a_buffer(reference):
+def test_reference_run_has_a_buffer(reference: dict):
     assert reference["index"]["questions"], "the scenario must exercise the replay buffer"
 
 
-def test_sigkill_between_steps_then_resume_is_identical(reference, tmp_path):
+def test_sigkill_between_steps_then_resume_is_identical(reference: dict, tmp_path: Path):
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "exgrpo_cli", "train", f"hydra.run.dir={out}", *ARGS],
@@ -100,7 +103,7 @@ def test_sigkill_between_steps_then_resume_is_identical(reference, tmp_path):
     assert steps == [0, 1, 2, 3, 4], "each step is logged once, also across the kill"
 
 
-def test_kill_during_checkpoint_write_never_resumes_a_torn_checkpoint(reference, tmp_path):
+def test_kill_during_checkpoint_write_never_resumes_a_torn_checkpoint(reference: dict, tmp_path: Path):
     out = tmp_path / "run"
     res = _train(out, {"EXGRPO_FAULT_KILL_IN_CHECKPOINT": "3"})
     assert res.returncode == -signal.SIGKILL
@@ -113,6 +116,6 @@ def test_kill_during_checkpoint_write_never_resumes_a_torn_checkpoint(reference,
     assert not (root / ".tmp-step_3").exists()
 
 
-def test_resume_never_refuses_a_used_dir(reference, tmp_path):
+def test_resume_never_refuses_a_used_dir(reference: dict, tmp_path: Path):
     res = run_cli(["train", f"hydra.run.dir={reference['out']}", *ARGS, "trainer.resume=never"])
     assert res.returncode != 0 and "trainer.resume=never" in res.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +31,7 @@ def _missing() -> str | None:
 
 
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
-def test_smollm2_trains_on_deepmath_and_checkpoints(shared_data, tmp_path) -> None:
+def test_smollm2_trains_on_deepmath_and_checkpoints(shared_data: Path, tmp_path: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

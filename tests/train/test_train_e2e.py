@@ -27,8 +27,9 @@ def _train(out: Path, *extra: str) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_train_smoke(tiny_model, tmp_path):
-    from transformers import AutoModelForCausalLM
+@pytest.mark.slow
+def test_train_smoke(tiny_model: Path, tmp_path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "run"
     rows = _train(out, "trainer.steps=2", "replay.ratio=0")
@@ -46,15 +47,27 @@ def test_train_smoke(tiny_model, tmp_path):
     assert rows[1]["rollout/logprob_diff_mean"] < 1e-3  # HF engine: the trainer's own weights
     ckpt = out / "checkpoints" / "step_2"
     assert (out / "checkpoints" / "latest").read_text() == "step_2"
-    model = AutoModelForCausalLM.from_pretrained(ckpt / "model")
-    assert sum(p.numel() for p in model.parameters()) > 0
+    # the checkpoint reloads as the shipped architecture with trained weights, deterministically
+    trained, again, shipped = (
+        AutoModelForCausalLM.from_pretrained(folder).eval()
+        for folder in (ckpt / "model", ckpt / "model", tiny_model)
+    )
+    shapes = [{k: tuple(v.shape) for k, v in m.state_dict().items()} for m in (trained, shipped)]
+    assert shapes[0] == shapes[1] and len(shapes[0]) > 0
+    ids = AutoTokenizer.from_pretrained(tiny_model)("Compute 37 + 58.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = [m(ids).logits for m in (trained, again, shipped)]
+    assert logits[0].shape == (1, ids.shape[1], trained.config.vocab_size)
+    assert torch.equal(logits[0], logits[1])
+    assert (logits[0] - logits[2]).abs().max() > 1e-3  # two steps moved them by ~0.1
     before = load_file(str(tiny_model / "model.safetensors"))
     after = load_file(str(ckpt / "model" / "model.safetensors"))
     unchanged = [k for k, v in before.items() if torch.equal(v, after[k])]
     assert not unchanged, f"parameters that did not train: {unchanged}"
 
 
-def test_exgrpo_replays_from_the_second_step(tiny_model, tmp_path):
+@pytest.mark.slow
+def test_exgrpo_replays_from_the_second_step(tiny_model: Path, tmp_path: Path):
     out = tmp_path / "run"
     rows = _train(
         out, "trainer.steps=3", "replay.ratio=0.5", "replay.start_threshold=0", "algo.questions_per_step=8"
@@ -82,7 +95,8 @@ def test_exgrpo_replays_from_the_second_step(tiny_model, tmp_path):
     assert (out / "checkpoints" / "step_3" / "replay" / "index.json").is_file()
 
 
-def test_ratio_zero_is_exactly_on_policy(tiny_model, tmp_path):
+@pytest.mark.slow
+def test_ratio_zero_is_exactly_on_policy(tiny_model: Path, tmp_path: Path):
     """With replay.ratio=0 no replay setting may change anything: the run is plain Dr.GRPO."""
     a = tmp_path / "a"
     b = tmp_path / "b"
@@ -104,7 +118,7 @@ def test_ratio_zero_is_exactly_on_policy(tiny_model, tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["replay.ratio=2", "rollout.n=1"])
-def test_bad_config_exits_2(tmp_path, bad):
+def test_bad_config_exits_2(tmp_path: Path, bad: str):
     res = run_cli(["train", bad, f"hydra.run.dir={tmp_path}"])
     assert res.returncode == 2 and bad.split("=")[0] in res.stderr
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,8 +14,11 @@ from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.forward import forward_logprobs, pack
 from exgrpo_cli.policy.model import load_model, load_tokenizer
-from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
+from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
 from exgrpo_cli.train.update import UpdatePlan, policy_update
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def _plan(clip_eps: float | None, beta: float | None, entropy_coef: float, updates: int) -> UpdatePlan:
@@ -32,14 +36,14 @@ def _plan(clip_eps: float | None, beta: float | None, entropy_coef: float, updat
     )
 
 
-def _seq_logps(model, batch) -> list[float]:  # noqa: ANN001
+def _seq_logps(model: PreTrainedModel, batch: MixedBatch) -> list[float]:
     sb = pack(batch.prompt_ids, batch.response_ids, list(range(len(batch))), 0, torch.device("cpu"))
     with torch.no_grad():
         lp, _ = forward_logprobs(model, sb)
     return [float((lp[i] * sb.response_mask[i]).sum()) for i in range(len(batch))]
 
 
-def test_update_raises_rewarded_and_lowers_unrewarded_responses(tiny_model):
+def test_update_raises_rewarded_and_lowers_unrewarded_responses(tiny_model: Path):
     torch.manual_seed(0)
     cfg = ModelConfig(path=str(tiny_model))
     tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
@@ -68,7 +72,7 @@ def test_update_raises_rewarded_and_lowers_unrewarded_responses(tiny_model):
     assert after[1] < before[1]
 
 
-def _two_question_batch(tok):  # noqa: ANN001, ANN202
+def _two_question_batch(tok: PreTrainedTokenizerBase) -> MixedBatch:
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     groups = []
     for q, right, wrong in (("1+2", "3", "4"), ("2+2", "4", "5"), ("3+4", "7", "8"), ("5+1", "6", "9")):
@@ -84,7 +88,7 @@ def _two_question_batch(tok):  # noqa: ANN001, ANN202
     return build_mixed_batch(groups)
 
 
-def test_two_updates_first_minibatch_ratio_is_exactly_one(tiny_model):
+def test_two_updates_first_minibatch_ratio_is_exactly_one(tiny_model: Path):
     """ALGORITHM.md 4: with several updates per step, pi_old of every mini-batch is the policy
     before the step's first update. The first mini-batch's fresh tokens must see w == 1 exactly
     (and so clip nothing); the second's pi_old is the pre-update pass, so after a real first
@@ -104,7 +108,7 @@ def test_two_updates_first_minibatch_ratio_is_exactly_one(tiny_model):
     assert abs(second.fresh_ratio_sum - second.fresh_tokens) > 1e-3  # the first update moved the policy
 
 
-def test_two_updates_without_learning_never_clip(tiny_model):
+def test_two_updates_without_learning_never_clip(tiny_model: Path):
     """lr 0: the policy never moves, so every fresh ratio of both mini-batches is 1."""
     cfg = ModelConfig(path=str(tiny_model))
     tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
