@@ -144,12 +144,12 @@ def output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     models whose logits are biased, scaled or soft-capped (they take the full-logits path)."""
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
-    cfg = getattr(model, "config", None)
+    hf_config = getattr(model, "config", None)
     if not isinstance(head, torch.nn.Linear) or head.bias is not None or not hasattr(model, "get_decoder"):
         return None
-    if getattr(cfg, "final_logit_softcapping", None) or hasattr(cfg, "logit_scale"):
+    if getattr(hf_config, "final_logit_softcapping", None) or hasattr(hf_config, "logit_scale"):
         return None
-    if getattr(cfg, "logits_scaling", 1.0) not in (None, 1.0):
+    if getattr(hf_config, "logits_scaling", 1.0) not in (None, 1.0):
         return None
     return head
 

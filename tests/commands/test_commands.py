@@ -179,7 +179,7 @@ def test_preset_is_filled_from_hydras_model_choice(set_hydra_config: SetHydra) -
     set_hydra_config(_compose("model=qwen2.5-math-7b", "model.preset=", hydra=True))
     cfg = ExgrpoConfig()
     assert cfg.model.preset == ""
-    named = commands.with_preset_name(cfg)
+    named = commands.with_preset_name(cfg, commands.hydra_choices())
     assert named.model.preset == "qwen2.5-math-7b"
     assert cfg.model.preset == ""  # a copy: the input is unchanged
     assert named.model.path == cfg.model.path and named.replay == cfg.replay
@@ -189,14 +189,15 @@ def test_preset_set_by_the_yaml_or_the_user_is_kept(set_hydra_config: SetHydra) 
     set_hydra_config(_compose("model=qwen2.5-math-7b", hydra=True))
     cfg = ExgrpoConfig()
     cfg.model.preset = "my-model"
-    assert commands.with_preset_name(cfg).model.preset == "my-model"
+    assert commands.with_preset_name(cfg, commands.hydra_choices()).model.preset == "my-model"
 
 
 def test_preset_stays_empty_outside_hydra_main() -> None:
     with pytest.raises(ValueError):
         HydraConfig.get()
     cfg = ExgrpoConfig()
-    assert commands.with_preset_name(cfg) is cfg
+    assert commands.hydra_choices() == {}
+    assert commands.with_preset_name(cfg, {}) is cfg
 
 
 PRINT_PRESET = """
