@@ -53,6 +53,39 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def token_objective(model: PreTrainedModel, rows: torch.Tensor, chunked: bool) -> torch.Tensor:
+    """A loss over per-token log-probs and entropies of the rows' last 16 tokens (the update's
+    ingredients): from the final hidden states in chunks of 7 tokens, or from the full logits."""
+    from exgrpo_cli.algo.logprobs import token_entropy, token_logprobs
+    from exgrpo_cli.policy.forward import forward_logprobs, pack, response_logits
+
+    prompts = [r[:8].tolist() for r in rows]
+    responses = [r[8:].tolist() for r in rows]
+    sb = pack(prompts, responses, list(range(len(rows))), 0, torch.device("cpu"))
+    if chunked:
+        logp, ent = forward_logprobs(model, sb, with_entropy=True, chunk_bytes=7 * 4 * 512)
+        assert ent is not None
+    else:
+        logits = response_logits(model, sb)
+        logp, ent = token_logprobs(logits, sb.targets), token_entropy(logits)
+    weights = torch.linspace(-1.0, 1.0, logp.shape[1])
+    return ((logp * weights).sum() + 0.1 * ent.sum()) / logp.numel()
+
+
+def chunked_head_under_fsdp(data: torch.Tensor, mine: torch.Tensor, dist: D.DistInfo) -> float:
+    """The chunked projection uses the root unit's tied embedding / head outside the model's own
+    projection: its gradient under FSDP2 (this rank's rows) must equal the full-logits gradient of
+    a plain model over the whole batch."""
+    model, ref = D.wrap_fsdp2(build(), dist), build()
+    token_objective(model, mine, chunked=True).backward()
+    token_objective(ref, data, chunked=False).backward()
+    diff = max(
+        float((full(p.grad) - r.grad).abs().max()) for p, r in zip(model.parameters(), ref.parameters())
+    )
+    assert diff < 1e-5, f"chunked log-probs under FSDP2: gradient differs by {diff}"
+    return diff
+
+
 def main(out_path: str) -> None:
     torch.set_num_threads(1)
     dist = D.init_distributed(timeout_s=60)
@@ -99,6 +132,8 @@ def main(out_path: str) -> None:
         # AdamW divides by sqrt(v): parameters with near-zero gradients amplify the ~1e-8 gradient
         # noise, hence a looser bound on the weights than on the gradients
         assert weight_diff < 1e-4, f"weights after the step differ by {weight_diff}"
+
+    report["chunked_grad_diff"] = chunked_head_under_fsdp(data, mine, dist)
 
     sd = D.full_state_dict(model, dist)
     osd = D.full_optimizer_state_dict(model, opt, dist)
