@@ -49,11 +49,13 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def run_cli(args: list[str], cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], cwd: Path | None = None, timeout: float = 600, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "exgrpo_cli", *args],
         cwd=cwd or REPO,
-        env=cli_env(),
+        env=cli_env() | (env_extra or {}),
         capture_output=True,
         text=True,
         timeout=timeout,

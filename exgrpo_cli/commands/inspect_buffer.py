@@ -38,6 +38,12 @@ def run(cfg: ExgrpoConfig) -> None:
         ckpt = resolve_checkpoint(opts.target)
     except TargetError as err:
         _fail(str(err))
+    from exgrpo_cli.policy.checkpoint import verify
+
+    for part in ("replay/", "trainer_state.json", "model/" if opts.show else None):
+        reason = verify(ckpt, prefix=part) if part else None
+        if reason:
+            _fail(f"{ckpt} does not verify, its files are not read: {reason}")
     state_file = ckpt / "trainer_state.json"
     trainer_state = json.loads(state_file.read_text()) if state_file.is_file() else None
     if not (ckpt / "replay" / "index.json").is_file():

@@ -70,24 +70,30 @@ def output_dir(cfg: ExgrpoConfig) -> Path:
 
 def resolve_model_path(path: str) -> str:
     """A model folder, a training checkpoint (its model/ folder), a run dir (its latest
-    checkpoint), a HF id or builtin:tiny. Raises ConfigError for a local path that holds no model."""
+    checkpoint), a HF id or builtin:tiny. Raises ConfigError for a local path that holds no model,
+    or whose checkpoint's model files fail their checksums."""
     if path.startswith("builtin:"):
         return path
     p = Path(path).expanduser()
     if p.is_dir():
-        if (p / "config.json").is_file():
-            return str(p)
-        if (p / "model" / "config.json").is_file():
-            return str(p / "model")
-        from exgrpo_cli.policy.checkpoint import latest_checkpoint
+        from exgrpo_cli.policy import checkpoint as ckpt
 
-        ckpt = latest_checkpoint(p / "checkpoints")
-        if ckpt is not None:
-            return str(ckpt / "model")
-        raise ConfigError(
-            f"invalid model path {path!r}: the folder holds no model (config.json), "
-            "checkpoint (model/) or run (checkpoints/)"
-        )
+        if (p / "config.json").is_file():
+            folder = p
+        elif (p / "model" / "config.json").is_file():
+            folder = p / "model"
+        elif (found := ckpt.latest_checkpoint(p / "checkpoints")) is not None:
+            folder = found / "model"
+        else:
+            raise ConfigError(
+                f"invalid model path {path!r}: the folder holds no model (config.json), "
+                "checkpoint (model/) or run (checkpoints/)"
+            )
+        if (folder.parent / ckpt.COMPLETE).is_file():  # a checkpoint's weights: check what is read
+            reason = ckpt.verify(folder.parent, prefix="model/")
+            if reason:
+                raise ConfigError(f"invalid model path {path!r}: the checkpoint does not verify: {reason}")
+        return str(folder)
     if path.startswith(("/", ".", "~")):
         raise ConfigError(f"invalid model path {path!r}: no such folder")
     return path  # a Hugging Face id

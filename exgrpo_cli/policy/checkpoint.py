@@ -1,31 +1,85 @@
-"""Checkpoints: written atomically, read without pickle.
+"""Checkpoints on disk: written atomically by every rank, verified before they are trusted.
 
-Layout of `<output_dir>/checkpoints/step_<N>/`:
-  model/                  HF folder (safetensors + tokenizer): AutoModelForCausalLM.from_pretrained works
-  optimizer.safetensors   optimizer tensors, flattened; optimizer.json: param groups and layout
-  rng.safetensors         torch RNG state; trainer_state.json: step, sampler, RNGs, switch, W&B id
-  replay/                 the experience buffer (arrays in safetensors + JSON index)
-A checkpoint is written to a temporary folder, fsynced, renamed into place, and only then is the
-`latest` pointer replaced, so a run killed mid-write never leaves a torn checkpoint to resume from.
+Where it sits: around the step. `RunState.save` (train/state.py) hands `save_checkpoint` a
+`write(folder)` that every rank runs into the same temporary folder (rank 0 writes the model, the
+buffer and the trainer state; every rank its own part of the sharded optimizer state). Then every
+file's SHA-256 is taken (the ranks share the hashing), and rank 0 writes `COMPLETE` with that
+manifest, fsyncs, renames the folder into place and points `latest` at it. A run killed midway
+leaves a `.tmp-step_<N>` folder without `COMPLETE`: never resumed, removed at the next start.
+
+Before a checkpoint is trusted (resume, eval, inspect-buffer), `verify` re-hashes the files it
+will read against the manifest. A checkpoint that fails is quarantined: renamed to
+`corrupt-step_<N>` (so that `keep_checkpoints` never counts it and nothing resumes it) with a
+`QUARANTINED.txt` saying which file failed; resume then falls back to the newest one that verifies.
+Pruning only ever removes checkpoints older than the one just written and verified.
+
+Layout of `<output_dir>/checkpoints/step_<N>/` (train/state.py writes it):
+  model/         HF folder: AutoModelForCausalLM.from_pretrained (and vLLM) load it
+  optimizer/     the optimizer state, one file per rank (torch.distributed.checkpoint)
+  replay/        the experience buffer; rng.safetensors; trainer_state.json
+  COMPLETE       {"step", "format", "world_size", "files": {path: {"bytes", "sha256"}}}
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # torch is imported where tensors are handled: inspect-buffer needs only paths
-    import torch
+from exgrpo_cli.errors import ExgrpoError, UsageError
+
+if TYPE_CHECKING:
+    from exgrpo_cli.policy.distributed import DistInfo
+
+log = logging.getLogger(__name__)
 
 LATEST = "latest"
-# Set to a step number, the process SIGKILLs itself midway through writing that checkpoint:
-# how the tests prove that a torn checkpoint is never resumed from.
+COMPLETE = "COMPLETE"
+FORMAT = 2
+QUARANTINE_PREFIX = "corrupt-"
+# Fault injection for the tests: set to a step number, the process SIGKILLs itself midway through
+# writing that checkpoint, or its write fails as on a full disk (ENOSPC)
 FAULT_KILL_IN_CHECKPOINT = "EXGRPO_FAULT_KILL_IN_CHECKPOINT"
+FAULT_DISK_FULL_IN_CHECKPOINT = "EXGRPO_FAULT_DISK_FULL_IN_CHECKPOINT"
+_BLOCK = 8 * 2**20
+
+
+class CheckpointError(UsageError):
+    """A checkpoint named by the user cannot be used, or none of a run's checkpoints verifies."""
+
+
+class CheckpointWriteError(ExgrpoError):
+    """Writing a checkpoint failed (disk full, I/O error): the previous checkpoints are intact."""
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=1, sort_keys=True))
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file under `folder` (relative paths, sorted), the marker excluded."""
+    out = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
+    return sorted(f for f in out if f != COMPLETE)
 
 
 def _fsync_tree(root: Path) -> None:
@@ -40,43 +94,208 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
-def write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=1, sort_keys=True))
+def _gather(obj: Any, dist: DistInfo | None) -> list[Any]:
+    if dist is None or not dist.distributed:
+        return [obj]
+    from exgrpo_cli.policy.distributed import all_gather_object
+
+    return all_gather_object(obj, dist)
 
 
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
+def _barrier(dist: DistInfo | None) -> None:
+    if dist is not None and dist.distributed:
+        from exgrpo_cli.policy.distributed import barrier
+
+        barrier(dist)
 
 
-def optimizer_to_files(optimizer: torch.optim.Optimizer, folder: Path) -> None:
-    optimizer_state_to_files(optimizer.state_dict(), folder)
+def _shared_digests(folder: Path, names: list[str], dist: DistInfo | None) -> dict[str, dict[str, Any]]:
+    """{name: {"bytes", "sha256"}} of `names` under `folder`, each rank hashing every W-th file
+    (missing files are left out)."""
+    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+    mine = {}
+    for name in names[rank::world]:
+        path = folder / name
+        if path.is_file():
+            mine[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    return {k: v for part in _gather(mine, dist) for k, v in part.items()}
 
 
-def optimizer_state_to_files(sd: dict[str, Any], folder: Path) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    """An `optimizer.state_dict()`-layout dict (e.g. FSDP's gathered full state) to files."""
-    tensors: dict[str, torch.Tensor] = {}
-    layout: dict[str, dict[str, dict[str, Any]]] = {}
-    for pid, st in sd["state"].items():
-        layout[str(pid)] = {}
-        for name, val in st.items():
-            if torch.is_tensor(val):
-                key = f"{pid}.{name}"
-                tensors[key] = val.detach().cpu().contiguous()
-                layout[str(pid)][name] = {"tensor": key}
-            else:
-                layout[str(pid)][name] = {"value": val}
-    save_file(tensors, str(folder / "optimizer.safetensors"))
-    write_json(folder / "optimizer.json", {"state": layout, "param_groups": sd["param_groups"]})
+# ----------------------------------------------------------------------------- writing
 
 
-def optimizer_from_files(optimizer: torch.optim.Optimizer, folder: Path) -> None:
-    optimizer.load_state_dict(optimizer_state_from_files(folder))
+def save_checkpoint(
+    ckpt_root: Path, step: int, write: Callable[[Path], None], keep: int, dist: DistInfo | None = None
+) -> Path | None:
+    """Run `write(tmp)` on every rank, then publish step_<step> atomically (see the module
+    docstring). A collective under torchrun: every rank calls it. Returns the checkpoint's path on
+    rank 0 (None elsewhere). A failed write raises CheckpointWriteError on every rank and leaves
+    the published checkpoints as they were."""
+    main = dist is None or dist.is_main
+    final, tmp = ckpt_root / f"step_{step}", ckpt_root / f".tmp-step_{step}"
+    if main:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    _barrier(dist)
+    error = None
+    try:
+        write(tmp)
+    except OSError as err:
+        error = f"{type(err).__name__}: {err}"
+    errors = [e for e in _gather(error, dist) if e]
+    if errors:
+        raise CheckpointWriteError(
+            f"writing checkpoint step_{step} failed ({errors[0]}); the checkpoints already in "
+            f"{ckpt_root} are intact, and the next start removes the partial one and resumes from them"
+        )
+    if main and os.environ.get(FAULT_KILL_IN_CHECKPOINT) == str(step):
+        os.kill(os.getpid(), signal.SIGKILL)
+    _barrier(dist)  # every rank's files are written before anyone hashes them
+    names = _files(tmp) if main else []
+    if dist is not None and dist.distributed:
+        from exgrpo_cli.policy.distributed import broadcast_object
+
+        names = broadcast_object(names, dist)
+    digests = _shared_digests(tmp, names, dist)
+    if main:
+        world = dist.world_size if dist is not None else 1
+        write_json(tmp / COMPLETE, {"step": step, "format": FORMAT, "world_size": world, "files": digests})
+        _fsync_tree(tmp)
+        if final.exists():  # a re-save of the same step (e.g. the final one): replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        pointer_tmp = ckpt_root / f".{LATEST}.tmp"
+        pointer_tmp.write_text(final.name)
+        with open(pointer_tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(pointer_tmp, ckpt_root / LATEST)
+        _prune(ckpt_root, keep, protect=final)
+    _barrier(dist)  # nobody reads or deletes checkpoints while rank 0 publishes one
+    return final if main else None
+
+
+def disk_fault(step: int) -> None:
+    """The disk-full fault of the tests (FAULT_DISK_FULL_IN_CHECKPOINT): call it where a rank writes
+    files on its own, never inside a collective (the other ranks would wait for it)."""
+    if os.environ.get(FAULT_DISK_FULL_IN_CHECKPOINT) == str(step):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "checkpoint (fault injection)")
+
+
+def _step_of(p: Path) -> int:
+    return int(p.name.split("_")[1])
+
+
+def _prune(ckpt_root: Path, keep: int, protect: Path) -> None:
+    """Keep the newest `keep` checkpoints; `protect` was just written and verified, so everything
+    removed here is older than a verified checkpoint. Quarantined ones are never touched."""
+    done = sorted(complete_checkpoints(ckpt_root), key=_step_of)
+    for old in done[:-keep]:
+        if old != protect and _step_of(old) < _step_of(protect):
+            shutil.rmtree(old, ignore_errors=True)
+    clean_torn(ckpt_root)
+
+
+def clean_torn(ckpt_root: Path) -> list[Path]:
+    """Remove leftovers of writes that were killed or failed; returns what was removed."""
+    stale = list(ckpt_root.glob(".tmp-step_*")) if ckpt_root.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def complete_checkpoints(ckpt_root: Path) -> list[Path]:
+    if not ckpt_root.is_dir():
+        return []
+    return [p for p in ckpt_root.glob("step_*") if (p / COMPLETE).is_file()]
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The checkpoint `latest` names if complete, else the newest complete one, else None
+    (not verified: see `latest_verified`)."""
+    pointer = ckpt_root / LATEST
+    if pointer.is_file():
+        cand = ckpt_root / pointer.read_text().strip()
+        if (cand / COMPLETE).is_file():
+            return cand
+    done = complete_checkpoints(ckpt_root)
+    return max(done, key=_step_of) if done else None
+
+
+def verify(folder: Path, prefix: str = "", dist: DistInfo | None = None) -> str | None:
+    """None when every file of checkpoint `folder` under `prefix` ("" = all, "model/", "replay/")
+    has the size and SHA-256 its COMPLETE manifest records, else the first problem, naming the
+    file. A checkpoint written before manifests existed passes with a warning (nothing to check).
+    Collective when `dist` is distributed (the ranks share the hashing)."""
+    marker = folder / COMPLETE
+    if not marker.is_file():
+        return f"{folder}: no {COMPLETE} marker (a torn or foreign folder)"
+    try:
+        manifest = read_json(marker).get("files")
+    except (json.JSONDecodeError, OSError, AttributeError) as err:
+        return f"{marker}: unreadable ({err})"
+    if manifest is None:
+        log.warning("%s predates checkpoint checksums: its files cannot be verified", folder)
+        return None
+    wanted = sorted(n for n in manifest if n.startswith(prefix))
+    found = _shared_digests(folder, wanted, dist)
+    for name in wanted:
+        got, want = found.get(name), manifest[name]
+        if got is None:
+            return f"{folder / name}: missing"
+        if got["bytes"] != want["bytes"]:
+            return f"{folder / name}: {got['bytes']} bytes, the manifest says {want['bytes']}"
+        if got["sha256"] != want["sha256"]:
+            return f"{folder / name}: checksum mismatch (the file changed after it was written)"
+    return None
+
+
+def quarantine(folder: Path, reason: str) -> Path:
+    """Rename a checkpoint that failed verification out of the way, with the reason beside it."""
+    target = folder.parent / f"{QUARANTINE_PREFIX}{folder.name}"
+    if target.exists():
+        target = folder.parent / f"{QUARANTINE_PREFIX}{folder.name}-{int(time.time())}"
+    os.replace(folder, target)
+    (target / "QUARANTINED.txt").write_text(reason + "\n")
+    return target
+
+
+def latest_verified(ckpt_root: Path, dist: DistInfo | None = None) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint of `ckpt_root` that verifies, quarantining the newer ones that do not
+    (rank 0 renames; a collective under torchrun). Returns (checkpoint or None, warnings). Raises
+    CheckpointError when there are checkpoints and none verifies."""
+    main = dist is None or dist.is_main
+    warnings: list[str] = []
+    quarantined = []
+    for folder in sorted(complete_checkpoints(ckpt_root), key=_step_of, reverse=True):
+        reason = verify(folder, dist=dist)
+        if reason is None:
+            return folder, warnings
+        if main:
+            quarantined.append(quarantine(folder, reason))
+        _barrier(dist)
+        warnings.append(
+            f"checkpoint {folder.name} failed verification ({reason}); quarantined as "
+            f"{QUARANTINE_PREFIX}{folder.name}, resuming from an older one if any verifies"
+        )
+    if quarantined or warnings:
+        raise CheckpointError(
+            f"no checkpoint in {ckpt_root} verifies ({'; '.join(warnings)}); nothing was deleted. "
+            "Start over with trainer.resume=never, or point trainer.resume at a good copy"
+        )
+    return None, warnings
+
+
+# ----------------------------------------------------------------------------- legacy optimizer files
 
 
 def optimizer_state_from_files(folder: Path) -> dict[str, Any]:
+    """The optimizer state of a checkpoint written before the sharded format (format 1:
+    optimizer.safetensors + optimizer.json, in `optimizer.state_dict()` layout)."""
     from safetensors.torch import load_file
 
     meta = read_json(folder / "optimizer.json")
@@ -87,54 +306,3 @@ def optimizer_state_from_files(folder: Path) -> dict[str, Any]:
             n: tensors[e["tensor"]] if "tensor" in e else e["value"] for n, e in entries.items()
         }
     return {"state": state, "param_groups": meta["param_groups"]}
-
-
-def save_checkpoint(ckpt_root: Path, step: int, write: Callable[[Path], None], keep: int) -> Path:
-    """Run `write(tmp_folder)`, then atomically publish it as step_<step> and point `latest` at it."""
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    final = ckpt_root / f"step_{step}"
-    tmp = ckpt_root / f".tmp-step_{step}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    write(tmp)
-    if os.environ.get(FAULT_KILL_IN_CHECKPOINT) == str(step):  # fault injection for the kill tests
-        os.kill(os.getpid(), signal.SIGKILL)
-    write_json(tmp / "COMPLETE", {"step": step})
-    _fsync_tree(tmp)
-    if final.exists():  # a re-save of the same step (e.g. the final one): replace it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    pointer_tmp = ckpt_root / f".{LATEST}.tmp"
-    pointer_tmp.write_text(final.name)
-    with open(pointer_tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(pointer_tmp, ckpt_root / LATEST)
-    _prune(ckpt_root, keep, protect=final)
-    return final
-
-
-def _prune(ckpt_root: Path, keep: int, protect: Path) -> None:
-    done = sorted(complete_checkpoints(ckpt_root), key=lambda p: int(p.name.split("_")[1]))
-    for old in done[:-keep]:
-        if old != protect:
-            shutil.rmtree(old, ignore_errors=True)
-    for stale in ckpt_root.glob(".tmp-step_*"):  # leftovers of a write that was killed
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-def complete_checkpoints(ckpt_root: Path) -> list[Path]:
-    if not ckpt_root.is_dir():
-        return []
-    return [p for p in ckpt_root.glob("step_*") if (p / "COMPLETE").is_file()]
-
-
-def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    """The checkpoint `latest` names if complete, else the newest complete one, else None."""
-    pointer = ckpt_root / LATEST
-    if pointer.is_file():
-        cand = ckpt_root / pointer.read_text().strip()
-        if (cand / "COMPLETE").is_file():
-            return cand
-    done = complete_checkpoints(ckpt_root)
-    return max(done, key=lambda p: int(p.name.split("_")[1])) if done else None

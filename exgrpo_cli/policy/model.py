@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from exgrpo_cli.config import ModelConfig
+from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
 
 if TYPE_CHECKING:  # transformers is imported when a model is loaded, not with this module
@@ -101,9 +103,62 @@ def load_model(cfg: ModelConfig, device: torch.device) -> PreTrainedModel:
         model.hf_quantizer = None  # type: ignore[assignment]  # set at load time, undeclared on the class
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
+    enable_checkpointing(model, cfg.gradient_checkpointing)
     model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) hides the bound self
+    model.train()
+    return model
+
+
+def enable_checkpointing(model: PreTrainedModel, on: bool) -> None:
+    """Gradient checkpointing with the non-reentrant implementation, asked for explicitly: the
+    reentrant one (the default of older transformers, 4.51 included) drops the gradient of inputs
+    that do not require grad and does not compose with FSDP2's hooks."""
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+
+
+def load_sharded(
+    cfg: ModelConfig, dist: DistInfo, shard: Callable[[PreTrainedModel], PreTrainedModel]
+) -> PreTrainedModel:
+    """The policy for a torchrun run, sharded by `shard` (FSDP2), with the weights read by rank 0
+    alone: rank 0 loads them on its CPU (one full copy in host memory, on that rank only), every
+    other rank builds the architecture on the meta device from rank 0's config (it opens no model
+    file), every rank shards its empty model and rank 0's weights are broadcast into the shards.
+    Collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from exgrpo_cli.policy.distributed import broadcast_object
+
+    full = load_model(cfg, torch.device("cpu")) if dist.is_main else None
+    hf_config = broadcast_object(full.config if full is not None else None, dist)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            hf_config,
+            dtype=DTYPES[cfg.dtype],
+            attn_implementation=attn_implementation(cfg.attn_implementation, dist.device),
+            trust_remote_code=cfg.trust_remote_code,
+        )
+    if full is not None:
+        model.generation_config = full.generation_config
+    enable_checkpointing(model, cfg.gradient_checkpointing)
+    model = shard(model)
+    model.to_empty(device=dist.device)
+    weights = full.state_dict() if full is not None else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, weights, options=options)
+    # buffers that are not in the state dict (rotary frequencies) were left uninitialised by
+    # to_empty: rank 0's values, computed at its load, are broadcast
+    source = dict(full.named_buffers()) if full is not None else {}
+    for name, buf in model.named_buffers():
+        if dist.is_main:
+            buf.copy_(source[name])
+        torch.distributed.broadcast(buf, src=0)
+    for module in model.modules():  # dynamic RoPE variants keep a copy of the initial frequencies
+        inv_freq = getattr(module, "inv_freq", None)
+        if hasattr(module, "original_inv_freq") and isinstance(inv_freq, torch.Tensor):
+            module.original_inv_freq = inv_freq.clone()
+    del full, weights, source
     model.train()
     return model

@@ -109,7 +109,9 @@ def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
     cfg = share_run_dir(cfg, dist)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    resume_from = decide_resume(cfg, dist)
+    resume_from, warnings = decide_resume(cfg, dist)
+    for w in warnings:
+        log.warning(w)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     device = dist.device if dist.distributed else pick_device(cfg.trainer.device)
@@ -124,6 +126,8 @@ def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
                 str(out), cfg.logger, dataclasses.asdict(cfg), cfg.trainer.steps, st.step, st.wandb_id
             )
             st.wandb_id = logger.wandb_id
+        for w in warnings:
+            logger.print(f"warning: {w}")
         if resume_from is not None:
             logger.print(f"resumed from {resume_from} (step {st.step})")
         params = sum(p.numel() for p in st.model.parameters()) / 1e6

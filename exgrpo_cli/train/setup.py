@@ -18,7 +18,7 @@ import random
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.model import load_model, load_tokenizer
+from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer
 from exgrpo_cli.registry import pick
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
@@ -43,6 +43,9 @@ from exgrpo_cli.rollout import build_engine
 from exgrpo_cli.train.loop import Choices, Trainer
 from exgrpo_cli.train.state import RunState
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 log = logging.getLogger(__name__)
 
 
@@ -50,40 +53,48 @@ class ResumeRefused(UsageError):
     """trainer.resume cannot be honoured; nothing was changed on disk."""
 
 
-def resolve_resume(cfg: ExgrpoConfig) -> Path | None:
+def _refuse_or_clear(cfg: ExgrpoConfig) -> str | None:
+    """trainer.resume=never: a refusal when the output dir holds checkpoints (unless
+    trainer.overwrite), else the old checkpoints are removed (rank 0 alone calls this)."""
     out = Path(cfg.trainer.output_dir)
     root = out / "checkpoints"
+    if ckpt.complete_checkpoints(root) and not cfg.trainer.overwrite:
+        return (
+            f"{out} already holds checkpoints; trainer.resume=never refuses "
+            "to overwrite them (set trainer.overwrite=true, or resume=auto)"
+        )
+    if root.exists():  # overwrite=true: the old run's checkpoints must not mix with the new ones
+        shutil.rmtree(root)
+    return None
+
+
+def decide_resume(cfg: ExgrpoConfig, dist: D.DistInfo) -> tuple[Path | None, list[str]]:
+    """The checkpoint to resume from (None: a fresh start) and warnings to show. A collective:
+    the ranks share the verification of the checkpoint's files; rank 0 alone removes or
+    quarantines anything. `auto` takes the newest checkpoint that verifies (quarantining newer
+    ones that do not, and refusing with exit 2 when none does); an explicit path must verify."""
+    root = Path(cfg.trainer.output_dir) / "checkpoints"
     r = cfg.trainer.resume
-    if r == "auto":
-        return ckpt.latest_checkpoint(root)
-    if r == "never":
-        if ckpt.complete_checkpoints(root) and not cfg.trainer.overwrite:
-            raise ResumeRefused(
-                f"{out} already holds checkpoints; trainer.resume=never refuses "
-                "to overwrite them (set trainer.overwrite=true, or resume=auto)"
-            )
-        if root.exists():  # overwrite=true: the old run's checkpoints must not mix with the new ones
-            shutil.rmtree(root)
-        return None
-    path = Path(r)
-    if not (path / "COMPLETE").is_file():
-        raise ResumeRefused(f"trainer.resume={r} is not a complete checkpoint folder")
-    return path
-
-
-def decide_resume(cfg: ExgrpoConfig, dist: D.DistInfo) -> Path | None:
-    """Rank 0 alone decides (it may delete stale checkpoints); the others learn its decision, or
-    its refusal, which every rank then raises."""
-    resume_from, refusal = None, None
+    warnings: list[str] = []
     if dist.is_main:
-        try:
-            resume_from = resolve_resume(cfg)
-        except ResumeRefused as err:
-            refusal = str(err)
-    resume_from, refusal = D.broadcast_object((resume_from, refusal), dist)
-    if refusal:
-        raise ResumeRefused(refusal)
-    return resume_from
+        torn = ckpt.clean_torn(root)
+        warnings += [f"removed {p.name}: a checkpoint whose writing did not finish" for p in torn]
+    D.barrier(dist)
+    if r == "auto":
+        found, more = ckpt.latest_verified(root, dist)
+        return found, warnings + more
+    if r == "never":
+        refusal = D.broadcast_object(_refuse_or_clear(cfg) if dist.is_main else None, dist)
+        if refusal:
+            raise ResumeRefused(refusal)
+        return None, warnings
+    path = Path(r)
+    if not (path / ckpt.COMPLETE).is_file():
+        raise ResumeRefused(f"trainer.resume={r} is not a complete checkpoint folder")
+    reason = ckpt.verify(path, dist=dist)
+    if reason:
+        raise ResumeRefused(f"trainer.resume={r} does not verify: {reason}")
+    return path, warnings
 
 
 def make_optimizer(cfg: ExgrpoConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -131,9 +142,13 @@ def build_trainer(
     tokenizer = load_tokenizer(model_cfg)
     template = get_template(cfg.model.template)
     train_qs = filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
-    model = load_model(model_cfg, device)
+
     # shard before the optimizer is built: fully_shard swaps the parameters for DTensors
-    model = D.wrap_fsdp2(model, dist, mixed_precision=cfg.trainer.fsdp_mixed_precision or None)
+    def shard(m: PreTrainedModel) -> PreTrainedModel:
+        return D.wrap_fsdp2(m, dist, mixed_precision=cfg.trainer.fsdp_mixed_precision or None)
+
+    # under torchrun rank 0 alone reads the weights; the others receive their shards
+    model = load_sharded(model_cfg, dist, shard) if dist.distributed else shard(load_model(model_cfg, device))
     state = RunState(
         model=model,
         optimizer=make_optimizer(cfg, model),

@@ -9,7 +9,7 @@ every checkpoint and, unless listed in `LOCAL_KEYS`, in the rank check as well.
 
 Files of a checkpoint folder (written atomically by policy/checkpoint.py):
   model/                  HF folder (weights + tokenizer): AutoModelForCausalLM.from_pretrained works
-  optimizer.safetensors   optimizer tensors; optimizer.json: param groups and layout
+  optimizer/              the optimizer state, a shard per rank (reshardable) + param_groups.json
   replay/                 the experience buffer (arrays in safetensors + JSON index)
   rng.safetensors         torch's RNG state
   trainer_state.json      `state_dict()`: step, sampler, delayed start, counters, Python/NumPy RNGs
@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.export import export_hf
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
 
@@ -102,35 +103,30 @@ class RunState:
 
     # ------------------------------------------------------------------ checkpoint files
     def save(self, root: Path, keep: int, tokenizer: Any, dist: D.DistInfo) -> Path | None:
-        """Write checkpoint `root/step_<step>` atomically (rank 0 writes; every rank calls this,
-        since gathering sharded weights and optimizer state are collectives). Returns its path on
-        rank 0, None elsewhere."""
-        weights = D.full_state_dict(self.model, dist) if dist.distributed else None
-        optim_state = D.full_optimizer_state_dict(self.model, self.optimizer, dist)
-        if not dist.is_main:
-            D.barrier(dist)
-            return None
+        """Write checkpoint `root/step_<step>` atomically, with a manifest of checksums (a
+        collective under torchrun: every rank calls it). Returns its path on rank 0, None elsewhere."""
 
         def write(tmp: Path) -> None:
-            self.model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=weights)  # type: ignore[operator]
-            tokenizer.save_pretrained(tmp / "model")
-            ckpt.optimizer_state_to_files(optim_state, tmp)
-            self.buffer.save(str(tmp / "replay"))
-            save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-            ckpt.write_json(tmp / "trainer_state.json", self.state_dict())
+            # collectives first, in the same order on every rank; rank 0 alone writes the rest
+            export_hf(self.model, tmp / "model", tokenizer, dist)
+            (tmp / "optimizer").mkdir(exist_ok=True)
+            D.save_optimizer(self.model, self.optimizer, tmp / "optimizer", dist)
+            if dist.is_main:
+                ckpt.disk_fault(self.step)
+                self.buffer.save(str(tmp / "replay"))
+                save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+                ckpt.write_json(tmp / "trainer_state.json", self.state_dict())
 
-        path = ckpt.save_checkpoint(root, self.step, write, keep)
-        D.barrier(dist)  # nobody reads or deletes checkpoints while rank 0 writes one
-        return path
+        return ckpt.save_checkpoint(root, self.step, write, keep, dist)
 
     def load(self, folder: Path, dist: D.DistInfo) -> None:
         """Restore everything but the weights from checkpoint `folder` (the model was built from
-        `folder/model`, see `resume_model_config`)."""
-        if dist.distributed:  # the files hold the full state; each rank keeps its shard of it
+        `folder/model`); the optimizer state is resharded onto this run's ranks."""
+        if (folder / "optimizer").is_dir():
+            D.load_optimizer(self.model, self.optimizer, folder / "optimizer", dist)
+        else:  # a checkpoint written before the sharded format: one full optimizer state
             full = ckpt.optimizer_state_from_files(folder) if dist.is_main else {}
             D.load_full_optimizer_state_dict(self.model, self.optimizer, full, dist)
-        else:
-            ckpt.optimizer_from_files(self.optimizer, folder)
         self.buffer = ExperienceBuffer.load(str(folder / "replay"))
         self.load_state_dict(ckpt.read_json(folder / "trainer_state.json"))
         torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])

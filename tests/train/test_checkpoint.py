@@ -1,8 +1,10 @@
 """Atomic checkpoints: a torn write is never picked up; pruning keeps the newest."""
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from exgrpo_cli.policy import checkpoint as ckpt
@@ -32,17 +34,88 @@ def test_latest_pointer_prune_and_torn_write(tmp_path: Path):
     assert ckpt.latest_checkpoint(root).name == "step_3"
 
 
-def test_optimizer_round_trip_without_pickle(tmp_path: Path):
+def test_optimizer_state_round_trip(tmp_path: Path):
+    """The optimizer state is written with torch.distributed.checkpoint (one process here) and
+    read back exactly, param groups included."""
+    from exgrpo_cli.policy.distributed import DistInfo, load_optimizer, read_optimizer_tensors, save_optimizer
+
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    ckpt.optimizer_to_files(opt, tmp_path)
+    save_optimizer(model, opt, tmp_path, DistInfo())
     model2 = torch.nn.Linear(3, 2)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=0.5)
-    ckpt.optimizer_from_files(opt2, tmp_path)
+    load_optimizer(model2, opt2, tmp_path, DistInfo())
     s1, s2 = opt.state_dict(), opt2.state_dict()
     assert s2["param_groups"][0]["lr"] == 0.1
     for k in s1["state"]:
         for name, v in s1["state"][k].items():
             assert torch.equal(v, s2["state"][k][name])
+    flat = read_optimizer_tensors(tmp_path)
+    assert torch.equal(flat["state.weight.exp_avg"], s1["state"][0]["exp_avg"])
+
+
+def test_manifest_verification_quarantine_and_fallback(tmp_path: Path):
+    root = tmp_path / "checkpoints"
+    for step in (2, 4):
+        ckpt.save_checkpoint(root, step, _write(f"payload of step {step}" * 100), keep=2)
+    manifest = json.loads((root / "step_4" / ckpt.COMPLETE).read_text())["files"]
+    assert list(manifest) == ["payload.txt"] and len(manifest["payload.txt"]["sha256"]) == 64
+    assert ckpt.verify(root / "step_4") is None
+    # bit rot in the newest checkpoint: 64 bytes flipped in the middle of a file
+    path = root / "step_4" / "payload.txt"
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid : mid + 64] = bytes(b ^ 0xFF for b in data[mid : mid + 64])
+    path.write_bytes(bytes(data))
+    assert "payload.txt: checksum mismatch" in (ckpt.verify(root / "step_4") or "")
+    found, warnings = ckpt.latest_verified(root)
+    assert found == root / "step_2"
+    assert warnings and "step_4 failed verification" in warnings[0]
+    assert not (root / "step_4").exists() and (root / "corrupt-step_4" / "QUARANTINED.txt").is_file()
+    # a quarantined checkpoint is never counted or pruned: two more saves keep it, and step_2 goes
+    # only once newer verified checkpoints exist
+    for step in (6, 8):
+        ckpt.save_checkpoint(root, step, _write(str(step)), keep=2)
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["corrupt-step_4", "step_6", "step_8"]
+
+
+def test_none_verifies_refuses_and_deletes_nothing(tmp_path: Path):
+    root = tmp_path / "checkpoints"
+    ckpt.save_checkpoint(root, 1, _write("one"), keep=2)
+    (root / "step_1" / "payload.txt").write_text("two")  # same size, other bytes
+    with pytest.raises(ckpt.CheckpointError, match="no checkpoint in .* verifies"):
+        ckpt.latest_verified(root)
+    assert (root / "corrupt-step_1" / "payload.txt").read_text() == "two"
+    (root / "step_3").mkdir()
+    (root / "step_3" / ckpt.COMPLETE).write_text(json.dumps({"step": 3}))  # before manifests: trusted
+    assert ckpt.latest_verified(root)[0] == root / "step_3"
+
+
+def test_a_missing_or_resized_file_fails(tmp_path: Path):
+    root = tmp_path / "checkpoints"
+    ckpt.save_checkpoint(root, 1, _write("abc"), keep=2)
+    (root / "step_1" / "payload.txt").write_text("abcd")
+    assert "4 bytes, the manifest says 3" in (ckpt.verify(root / "step_1") or "")
+    (root / "step_1" / "payload.txt").unlink()
+    assert "payload.txt: missing" in (ckpt.verify(root / "step_1") or "")
+    assert ckpt.verify(root / "step_1", prefix="model/") is None  # only what a reader reads
+
+
+def test_a_failed_write_leaves_the_published_checkpoints_intact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    root = tmp_path / "checkpoints"
+    ckpt.save_checkpoint(root, 1, _write("one"), keep=2)
+
+    def full_disk(tmp: Path) -> None:
+        (tmp / "payload.txt").write_text("half")
+        ckpt.disk_fault(2)
+
+    monkeypatch.setenv(ckpt.FAULT_DISK_FULL_IN_CHECKPOINT, "2")
+    with pytest.raises(ckpt.CheckpointWriteError, match="No space left on device"):
+        ckpt.save_checkpoint(root, 2, full_disk, keep=1)
+    assert ckpt.latest_checkpoint(root) == root / "step_1" and ckpt.verify(root / "step_1") is None
+    assert (root / ".tmp-step_2").is_dir()  # the torn folder: removed at the next start
+    assert ckpt.clean_torn(root) == [root / ".tmp-step_2"] and not (root / ".tmp-step_2").exists()

@@ -17,6 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from exgrpo_cli.policy.distributed import read_optimizer_tensors
+
 from conftest import REPO, cli_env, run_cli
 
 ARGS = [
@@ -41,7 +43,7 @@ def _final_state(out: Path) -> dict[str, torch.Tensor]:
     state = load_file(str(ck / "model" / "model.safetensors"))
     replay = load_file(str(ck / "replay" / "experiences.safetensors"))
     state.update({f"replay.{k}": v for k, v in replay.items()})
-    state.update({f"opt.{k}": v for k, v in load_file(str(ck / "optimizer.safetensors")).items()})
+    state.update({f"opt.{k}": v for k, v in read_optimizer_tensors(ck / "optimizer").items()})
     return state
 
 

@@ -19,6 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from exgrpo_cli.policy.distributed import read_optimizer_tensors
+
 from conftest import REPO, TINY, cli_env
 
 pytestmark = pytest.mark.slow
@@ -74,7 +76,7 @@ def _metrics(out: Path) -> dict[int, dict]:
 
 def _state(ckpt: Path) -> dict[str, torch.Tensor]:
     state = load_file(str(ckpt / "model" / "model.safetensors"))
-    state.update({f"opt.{k}": v for k, v in load_file(str(ckpt / "optimizer.safetensors")).items()})
+    state.update({f"opt.{k}": v for k, v in read_optimizer_tensors(ckpt / "optimizer").items()})
     replay = load_file(str(ckpt / "replay" / "experiences.safetensors"))
     state.update({f"replay.{k}": v for k, v in replay.items()})
     return state

@@ -1,0 +1,83 @@
+"""Faults a long run meets, through the real CLI: a corrupted checkpoint is never trusted, and a
+full disk while a checkpoint is written loses nothing (issue #13 points 1 and 2)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from exgrpo_cli.policy import checkpoint as ckpt
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+SMALL = [
+    "algo.questions_per_step=4",
+    "rollout.n=4",
+    "trainer.val_questions=8",
+    "trainer.val_samples=1",
+    "logger.wandb.mode=disabled",
+    "trainer.threads=1",
+    "trainer.save_every=2",
+    "trainer.keep_checkpoints=2",
+]
+
+
+def _steps(out: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_corrupted_checkpoint_is_quarantined_and_the_run_resumes_from_the_last_good_one(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    first = run_cli(["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=4"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    root = out / "checkpoints"
+    keep = tmp_path / "step_4-copy"
+    shutil.copytree(root / "step_4", keep)
+    weights = root / "step_4" / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    mid = len(data) // 2
+    data[mid : mid + 64] = bytes(b ^ 0xFF for b in data[mid : mid + 64])
+    weights.write_bytes(bytes(data))
+
+    # an explicit resume from the corrupted copy is refused (exit 2), nothing renamed
+    (keep / "model" / "model.safetensors").write_bytes(bytes(data))
+    refused = run_cli(["train", f"hydra.run.dir={tmp_path / 'other'}", *SMALL, f"trainer.resume={keep}"])
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "does not verify" in refused.stderr and "model.safetensors: checksum mismatch" in refused.stderr
+    assert keep.is_dir()
+
+    again = run_cli(["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=6"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    log = (out / "train.log").read_text()
+    assert "step_4 failed verification" in log and f"resumed from {root / 'step_2'} (step 2)" in log
+    assert (root / "corrupt-step_4" / "QUARANTINED.txt").is_file()
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_4", "step_6"]  # both new and verified
+    assert ckpt.verify(root / "step_6") is None and ckpt.verify(root / "step_4") is None
+    assert _steps(out) == [0, 1, 2, 3, 4, 5, 6]  # steps 3-4 retrained once, logged once
+
+
+def test_a_full_disk_while_checkpointing_stops_cleanly_and_the_rerun_resumes(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    env = {ckpt.FAULT_DISK_FULL_IN_CHECKPOINT: "4"}
+    full = run_cli(["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=4"], env_extra=env)
+    assert full.returncode == 1, full.stderr[-3000:]
+    assert "writing checkpoint step_4 failed" in full.stderr and "No space left on device" in full.stderr
+    assert "Traceback" not in full.stderr
+    root = out / "checkpoints"
+    assert ckpt.latest_checkpoint(root) == root / "step_2" and ckpt.verify(root / "step_2") is None
+    assert (root / ".tmp-step_4").is_dir()
+
+    rerun = run_cli(["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=4"])
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    log = (out / "train.log").read_text()
+    assert "removed .tmp-step_4" in log and f"resumed from {root / 'step_2'}" in log
+    assert not (root / ".tmp-step_4").exists() and ckpt.verify(root / "step_4") is None
