@@ -3,6 +3,7 @@ one-rank fallbacks of exgrpo_cli.policy.distributed."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -79,3 +80,47 @@ def test_single_rank_is_plain_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_decoder_layers_refuses_unknown_models() -> None:
     with pytest.raises(ValueError, match="model.layers"):
         D.decoder_layers(torch.nn.Linear(2, 2))
+
+
+def test_rank0_reads_the_weights_and_a_two_rank_optimizer_resumes_on_one(tmp_path: Path) -> None:
+    """Under torchrun rank 0 alone reads the model files (rank 1 opens none) and every rank ends
+    with rank 0's weights; the optimizer state written sharded by two ranks loads, exactly, into a
+    one-process run (torch.distributed.checkpoint reshards it)."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch built without torch.distributed")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(WORKER.parent), env.get("PYTHONPATH", "")])
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        str(WORKER.parent / "load_worker.py"),
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert abs(report["loss"] - report["reference"]) < 1e-5
+
+    from safetensors.torch import load_file
+
+    spec = importlib.util.spec_from_file_location("fsdp_worker", WORKER)
+    assert spec is not None and spec.loader is not None
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    model = worker.build()
+    model.load_state_dict(load_file(str(tmp_path / "weights.safetensors")), strict=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    D.load_optimizer(model, opt, tmp_path / "optimizer", D.DistInfo())
+    expected = load_file(str(tmp_path / "optimizer_full.safetensors"))
+    state = opt.state_dict()["state"]
+    assert len(state) == len({k.split(".")[0] for k in expected})
+    for key, value in expected.items():
+        i, name = key.split(".", 1)
+        assert torch.equal(state[int(i)][name], value), key

@@ -129,3 +129,14 @@ def test_two_ranks_train_checkpoint_and_resume_like_one_run(tiny_model: Path, tm
     assert set(start) <= set(trained)
     assert all(trained[k].shape == v.shape for k, v in start.items())
     assert any(not torch.equal(trained[k], v) for k, v in start.items())
+
+    # 4. the two-rank checkpoint resumes on one process: the sharded optimizer state is resharded
+    one = tmp_path / "one"
+    res = subprocess.run(
+        [sys.executable, "-m", "exgrpo_cli", "train", *ARGS, "trainer.steps=3", f"hydra.run.dir={one}",
+         f"trainer.resume={out / 'checkpoints' / 'step_2'}"],
+        cwd=tmp_path, env=cli_env() | {"PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert f"resumed from {out / 'checkpoints' / 'step_2'} (step 2)" in (one / "train.log").read_text()
+    assert sorted(_metrics(one)) == [3]

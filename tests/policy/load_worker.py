@@ -1,0 +1,69 @@
+"""One rank of the sharded-loading check, launched by tests/policy/test_fsdp.py under torchrun
+(gloo, CPU): rank 0 alone reads the weights, rank 1 never opens a model file, and both end with
+the model rank 0 saved; then the optimizer state is written sharded for the parent process to
+load on one rank. Rank 0 writes a JSON report to argv[1]; any failed check raises."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from fsdp_worker import build, full, mean_token_nll  # noqa: E402  (the tests folder is on sys.path)
+from safetensors.torch import save_file
+
+from exgrpo_cli.config import ModelConfig
+from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.model import load_sharded
+
+
+def main(out_dir: str) -> None:
+    torch.set_num_threads(1)
+    out = Path(out_dir)
+    dist = D.init_distributed(timeout_s=60)
+    folder = out / "model"
+    if dist.is_main:
+        build().save_pretrained(folder)  # the weights every rank must end with
+    D.barrier(dist)
+
+    opened: list[str] = []
+    if not dist.is_main:  # rank 1 records every file Python opens, and may not load a model
+        sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == "open" else None)
+        import transformers
+
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError("rank 1 loaded a model from files")
+
+        transformers.AutoModelForCausalLM.from_pretrained = refuse  # type: ignore[method-assign]
+    model = load_sharded(ModelConfig(path=str(folder)), dist, lambda m: D.wrap_fsdp2(m, dist))
+    assert not [p for p in opened if p.startswith(str(folder))], opened
+
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 512, (2, 16), generator=gen)
+    loss = mean_token_nll(model, ids)  # a collective forward: buffers (RoPE) and weights in place
+    reference = float(mean_token_nll(build(), ids))
+    assert abs(float(loss) - reference) < 1e-5, (float(loss), reference)
+    sd = D.full_state_dict(model, dist)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss.backward()
+    opt.step()
+    D.save_optimizer(model, opt, out / "optimizer", dist)
+    full_osd = D.full_optimizer_state_dict(model, opt, dist)
+    weights = {n: full(p.detach()).clone() for n, p in model.named_parameters()}
+    if dist.is_main:
+        saved = build().state_dict()
+        assert set(sd) == set(saved) and all(torch.equal(sd[k], saved[k]) for k in saved)
+        # what a one-rank resume must find: the weights after the step and AdamW's full state
+        save_file({n: w.contiguous() for n, w in weights.items()}, str(out / "weights.safetensors"))
+        flat = {f"{i}.{k}": v for i, st in full_osd["state"].items() for k, v in st.items()}
+        save_file({k: v.contiguous() for k, v in flat.items()}, str(out / "optimizer_full.safetensors"))
+        (out / "report.json").write_text(json.dumps({"loss": float(loss), "reference": reference}))
+    D.barrier(dist)
+    D.close_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
