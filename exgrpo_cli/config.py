@@ -164,6 +164,9 @@ class TrainerConfig:
     # torchrun runs on CUDA: "" (compute in model.dtype) | bf16 | fp16: compute dtype over fp32
     # master weights (with model.dtype=float32: bf16 weights round lr~1e-6 updates away)
     fsdp_mixed_precision: str = ""
+    # none | optimizer (AdamW's moments in host memory) | all (FSDP2's CPU offload: weights,
+    # gradients and the optimizer step in host memory); see exgrpo_cli/policy/offload.py
+    offload: str = "none"
 
 
 @dataclass
@@ -356,6 +359,7 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", t.max_skipped_steps, ">= 1")
     _one_of("trainer.device", t.device, ("auto", "cpu", "cuda"))
     _check(t.threads >= 0, "trainer.threads", t.threads, ">= 0")
+    _one_of("trainer.offload", t.offload, ("none", "optimizer", "all"))
     _one_of(
         "trainer.fsdp_mixed_precision", t.fsdp_mixed_precision, ("", "bf16", "bfloat16", "fp16", "float16")
     )

@@ -75,15 +75,27 @@ def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DistInf
     else:
         dev = torch.device("cpu")
     info = DistInfo(rank, world, local_rank, dev)
-    if world == 1 or (tdist.is_available() and tdist.is_initialized()):
+    if tdist.is_available() and tdist.is_initialized():
         return info
+    if world == 1 and not use_cuda:
+        return info  # one process on a CPU: plain PyTorch, no process group
     if not tdist.is_available():
-        raise RuntimeError("WORLD_SIZE > 1 but this torch build has no torch.distributed")
+        raise RuntimeError("this torch build has no torch.distributed (FSDP2 needs it)")
     backend = "nccl" if use_cuda else "gloo"
     kwargs: dict[str, Any] = {"device_id": dev} if use_cuda else {}
+    if world == 1:  # one GPU without torchrun: a one-rank group, so that FSDP2 can wrap the model
+        kwargs.update(init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     tdist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
     log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
     return info
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def close_distributed() -> None:
@@ -102,23 +114,33 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
+def shards_alone(dist: DistInfo) -> bool:
+    """FSDP2 wraps the model of a one-process run too when it runs on a GPU, so that mixed
+    precision and offload apply there; a one-process CPU run stays plain PyTorch."""
+    return dist.distributed or dist.device.type == "cuda"
+
+
 def wrap_fsdp2(
     model: M,
     dist: DistInfo,
     *,
     mixed_precision: str | None = None,
+    offload: str = "none",
     reshard_after_forward: bool = True,
 ) -> M:
     """Shard `model` in place over all ranks: each decoder layer, then the root (embeddings, norm,
     lm_head). Returns the same module, now an FSDPModule whose parameters are DTensors.
+    `offload="all"`: FSDP2's CPU offload (parameters, gradients and the optimizer step in host
+    memory; see policy/offload.py for `optimizer`, which the optimizer itself does).
 
-    One rank: returned untouched, so single-process code paths stay plain PyTorch. Every rank
-    must hold the same initial weights (load them identically) since each keeps its own shard.
+    One process on a CPU: returned untouched, so single-process code paths stay plain PyTorch.
+    Every rank must hold the same initial weights (or load them with `load_sharded`) since each
+    keeps its own shard.
     """
-    if not dist.distributed:
+    if not shards_alone(dist):
         return model
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy()
     if mixed_precision:
@@ -133,12 +155,21 @@ def wrap_fsdp2(
             log.warning(
                 "FSDP mixed precision %s ignored on a CPU (bf16 is ~100x slower there)", mixed_precision
             )
+    placement = (
+        CPUOffloadPolicy(pin_memory=dist.device.type == "cuda") if offload == "all" else OffloadPolicy()
+    )
     mesh = init_device_mesh(dist.device.type, (dist.world_size,))
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    # the root's parameters (embeddings, lm_head) are needed again right at the start of backward:
-    # keeping them unsharded after forward saves one all-gather per step
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+        fully_shard(
+            layer,
+            mesh=mesh,
+            mp_policy=mp,
+            offload_policy=placement,
+            reshard_after_forward=reshard_after_forward,
+        )
+    # the root's parameters (embeddings, lm_head) are needed again right at the start of backward,
+    # and the chunked log-probs use the head outside the model's own forward: kept unsharded
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=placement, reshard_after_forward=False)
     return model
 
 
@@ -240,14 +271,21 @@ def save_optimizer(
 def load_optimizer(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, dist: DistInfo
 ) -> None:
-    """Inverse of `save_optimizer`, whatever the number of ranks that wrote it."""
+    """Inverse of `save_optimizer`, whatever the number of ranks that wrote it. The state is read
+    into the optimizer's own (initialised) state tensors, where they are: no second copy, and an
+    offloaded optimizer's moments stay in host memory."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    osd = get_optimizer_state_dict(model, optimizer)  # the layout to fill (states initialised)
+    osd = get_optimizer_state_dict(model, optimizer)  # the optimizer's own state tensors, by name
     dcp.load({"state": osd["state"]}, checkpoint_id=str(folder), no_dist=not dist.distributed)
-    osd["param_groups"] = json.loads((folder / PARAM_GROUPS).read_text())
-    set_optimizer_state_dict(model, optimizer, osd)
+    saved = json.loads((folder / PARAM_GROUPS).read_text())
+    if len(saved) != len(optimizer.param_groups):
+        raise ValueError(
+            f"{folder}: {len(saved)} param groups saved, the optimizer has {len(optimizer.param_groups)}"
+        )
+    for group, hyper in zip(optimizer.param_groups, saved):
+        group.update({k: tuple(v) if k == "betas" else v for k, v in hyper.items() if k != "params"})
 
 
 def read_optimizer_tensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -34,6 +34,7 @@ from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer
+from exgrpo_cli.policy.offload import HostAdamW
 from exgrpo_cli.registry import pick
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
@@ -99,7 +100,9 @@ def decide_resume(cfg: ExgrpoConfig, dist: D.DistInfo) -> tuple[Path | None, lis
 
 def make_optimizer(cfg: ExgrpoConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     a = cfg.algo
-    return torch.optim.AdamW(
+    # trainer.offload=optimizer: the same AdamW with its moments in host memory
+    cls = HostAdamW if cfg.trainer.offload == "optimizer" else torch.optim.AdamW
+    return cls(
         [p for p in model.parameters() if p.requires_grad],
         lr=a.lr,
         weight_decay=a.weight_decay,
@@ -145,10 +148,15 @@ def build_trainer(
 
     # shard before the optimizer is built: fully_shard swaps the parameters for DTensors
     def shard(m: PreTrainedModel) -> PreTrainedModel:
-        return D.wrap_fsdp2(m, dist, mixed_precision=cfg.trainer.fsdp_mixed_precision or None)
+        t = cfg.trainer
+        return D.wrap_fsdp2(m, dist, mixed_precision=t.fsdp_mixed_precision or None, offload=t.offload)
 
-    # under torchrun rank 0 alone reads the weights; the others receive their shards
-    model = load_sharded(model_cfg, dist, shard) if dist.distributed else shard(load_model(model_cfg, device))
+    if dist.distributed:  # under torchrun rank 0 alone reads the weights; the others get their shards
+        model = load_sharded(model_cfg, dist, shard)
+    elif D.shards_alone(dist):  # one GPU: loaded in host memory, FSDP2 places (or offloads) it
+        model = shard(load_model(model_cfg, torch.device("cpu")))
+    else:
+        model = load_model(model_cfg, device)
     state = RunState(
         model=model,
         optimizer=make_optimizer(cfg, model),

@@ -1,0 +1,77 @@
+"""Host-memory offload of the training state (`trainer.offload`), for models that do not fit the
+GPU otherwise (e.g. a 7B model on one 80 GB GPU, where fp32 weights, gradients and AdamW's two
+moments alone are 16 bytes a parameter: 122 GB).
+
+Where it sits: when the trainer is built. `all` is FSDP2's CPU offload (policy/distributed.py):
+parameters, gradients and the optimizer step live in host memory, each layer is copied to the GPU
+for its forward and backward. `optimizer` keeps weights and gradients on the GPU and only AdamW's
+moments (8 bytes a parameter, half the state) in host memory: `HostAdamW` brings each
+parameter's moments to its device for that parameter's update and writes them back, so at most
+one parameter's moments are on the GPU at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+OFFLOAD_MODES = ("none", "optimizer", "all")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2), or the tensor itself."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t  # type: ignore[no-any-return]
+
+
+def _host_like(p: torch.Tensor) -> torch.Tensor:
+    """Zeros shaped like `p` (its local shard under FSDP2) in host memory, as a DTensor with the
+    same placement when `p` is one, so that checkpointing sees an ordinary sharded state."""
+    local = torch.zeros(_local(p).shape, dtype=torch.float32, device="cpu")
+    if torch.cuda.is_available():
+        local = local.pin_memory()  # faster, asynchronous copies to and from the GPU
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(p, DTensor):
+        return DTensor.from_local(
+            local, device_mesh=p.device_mesh, placements=p.placements, run_check=False, shape=p.shape,
+            stride=p.stride(),
+        )  # fmt: skip
+    return local
+
+
+class HostAdamW(torch.optim.AdamW):
+    """AdamW (decoupled weight decay, bias correction, as torch's) whose moments live in host
+    memory. Parameters and gradients stay where they are; its state dict is AdamW's."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        if closure is not None:
+            raise ValueError("HostAdamW does not take a closure")
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"], state["exp_avg_sq"] = _host_like(p), _host_like(p)
+                param, grad = _local(p), _local(p.grad)
+                host_m, host_v = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+                m = host_m.to(param.device, non_blocking=True)
+                v = host_v.to(param.device, non_blocking=True)
+                state["step"] += 1
+                step = float(state["step"])
+                param.mul_(1.0 - lr * wd)
+                m.lerp_(grad, 1.0 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+                denom = (v.sqrt() / math.sqrt(1.0 - beta2**step)).add_(eps)
+                param.addcdiv_(m, denom, value=-lr / (1.0 - beta1**step))
+                if m.data_ptr() != host_m.data_ptr():  # on another device: copy the moments back
+                    host_m.copy_(m, non_blocking=True)
+                    host_v.copy_(v, non_blocking=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the host copies are complete before anyone reads them

@@ -1,0 +1,89 @@
+"""trainer.offload and gradient checkpointing: HostAdamW is AdamW with its moments in host
+memory; FSDP2 is asked for its CPU offload; checkpointing is the non-reentrant kind and changes no
+gradient (issue #11 points 4 and 5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from exgrpo_cli.config import ModelConfig
+from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.model import load_model
+from exgrpo_cli.policy.offload import HostAdamW
+
+
+def _steps(opt_cls: type[torch.optim.Optimizer], **kw: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+    opt = opt_cls(model.parameters(), lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99), **kw)
+    x = torch.randn(11, 5, generator=torch.Generator().manual_seed(1))
+    for _ in range(4):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    return model, opt
+
+
+def test_host_adamw_is_adamw() -> None:
+    ref, ref_opt = _steps(torch.optim.AdamW, foreach=False)
+    got, opt = _steps(HostAdamW)
+    for a, b in zip(got.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=0)
+    for p_ref, p in zip(ref.parameters(), got.parameters()):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(opt.state[p][key], ref_opt.state[p_ref][key], atol=1e-7, rtol=0)
+        assert opt.state[p]["exp_avg"].device.type == "cpu"
+
+
+def test_host_adamw_state_round_trips_in_place(tmp_path: Path) -> None:
+    model, opt = _steps(HostAdamW)
+    D.save_optimizer(model, opt, tmp_path, D.DistInfo())
+    fresh = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+    opt2 = HostAdamW(fresh.parameters(), lr=0.5)
+    D.load_optimizer(fresh, opt2, tmp_path, D.DistInfo())
+    assert opt2.param_groups[0]["lr"] == 1e-2 and opt2.param_groups[0]["betas"] == (0.9, 0.99)
+    for p, q in zip(model.parameters(), fresh.parameters()):
+        assert torch.equal(opt.state[p]["exp_avg_sq"], opt2.state[q]["exp_avg_sq"])
+        assert opt2.state[q]["exp_avg"].device.type == "cpu"
+
+
+def test_offload_all_asks_fsdp2_for_its_cpu_offload(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed.device_mesh as mesh_mod
+    import torch.distributed.fsdp as fsdp
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(mesh_mod, "init_device_mesh", lambda *a, **k: "mesh")
+    monkeypatch.setattr(fsdp, "fully_shard", lambda module, **kw: calls.append(kw))
+    model = load_model(ModelConfig(), torch.device("cpu"))
+    two_ranks = D.DistInfo(rank=0, world_size=2)
+    D.wrap_fsdp2(model, two_ranks, offload="all")
+    layers = len(model.model.layers)
+    assert len(calls) == layers + 1  # each decoder layer, then the root
+    assert all(type(c["offload_policy"]).__name__ == "CPUOffloadPolicy" for c in calls)
+    assert calls[-1]["reshard_after_forward"] is False
+    calls.clear()
+    D.wrap_fsdp2(model, two_ranks)
+    assert all(type(c["offload_policy"]).__name__ == "OffloadPolicy" for c in calls)
+    # one process: FSDP2 on a GPU (mixed precision and offload apply), plain PyTorch on a CPU
+    assert D.shards_alone(D.DistInfo(device=torch.device("cuda", 0)))
+    assert not D.shards_alone(D.DistInfo())
+
+
+def test_gradient_checkpointing_is_non_reentrant_and_exact() -> None:
+    cfg = ModelConfig()
+    plain = load_model(cfg, torch.device("cpu"))
+    ckpt = load_model(ModelConfig(gradient_checkpointing=True), torch.device("cpu"))
+    assert ckpt.model.gradient_checkpointing and not plain.model.gradient_checkpointing
+    assert ckpt.model._gradient_checkpointing_func.keywords["use_reentrant"] is False
+    ids = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for m in (plain, ckpt):
+        m.train()
+        m(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        grads.append([p.grad for p in m.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
