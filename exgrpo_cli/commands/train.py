@@ -65,7 +65,7 @@ def memory_preflight(cfg: ExgrpoConfig) -> None:
         devices = plan.planned_devices(t.plan_devices) if t.plan_devices else plan.visible_devices(cfg)
         plan.check_memory(cfg, arch, devices, verify=verifier(devices))
         return
-    if t.offload != "none" and not OFFLOAD_APPLIED:
+    if t.offload not in OFFLOAD_APPLIED:
         raise UsageError(
             f"trainer.offload={t.offload} is planned (trainer.dry_run=true shows it) but the trainer "
             "does not apply it yet: run without it"

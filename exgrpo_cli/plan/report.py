@@ -26,9 +26,10 @@ from exgrpo_cli.plan.memory import (
     plan_memory,
 )
 
-# trainer.offload is planned here but not applied yet: train/setup.py must hand it to the FSDP2
-# wrap (and wrap one rank too) before a run may use it; until then only dry runs accept it
-OFFLOAD_APPLIED = False
+# The trainer.offload modes the trainer applies. None yet: train/setup.py must hand the mode to the
+# FSDP2 wrap (which must then shard one rank too) before a run may use it; until a mode is added
+# here, only dry runs accept it and the fixes that use it say so.
+OFFLOAD_APPLIED: frozenset[str] = frozenset({"none"})
 DTYPE = {4: "fp32", 2: "bf16"}
 ATTENTION = {"flash": "flash-attention-2", "sdpa": "sdpa attention", "eager": "eager attention"}
 
@@ -97,7 +98,7 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
                 "with vLLM asleep the trainer must empty torch's cache (torch.cuda.empty_cache) "
                 "before vLLM wakes, or the update's peak stays reserved through the rollout"
             )
-    if x.offload != "none" and not OFFLOAD_APPLIED:
+    if x.offload not in OFFLOAD_APPLIED:
         notes.append("trainer.offload is planned only: the trainer does not apply it yet")
     if notes:
         lines += ["  notes:", *[f"    - {n}" for n in notes]]
@@ -127,7 +128,8 @@ def _fix_text(fix: Fix) -> str:
     phase, peak = fix.plan.peak
     what = " ".join(fix.overrides) if fix.overrides else fix.note
     note = f"; {fix.note}" if fix.note and fix.overrides else ""
-    if any(o.startswith("trainer.offload=") for o in fix.overrides) and not OFFLOAD_APPLIED:
+    modes = [o.split("=", 1)[1] for o in fix.overrides if o.startswith("trainer.offload=")]
+    if any(m not in OFFLOAD_APPLIED for m in modes):
         note += "; offload is planned only: the trainer does not apply it yet"
     return f"{what}  (peak: {phase} {_g(peak)} GiB{note})"
 
