@@ -155,7 +155,7 @@ def preset_arch(model: ModelConfig) -> Arch | None:
     if a.describes and a.describes != model.path:
         return None
     who = f"the preset {model.preset}" if model.preset else "model.arch"
-    return arch_from_preset(a, f"{who}'s model.arch numbers")
+    return arch_from_preset(a, f"{who}'s model.arch")
 
 
 def arch_from_gguf(file: str) -> Arch:
@@ -366,7 +366,5 @@ def preset_archs() -> list[tuple[str, Arch, bool]]:
         arch = ArchConfig(**{str(k): v for k, v in numbers.items()})
         if all(getattr(arch, name) for name in ARCH_REQUIRED):
             gpu = any("recipe" in str(d) for d in raw.get("defaults") or [])
-            found.append(
-                (file.stem, arch_from_preset(arch, f"the preset {file.stem}'s model.arch numbers"), gpu)
-            )
+            found.append((file.stem, arch_from_preset(arch, f"the preset {file.stem}'s model.arch"), gpu))
     return found
