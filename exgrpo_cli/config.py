@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -21,6 +22,26 @@ from exgrpo_cli.errors import UsageError
 
 class ConfigError(UsageError, ValueError):
     """A configuration value is out of its allowed range; the message names the key."""
+
+
+@dataclass
+class ArchConfig:
+    """The architecture numbers the memory plan needs (`exgrpo_cli.plan`), carried by the GPU
+    presets so that a plan is computable offline, before any weights load. Names as in the model's
+    config.json; 0 or null: not carried (the plan reads config.json from the model's folder or the
+    Hugging Face cache instead). A model's own config.json, when it can be read, wins."""
+
+    describes: str = ""  # the model.path these numbers belong to ("": whatever model.path is)
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    num_hidden_layers: int = 0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0  # 0: hidden_size / num_attention_heads
+    vocab_size: int = 0
+    tie_word_embeddings: Optional[bool] = None
+    attention_bias: Optional[bool] = None  # biases on q/k/v (Qwen2: true; null: false)
+    max_position_embeddings: int = 0  # 0: unknown (the context check is skipped)
 
 
 @dataclass
@@ -35,6 +56,7 @@ class ModelConfig:
     trust_remote_code: bool = False
     attn_implementation: str = "auto"  # auto | sdpa | eager | flash_attention_2
     gradient_checkpointing: bool = False
+    arch: ArchConfig = field(default_factory=ArchConfig)
 
 
 @dataclass
@@ -164,8 +186,12 @@ class TrainerConfig:
     # torchrun runs on CUDA: "" (compute in model.dtype) | bf16 | fp16: compute dtype over fp32
     # master weights (with model.dtype=float32: bf16 weights round lr~1e-6 updates away)
     fsdp_mixed_precision: str = ""
-    # none | optimizer (AdamW's moments in host memory) | all (FSDP2's CPU offload: weights,
-    # gradients and the optimizer step in host memory); see exgrpo_cli/policy/offload.py
+    # the memory plan (exgrpo_cli/plan): print it and stop, exit 0 when it fits, 2 when not
+    dry_run: bool = False
+    # with dry_run: plan for <count>x<GiB> devices (e.g. 8x80) instead of the visible ones
+    plan_devices: str = ""
+    # where the sharded trainer state lives: none (GPU) | optimizer (AdamW's moments in host
+    # memory, policy/offload.py) | all (weights, gradients and optimizer: FSDP2's CPU offload)
     offload: str = "none"
 
 
@@ -242,6 +268,54 @@ def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
     _check(value in choices, key, value, "one of " + ", ".join(map(str, choices)))
 
 
+ARCH_REQUIRED = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+)
+OFFLOAD = ("none", "optimizer", "all")
+
+
+def parse_plan_devices(value: str) -> tuple[int, float]:
+    """`trainer.plan_devices` as (device count, GiB each): "8x80" -> (8, 80.0)."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+(?:\.\d+)?)\s*", value)
+    if not match or int(match.group(1)) < 1 or float(match.group(2)) <= 0:
+        raise ConfigError(
+            f"invalid trainer.plan_devices={value!r}: allowed <count>x<GiB per device>, e.g. 8x80"
+        )
+    return int(match.group(1)), float(match.group(2))
+
+
+def _validate_arch(a: ArchConfig) -> None:
+    numbers = {name: getattr(a, name) for name in (*ARCH_REQUIRED, "head_dim", "max_position_embeddings")}
+    for name, value in numbers.items():
+        _check(value >= 0, f"model.arch.{name}", value, ">= 0 (0: not carried)")
+    given = [name for name in ARCH_REQUIRED if numbers[name]]
+    if not given:
+        return
+    missing = [name for name in ARCH_REQUIRED if not numbers[name]]
+    if missing:
+        raise ConfigError(
+            f"invalid model.arch.{missing[0]}=0: allowed > 0 when other model.arch numbers are set "
+            f"({', '.join(given)}): a plan needs all of {', '.join(ARCH_REQUIRED)}"
+        )
+    _check(
+        a.num_attention_heads % a.num_key_value_heads == 0,
+        "model.arch.num_key_value_heads",
+        a.num_key_value_heads,
+        f"a divisor of model.arch.num_attention_heads={a.num_attention_heads}",
+    )
+    _check(
+        a.head_dim > 0 or a.hidden_size % a.num_attention_heads == 0,
+        "model.arch.head_dim",
+        a.head_dim,
+        "> 0 when hidden_size is not a multiple of num_attention_heads",
+    )
+
+
 def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     """Refuse out-of-range or inconsistent values; raise ConfigError naming the key.
 
@@ -261,6 +335,7 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         _check(os.path.isdir(path), "model.path", m.path, "an existing model folder")
         has_cfg = os.path.isfile(os.path.join(path, "config.json")) or bool(m.gguf_file)
         _check(has_cfg, "model.path", m.path, "a folder with a causal LM (config.json or a gguf_file)")
+    _validate_arch(m.arch)
     _one_of("data.on_bad_row", d.on_bad_row, ("skip", "error"))
     s = d.synthetic
     _check(s.num_train >= 1, "data.synthetic.num_train", s.num_train, ">= 1")
@@ -359,10 +434,18 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", t.max_skipped_steps, ">= 1")
     _one_of("trainer.device", t.device, ("auto", "cpu", "cuda"))
     _check(t.threads >= 0, "trainer.threads", t.threads, ">= 0")
-    _one_of("trainer.offload", t.offload, ("none", "optimizer", "all"))
     _one_of(
         "trainer.fsdp_mixed_precision", t.fsdp_mixed_precision, ("", "bf16", "bfloat16", "fp16", "float16")
     )
+    _one_of("trainer.offload", t.offload, OFFLOAD)
+    if t.plan_devices:
+        parse_plan_devices(t.plan_devices)
+        _check(
+            t.dry_run,
+            "trainer.plan_devices",
+            t.plan_devices,
+            "only with trainer.dry_run=true (a real run plans for the devices it sees)",
+        )
     if t.resume not in ("auto", "never"):
         _check(
             os.path.isdir(t.resume),

@@ -1,13 +1,34 @@
-"""`exgrpo train`: one RL run (ExGRPO, or on-policy Dr.GRPO with replay.ratio=0)."""
+"""`exgrpo train`: one RL run (ExGRPO, or on-policy Dr.GRPO with replay.ratio=0).
+
+Before anything loads, the memory plan (exgrpo_cli/plan): `trainer.dry_run=true` prints it for
+`trainer.plan_devices` (or the visible devices) and stops, exit 0 when it fits and 2 when not; a
+GPU run prints it for its own GPUs and refuses to start when it does not fit; a CPU run writes it
+to the log. Every real run first finds its model's architecture from files, which also stops a
+model that cannot be fetched within seconds, with one message.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config import ExgrpoConfig, ModelConfig, validate
+from exgrpo_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from exgrpo_cli.plan import Devices, Plan
+
+log = logging.getLogger(__name__)
 
 
 def run(cfg: ExgrpoConfig) -> None:
+    memory_preflight(cfg)
+    if cfg.trainer.dry_run:
+        return
     from exgrpo_cli.train.run import run_training
 
     final = run_training(cfg)
@@ -15,3 +36,87 @@ def run(cfg: ExgrpoConfig) -> None:
         return
     parts = [f"{k}={v:.4f}" for k, v in sorted(final.items())]
     print("exgrpo train done: " + "  ".join(parts))
+
+
+def weights_source(cfg: ExgrpoConfig) -> ModelConfig:
+    """Where the run will load its weights from: the checkpoint it resumes (found as
+    train/setup.py finds it, read-only here), else `model.path`."""
+    from exgrpo_cli.policy.checkpoint import latest_checkpoint
+
+    t = cfg.trainer
+    if t.resume == "never":
+        return cfg.model
+    ckpt = latest_checkpoint(Path(t.output_dir) / "checkpoints") if t.resume == "auto" else Path(t.resume)
+    if ckpt is not None and (ckpt / "model" / "config.json").is_file():
+        return dataclasses.replace(cfg.model, path=str(ckpt / "model"), gguf_file="")
+    return cfg.model
+
+
+def memory_preflight(cfg: ExgrpoConfig) -> None:
+    """The plan's part of start-up, after validation and before `run_training`; raises a
+    UsageError (exit 2) for a run that cannot start."""
+    from exgrpo_cli import plan
+    from exgrpo_cli.plan.inputs import uses_cuda
+    from exgrpo_cli.plan.report import OFFLOAD_APPLIED
+
+    t = cfg.trainer
+    if t.dry_run:  # offline: the preset's numbers will do, no weights are needed
+        arch = plan.resolve_architecture(cfg.model, offline_ok=True)
+        devices = plan.planned_devices(t.plan_devices) if t.plan_devices else plan.visible_devices(cfg)
+        plan.check_memory(cfg, arch, devices, verify=verifier(devices))
+        return
+    if t.offload not in OFFLOAD_APPLIED:
+        raise UsageError(
+            f"trainer.offload={t.offload} is planned (trainer.dry_run=true shows it) but the trainer "
+            "does not apply it yet: run without it"
+        )
+    # the weights must be reachable: fail in seconds, not after a minute of hub retries
+    arch = plan.resolve_architecture(weights_source(cfg), offline_ok=False)
+    devices = plan.visible_devices(cfg)
+    if not uses_cuda(cfg):  # a CPU run: the plan goes to the log and never refuses
+        plan.check_memory(cfg, arch, devices, echo=log.info, refuse=False)
+        return
+    main = os.environ.get("RANK", "0") == "0"
+    try:
+        plan.check_memory(cfg, arch, devices, echo=print if main else log.info, verify=verifier(devices))
+    except plan.PlanDoesNotFit:
+        if not main:  # every rank refuses; rank 0 says why
+            raise SystemExit(2) from None
+        raise
+
+
+def verifier(devices: Devices) -> Callable[[tuple[str, ...]], Plan | None] | None:
+    """Plans a suggested fix from the whole config Hydra composes with this command's overrides
+    plus the fix's (a preset's recipe comes along), on `devices` unless the fix names others.
+    None outside a Hydra app (then fixes are planned from the inputs alone)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        task = list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return None
+
+    def verify(extra: tuple[str, ...]) -> Plan | None:
+        from hydra import compose
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        from exgrpo_cli import plan
+        from exgrpo_cli.commands import to_typed
+        from exgrpo_cli.plan.inputs import inputs_from_config
+
+        try:
+            typed = to_typed(compose(config_name="config", overrides=[*task, *extra]))
+            preset = next((o.split("=", 1)[1] for o in extra if o.startswith("model=")), "")
+            if preset:
+                typed = dataclasses.replace(typed, model=dataclasses.replace(typed.model, preset=preset))
+            validate(typed, "train")
+            arch = plan.resolve_architecture(typed.model, offline_ok=True)
+        except (UsageError, HydraException, OmegaConfBaseException) as err:
+            log.info("suggested overrides %s do not compose: %s", extra, err)
+            return None
+        t = typed.trainer
+        planned = plan.planned_devices(t.plan_devices) if t.plan_devices else devices
+        return plan.plan_memory(arch, inputs_from_config(typed, planned))
+
+    return verify

