@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_cli.commands.train import memory_preflight, weights_source
+from exgrpo_cli.commands.train import weights_source
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.errors import UsageError
 
 from conftest import run_cli
 
