@@ -23,8 +23,9 @@ with transformers' Qwen2 in tests/plan). Approximate, and said so in the table's
 backward's working set (derived from the layer's operations, not measured), vLLM's own use of its
 share, the CUDA context (RUNTIME_BYTES), the allocator's fragmentation (covered by MARGIN only).
 Modelled on the trainer as it is: a one-process CPU run trains without FSDP; on a GPU, and with
-several ranks anywhere, the model is sharded with FSDP2 (a unit per decoder layer, then the root, which stays gathered from its forward to
-its backward, and after a no-grad forward), AdamW with foreach kernels, the chunked log-prob head.
+several ranks anywhere, the model is sharded with FSDP2 (a unit per decoder layer, then the root,
+which stays gathered from its forward to its backward, and after a no-grad forward), AdamW with
+foreach kernels, the chunked log-prob head.
 """
 
 from __future__ import annotations
