@@ -183,6 +183,9 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch CPU threads (0: all cores)
     dist_timeout_s: int = 1800  # torchrun runs: a collective waiting longer than this fails the run
+    # ranks `exgrpo train` starts on this node: auto = one per visible GPU (one process on a CPU),
+    # or a number (gloo ranks on a CPU); under torchrun nothing more is started
+    nproc: str = "auto"
     # torchrun runs on CUDA: "" (compute in model.dtype) | bf16 | fp16: compute dtype over fp32
     # master weights (with model.dtype=float32: bf16 weights round lr~1e-6 updates away)
     fsdp_mixed_precision: str = ""
@@ -438,6 +441,12 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         "trainer.fsdp_mixed_precision", t.fsdp_mixed_precision, ("", "bf16", "bfloat16", "fp16", "float16")
     )
     _one_of("trainer.offload", t.offload, OFFLOAD)
+    _check(
+        t.nproc == "auto" or (t.nproc.isdigit() and int(t.nproc) >= 1),
+        "trainer.nproc",
+        t.nproc,
+        "auto (one rank per visible GPU) or a number >= 1",
+    )
     if t.plan_devices:
         parse_plan_devices(t.plan_devices)
         _check(

@@ -26,12 +26,18 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: ExgrpoConfig) -> None:
-    memory_preflight(cfg)
+    from exgrpo_cli.train.launch import launch, resolve_nproc
+
+    nproc = resolve_nproc(cfg)  # before the plan: it plans for the ranks this command starts
+    memory_preflight(cfg, nproc)
     if cfg.trainer.dry_run:
         return
-    from exgrpo_cli.train.run import run_training
+    if nproc > 1:  # the whole node from one command; this process only waits for the ranks
+        final = launch(cfg, nproc)
+    else:
+        from exgrpo_cli.train.run import run_training
 
-    final = run_training(cfg)
+        final = run_training(cfg)
     if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 reports for the run
         return
     parts = [f"{k}={v:.4f}" for k, v in sorted(final.items())]
@@ -52,7 +58,7 @@ def weights_source(cfg: ExgrpoConfig) -> ModelConfig:
     return cfg.model
 
 
-def memory_preflight(cfg: ExgrpoConfig) -> None:
+def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1) -> None:
     """The plan's part of start-up, after validation and before `run_training`; raises a
     UsageError (exit 2) for a run that cannot start."""
     from exgrpo_cli import plan
@@ -62,7 +68,7 @@ def memory_preflight(cfg: ExgrpoConfig) -> None:
     t = cfg.trainer
     if t.dry_run:  # offline: the preset's numbers will do, no weights are needed
         arch = plan.resolve_architecture(cfg.model, offline_ok=True)
-        devices = plan.planned_devices(t.plan_devices) if t.plan_devices else plan.visible_devices(cfg)
+        devices = plan.planned_devices(t.plan_devices) if t.plan_devices else plan.visible_devices(cfg, nproc)
         plan.check_memory(cfg, arch, devices, verify=verifier(devices))
         return
     if t.offload not in OFFLOAD_APPLIED:
@@ -72,7 +78,7 @@ def memory_preflight(cfg: ExgrpoConfig) -> None:
         )
     # the weights must be reachable: fail in seconds, not after a minute of hub retries
     arch = plan.resolve_architecture(weights_source(cfg), offline_ok=False)
-    devices = plan.visible_devices(cfg)
+    devices = plan.visible_devices(cfg, nproc if nproc > 1 else 0)
     if not uses_cuda(cfg):  # a CPU run: the plan goes to the log and never refuses
         plan.check_memory(cfg, arch, devices, echo=log.info, refuse=False)
         return

@@ -55,30 +55,56 @@ def uses_cuda(cfg: ExgrpoConfig) -> bool:
     return torch.cuda.is_available()
 
 
-def visible_devices(cfg: ExgrpoConfig) -> Devices:
+def visible_devices(cfg: ExgrpoConfig, launching: int = 0) -> Devices:
     """The devices this process's run trains on: its torchrun world (WORLD_SIZE ranks) of GPUs
     like the local one, or the host's memory shared by the ranks on it. Asks CUDA for the local
-    GPU's size (after selecting it, as the trainer does, so no context lands on GPU 0)."""
-    ranks = max(_env_int("WORLD_SIZE", 1), 1)
+    GPU's size (after selecting it, as the trainer does, so no context lands on GPU 0).
+    `launching`: the number of ranks this process is about to start (trainer.nproc); it then
+    learns the GPUs' size without initialising CUDA itself (nvidia-smi, or a throwaway process)."""
+    ranks = launching or max(_env_int("WORLD_SIZE", 1), 1)
     if uses_cuda(cfg):
         import torch
 
         if not torch.cuda.is_available():
             raise RuntimeError("trainer.device=cuda, but no CUDA device is visible")
-        visible = torch.cuda.device_count()
-        local = _env_int("LOCAL_RANK", 0) % visible
-        torch.cuda.set_device(local)
-        props = torch.cuda.get_device_properties(local)
-        label = f"{ranks} x {props.name} ({props.total_memory / GiB:.1f} GiB)"
-        if ranks < visible:
-            label += f"; {visible} visible, {ranks} used (torchrun --nproc_per_node={visible} for all)"
-        return Devices(ranks, int(props.total_memory), "cuda", label)
-    local_ranks = max(_env_int("LOCAL_WORLD_SIZE", ranks), 1)
+        if launching:
+            name, total = _gpu_without_context()
+        else:
+            visible = torch.cuda.device_count()
+            local = _env_int("LOCAL_RANK", 0) % visible
+            torch.cuda.set_device(local)
+            props = torch.cuda.get_device_properties(local)
+            name, total = props.name, int(props.total_memory)
+        label = f"{ranks} x {name} ({total / GiB:.1f} GiB)"
+        return Devices(ranks, total, "cuda", label)
+    local_ranks = launching or max(_env_int("LOCAL_WORLD_SIZE", ranks), 1)
     total = host_memory_bytes()
     label = f"host memory {total / GiB:.1f} GiB" + (
         f" shared by {local_ranks} ranks" if local_ranks > 1 else ""
     )
     return Devices(ranks, total // local_ranks, "cpu", label)
+
+
+def _gpu_without_context() -> tuple[str, int]:
+    """(name, bytes) of the first visible GPU, asked of nvidia-smi or of a throwaway process, so
+    that the process that starts the ranks never holds a CUDA context (it would sit on GPU 0)."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("nvidia-smi"):
+        query = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"]
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30)
+        lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        first = int(cvd.split(",")[0]) if cvd.split(",")[0].strip().isdigit() else 0
+        if out.returncode == 0 and len(lines) > first:
+            name, mib = lines[first].rsplit(",", 1)
+            return name.strip(), int(float(mib)) * 2**20
+    code = "import torch; p = torch.cuda.get_device_properties(0); print(p.total_memory); print(p.name)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    total, name = out.stdout.strip().split("\n", 1)
+    return name, int(total)
 
 
 def attention_kind(cfg: ExgrpoConfig, devices: Devices) -> str:
