@@ -97,12 +97,15 @@ def probe_server(url: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
     """Why the server at `url` cannot be reached, or None when it answers: any HTTP status, or a
     TLS handshake failure (that is for wandb to judge, with its own certificates), counts as an
     answer. The whole check, name lookup included, takes at most `timeout` seconds; proxies are
-    taken from the environment (http_proxy, https_proxy, no_proxy), as wandb takes them."""
+    taken from the environment (http_proxy, https_proxy, no_proxy) as wandb-core takes them: never
+    for a loopback address."""
     result: list[str | None] = []
+    loopback = urlsplit(url).hostname in ("localhost", "127.0.0.1", "::1")
+    opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if loopback else []))
 
     def check() -> None:
         try:
-            urllib.request.urlopen(url, timeout=timeout).close()
+            opener.open(url, timeout=timeout).close()
             result.append(None)
         except urllib.error.HTTPError:
             result.append(None)

@@ -132,9 +132,18 @@ def test_probe_gives_up_on_a_server_that_never_answers(silent_url: str) -> None:
     assert time.monotonic() - t < 2.0
 
 
-def test_probe_takes_any_http_answer_as_reachable(fake_wandb: ThreadingHTTPServer) -> None:
+def test_probe_takes_any_http_answer_as_reachable(
+    fake_wandb: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = f"http://127.0.0.1:{fake_wandb.server_address[1]}"
     assert probe_server(url, timeout=5.0) is None  # GET / answers 404: the server is there
+    # a proxy is not used for a loopback address (nor by wandb-core): this one would refuse
+    for var in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(var, f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert probe_server(url, timeout=5.0) is None
+    assert probe_server(url.replace("127.0.0.1", "localhost"), timeout=5.0) is None
 
 
 # ----------------------------------------------------------------------------- start-up
