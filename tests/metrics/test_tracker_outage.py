@@ -217,7 +217,6 @@ def test_online_refuses_within_seconds_and_leaves_the_metrics_alone(
 # ----------------------------------------------------------------------------- mid-run
 
 
-@pytest.mark.slow
 def test_a_connection_lost_mid_run_blocks_neither_log_nor_close(
     tmp_path: Path,
     wandb_home: Path,
