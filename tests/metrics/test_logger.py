@@ -8,10 +8,18 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from exgrpo_cli.config import LoggerConfig, WandbConfig
-from exgrpo_cli.metrics.logger import MetricLogger, wandb_mode
+from exgrpo_cli.metrics import logger as logger_mod
+from exgrpo_cli.metrics.logger import (
+    FINISH_TIMEOUT_S,
+    INIT_TIMEOUT_S,
+    MetricLogger,
+    resume_point,
+    wandb_mode,
+)
 
 
 def _cfg(console: bool = False, mode: str = "disabled", **wandb: Any) -> LoggerConfig:
@@ -63,6 +71,44 @@ def test_non_finite_floats_become_null_and_strings(tmp_path: Path) -> None:
     assert "NaN" not in line and "Infinity" not in line
     assert _rows(tmp_path / "metrics.jsonl") == [
         {"step": 1, "nan": None, "inf": "inf", "ninf": "-inf", "zero": 0.0, "none": None}
+    ]
+
+
+def test_numpy_and_torch_scalars_are_written_as_numbers(tmp_path: Path) -> None:
+    import numpy as np
+    import torch
+
+    log = MetricLogger(str(tmp_path), _cfg(), {}, total_steps=1)
+    log.log(
+        1,
+        {
+            "f32": np.float32(0.5),
+            "f64": np.float64(0.25),
+            "i64": np.int64(3),
+            "flag": np.bool_(True),
+            "nan32": np.float32("nan"),
+            "t": torch.tensor(0.75),
+            "t_int": torch.tensor(2),
+            "bf16": torch.tensor(1.5, dtype=torch.bfloat16),
+            "vec": torch.tensor([1.0, float("inf")]),
+            "arr": np.array([[1, 2]]),
+        },
+    )
+    log.close()
+    assert _rows(tmp_path / "metrics.jsonl") == [
+        {
+            "step": 1,
+            "f32": 0.5,
+            "f64": 0.25,
+            "i64": 3,
+            "flag": True,
+            "nan32": None,
+            "t": 0.75,
+            "t_int": 2,
+            "bf16": 1.5,
+            "vec": [1.0, "inf"],
+            "arr": [[1, 2]],
+        }
     ]
 
 
@@ -120,6 +166,35 @@ def test_plain_line_per_step_when_not_a_terminal(
     assert out.out == ""
 
 
+def test_print_keeps_a_long_line_whole_and_literal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_terminal: None
+) -> None:
+    """A path or command in a message stays copyable: no folding at the console's width (80 off a
+    terminal), no rich markup eaten ([...])."""
+    log = MetricLogger(str(tmp_path), _cfg(console=True), {}, total_steps=1)
+    msg = "sync later with `wandb sync " + "/very/long/path" * 12 + "/run[bold]x[/]`"
+    assert len(msg) > 2 * log.console.width
+    log.print(msg)
+    log.close()
+    assert capsys.readouterr().err == msg + "\n"
+
+
+def test_status_ends_the_plain_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_terminal: None
+) -> None:
+    log = MetricLogger(str(tmp_path), _cfg(console=True), {}, total_steps=40)
+    log.log(3, {"reward/accuracy": np.float32(0.125)}, status="replay waits: acc 0.12 < 0.35")
+    log.log(4, {}, status="[not markup]")
+    log.log(5, {"reward/accuracy": 0.5})
+    log.close()
+    assert capsys.readouterr().err.splitlines() == [
+        "step 3/40  acc 0.125  replay waits: acc 0.12 < 0.35",
+        "step 4/40  [not markup]",
+        "step 5/40  acc 0.500",
+    ]
+    assert _rows(tmp_path / "metrics.jsonl")[0] == {"step": 3, "reward/accuracy": 0.125}  # not logged
+
+
 def test_console_off_prints_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], no_terminal: None
 ) -> None:
@@ -142,6 +217,8 @@ def test_a_terminal_gets_the_progress_bar_not_plain_lines(
         assert (task.total, task.completed) == (4, 1)
         log.log(2, {"reward/accuracy": 0.75})
         assert task.completed == 2 and task.fields["line"] == "acc 0.750"
+        log.log(3, {"reward/accuracy": 0.25}, status="replay waits: acc 0.25 < 0.35")
+        assert task.completed == 3 and task.fields["line"] == "acc 0.250  replay waits: acc 0.25 < 0.35"
     finally:
         log.close()
     assert log._progress is None
@@ -154,7 +231,7 @@ def test_a_terminal_gets_the_progress_bar_not_plain_lines(
 @pytest.fixture
 def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """No W&B variables and a HOME of our own (the CI exports WANDB_MODE=disabled)."""
-    for var in ("WANDB_MODE", "WANDB_API_KEY"):
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "NETRC"):
         monkeypatch.delenv(var, raising=False)
     home = tmp_path / "home"
     home.mkdir()
@@ -186,6 +263,17 @@ def test_auto_is_online_with_an_api_key(wandb_env: Path, monkeypatch: pytest.Mon
 def test_auto_is_online_with_a_wandb_netrc(wandb_env: Path) -> None:
     (wandb_env / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
     assert wandb_mode("auto") == "online"
+
+
+def test_auto_is_online_with_a_netrc_for_the_configured_server(
+    wandb_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`wandb login` writes the netrc entry under the host of the server it logs in to."""
+    monkeypatch.setenv("WANDB_BASE_URL", "http://wandb.example.test:8080")
+    (wandb_env / ".netrc").write_text("machine wandb.example.test:8080\n  password " + "k" * 40 + "\n")
+    assert wandb_mode("auto") == "online"
+    monkeypatch.setenv("WANDB_BASE_URL", "http://other.example.test")
+    assert wandb_mode("auto") == "offline"
 
 
 def test_auto_follows_wandb_mode_first(wandb_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,8 +313,9 @@ def test_disabled_never_starts_wandb_and_writes_nothing(
 
 
 class FakeRun:
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, root: str = "/nowhere") -> None:
         self.id = run_id
+        self.dir = f"{root}/wandb/run-x-{run_id}/files"
         self.logged: list[tuple[dict[str, Any], int]] = []
         self.finished = 0
 
@@ -251,13 +340,19 @@ def test_wandb_gets_the_run_settings_and_numbers_only(
 
     def fake_init(**kwargs: Any) -> FakeRun:
         calls.append(kwargs)
-        runs.append(FakeRun(kwargs["id"] or "new-id"))
+        runs.append(FakeRun(kwargs["id"] or "new-id", kwargs["dir"]))
         return runs[-1]
 
+    probed: list[str] = []
     monkeypatch.setattr(wandb, "init", fake_init)
+    monkeypatch.setattr(logger_mod, "probe_server", lambda url, timeout: probed.append(url))  # reachable
+    monkeypatch.setenv("WANDB_BASE_URL", "http://wandb.test:8080")
     out = str(tmp_path / "out")
     cfg = _cfg(console=True, mode="auto", project="proj", group="g", tags=["a", "b"])
     log = MetricLogger(out, cfg, {"k": 1}, total_steps=2, job_type="eval")
+    settings = calls[0].pop("settings")
+    assert (settings.init_timeout, settings.finish_timeout) == (INIT_TIMEOUT_S, FINISH_TIMEOUT_S)
+    assert probed == []  # offline: no need of the server
     assert calls == [
         dict(
             project="proj",
@@ -279,12 +374,15 @@ def test_wandb_gets_the_run_settings_and_numbers_only(
     log.close()  # a second close does not finish the run twice
     (run,) = runs
     assert run.logged == [({"loss/total": 0.5, "replay/active": 1}, 1)] and run.finished == 1
-    err = capsys.readouterr().err.replace("\n", "")  # rich folds long lines off a terminal
-    assert f"W&B is offline (not logged in): sync later with `wandb sync {out}/wandb/offline-run-*`" in err
+    assert capsys.readouterr().err == (  # one line, as it is, however long
+        f"W&B is offline (not logged in): sync later with `wandb sync {out}/wandb/run-x-new-id`, "
+        "or set logger.wandb.mode=disabled\nstep 1/2  loss +0.5000  replay 1\n"
+    )
 
     resumed = MetricLogger(out, _cfg(mode="online"), {}, total_steps=2, start_step=1, wandb_id="new-id")
     assert (calls[-1]["id"], calls[-1]["resume"], calls[-1]["mode"]) == ("new-id", "allow", "online")
-    assert resumed.wandb_id == "new-id"
+    assert probed == ["http://wandb.test:8080"]
+    assert resumed.wandb_id == "new-id" and resumed.wandb_online and not resumed.wandb_fallback
     resumed.close()
     assert "W&B is offline" not in capsys.readouterr().err
 
@@ -314,3 +412,16 @@ def test_offline_run_is_written_under_the_output_dir_and_resumed(
     finally:
         wandb.teardown()
     assert _rows(out / "metrics.jsonl") == [{"step": 1, "loss/total": 0.5}]
+
+
+# ----------------------------------------------------------------------------- resume point
+
+
+def test_resume_point_reads_step_and_run_id_without_loading_the_checkpoint(tmp_path: Path) -> None:
+    assert resume_point(None) == (0, None)
+    ckpt = tmp_path / "step_7"
+    ckpt.mkdir()
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": 7, "wandb_id": "abc123", "seed": 0}))
+    assert resume_point(ckpt) == (7, "abc123")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": 7, "wandb_id": None}))
+    assert resume_point(str(ckpt)) == (7, None)
