@@ -20,13 +20,16 @@ from typing import Any, Protocol
 import torch
 
 from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.data.sources import skipped_rows_lines
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import ExgrpoError, UsageError
 from exgrpo_cli.evaluation.validate import sample_and_grade
 from exgrpo_cli.metrics import MetricLogger
+from exgrpo_cli.metrics.logger import resume_point
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import pick_device
 from exgrpo_cli.rollout.base import SamplingSpec
+from exgrpo_cli.train import notices
 from exgrpo_cli.train.loop import Trainer
 from exgrpo_cli.train.setup import build_trainer, decide_resume, share_run_dir, warn_low_precision_weights
 
@@ -69,7 +72,7 @@ class Logger(Protocol):
     wandb_id: str | None
 
     def print(self, msg: str) -> None: ...
-    def log(self, step: int, metrics: dict[str, Any]) -> None: ...
+    def log(self, step: int, metrics: dict[str, Any], status: str = "") -> None: ...
     def close(self) -> None: ...
 
 
@@ -81,7 +84,7 @@ class _NoLogger:
     def print(self, msg: str) -> None:
         log.info(msg)
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
+    def log(self, step: int, metrics: dict[str, Any], status: str = "") -> None:
         pass
 
     def close(self) -> None:
@@ -117,17 +120,17 @@ def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
     device = dist.device if dist.distributed else pick_device(cfg.trainer.device)
     if device.type == "cuda" and cfg.model.dtype != "float32" and dist.is_main:
         warn_low_precision_weights(cfg)
-    trainer, val_qs, report = build_trainer(cfg, device, dist, resume_from)
-    st = trainer.state
-    logger: Logger = _NoLogger()
+    logger = _start_logger(cfg, dist, out, resume_from)  # before the model: an outage costs seconds
+    trainer: Trainer | None = None
     try:
+        trainer, val_qs, report = build_trainer(cfg, device, dist, resume_from)
+        st = trainer.state
         if dist.is_main:
-            logger = MetricLogger(
-                str(out), cfg.logger, dataclasses.asdict(cfg), cfg.trainer.steps, st.step, st.wandb_id
-            )
             st.wandb_id = logger.wandb_id
         for w in warnings:
             logger.print(f"warning: {w}")
+        for line in skipped_rows_lines(report):
+            logger.print(line)
         if resume_from is not None:
             logger.print(f"resumed from {resume_from} (step {st.step})")
         params = sum(p.numel() for p in st.model.parameters()) / 1e6
@@ -146,21 +149,50 @@ def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
         return final
     finally:
         logger.close()
-        trainer.scorer.close()
-        trainer.engine.close()
+        if trainer is not None:
+            trainer.scorer.close()
+            trainer.engine.close()
+
+
+def _start_logger(cfg: ExgrpoConfig, dist: D.DistInfo, out: Path, resume_from: Path | None) -> Logger:
+    """Rank 0's metric logger (the tracker included), set up before anything loads: an unreachable
+    W&B server falls back or refuses within seconds. A refusal is every rank's."""
+    logger: Logger = _NoLogger()
+    refusal = None
+    if dist.is_main:
+        start, wandb_id = resume_point(resume_from)
+        try:
+            logger = MetricLogger(
+                str(out), cfg.logger, dataclasses.asdict(cfg), cfg.trainer.steps, start, wandb_id
+            )
+        except UsageError as err:
+            refusal = str(err)
+    refusal = D.broadcast_object(refusal, dist)
+    if refusal:
+        raise UsageError(refusal)
+    return logger
 
 
 def _loop(
     trainer: Trainer, val_qs: list[Question], logger: Logger, out: Path, final: dict[str, float]
 ) -> None:
     st, dist, t = trainer.state, trainer.dist, trainer.cfg.trainer
+    switch, ratio, warned = st.switch, trainer.cfg.replay.ratio, False
     with StopRequested() as stop:
         for step in range(st.step + 1, t.steps + 1):
             metrics = D.all_reduce_dict(trainer.train_step(step), dist)  # run-wide means
             last = step == t.steps
             if val_qs and (last or (t.eval_every and step % t.eval_every == 0)):
                 metrics.update(validate(trainer, val_qs))
-            logger.log(step, metrics)
+            acc = metrics.get("reward/accuracy")
+            status = notices.replay_status(ratio, switch.active, switch.threshold, acc)
+            logger.log(step, metrics, status=status)
+            warning = notices.delayed_start_warning(
+                step, t.steps, switch.active, switch.threshold, ratio, warned, acc
+            )
+            if warning:  # once: replay has not started after a sizeable share of the run
+                logger.print(warning)
+                warned = True
             final.update({k: v for k, v in metrics.items() if k.startswith("val/")})
             give_up = st.skipped_in_a_row >= t.max_skipped_steps
             # a signal may reach one rank only: all ranks stop at the same step
@@ -175,6 +207,9 @@ def _loop(
             if stop.flag:
                 logger.print(f"stopped at step {step}; resume with the same command")
                 break
+    summary = notices.replay_summary(ratio, switch.active, switch.started_at, switch.threshold, st.step)
+    if summary:
+        logger.print(summary)
 
 
 def validate(trainer: Trainer, val_qs: list[Question]) -> dict[str, float]:

@@ -27,7 +27,7 @@ from exgrpo_cli.algo.aggregation import AGGREGATIONS, AggregationSettings
 from exgrpo_cli.algo.losses import POLICY_LOSSES
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.sampler import QuestionSampler
-from exgrpo_cli.data.sources import DataError, LoadReport, load_questions
+from exgrpo_cli.data.sources import PROMPT_TOO_LONG, DataError, LoadReport, load_questions
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
@@ -182,7 +182,9 @@ def filter_long(
         if n <= limit:
             kept.append(q)
         else:
-            report.skip(f"{q.uid}: prompt of {n} tokens > model.max_prompt_tokens={limit}", False)
+            report.skip(
+                f"{q.uid}: prompt of {n} tokens > model.max_prompt_tokens={limit}", False, PROMPT_TOO_LONG
+            )
     if not kept:
         raise DataError(f"every prompt is longer than model.max_prompt_tokens={limit}")
     return kept
