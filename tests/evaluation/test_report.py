@@ -192,7 +192,7 @@ def test_models_to_run_labels_and_paths(tmp_path: Path):
     ckpt = tmp_path / "run" / "checkpoints" / "step_000010"
     (ckpt / "model").mkdir(parents=True)
     (ckpt / "model" / "config.json").write_text("{}")
-    (ckpt / "COMPLETE").write_text("")
+    (ckpt / "COMPLETE").write_text(json.dumps({"step": 10}))  # written before manifests: not verifiable
     assert runner.resolve_model_path(str(tmp_path / "run")) == str(ckpt / "model")
     assert runner.resolve_model_path(str(ckpt)) == str(ckpt / "model")
     from exgrpo_cli.config import ConfigError
