@@ -392,7 +392,7 @@ class VLLMEngine:
         """
         t0 = time.perf_counter()
         self._wake("weights")
-        weights = named_tensors(model, self.dtype)
+        weights = _named_tensors(model, self.dtype)
         if self.in_process:
             counts = self.llm.collective_rpc("exgrpo_reload_weights", args=(weights,))
         else:
@@ -497,7 +497,7 @@ def eos_token_ids(
     return ids
 
 
-def named_tensors(
+def _named_tensors(
     model: torch.nn.Module | Mapping[str, torch.Tensor], dtype: torch.dtype | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) pairs, one at a time, floating-point ones cast to `dtype` (None: as
