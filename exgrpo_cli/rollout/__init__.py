@@ -37,7 +37,8 @@ def _build_hf(
 
     if model is None:
         raise ValueError("rollout.engine=hf samples from the trainer's own model: pass it")
-    return HFEngine(model, tokenizer)
+    longest = max(cfg.model.max_response_tokens, cfg.eval.max_new_tokens)
+    return HFEngine(model, tokenizer, max_new_tokens=longest)
 
 
 def _build_vllm(

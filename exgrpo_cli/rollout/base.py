@@ -16,6 +16,11 @@ class SamplingSpec:
     top_p: float = 1.0
     max_new_tokens: int = 64
     seed: int = 0  # one seed per call: rollouts are reproducible given (weights, seed)
+    # False: vLLM samples without per-request seeds (its batched sampler; a repeated or resumed
+    # call then draws other samples). Seeded vLLM requests draw their noise one request at a time
+    # at every decoding step and skip FlashInfer's top-p/top-k kernel. The HF engine seeds anyway
+    # (one generator per call costs nothing there).
+    seeded: bool = True
 
 
 @dataclass
@@ -34,7 +39,15 @@ class RolloutEngine(Protocol):
         ...
 
     def sync_weights(self, model: torch.nn.Module) -> float:
-        """Make the engine sample from `model`'s current weights; returns seconds spent."""
+        """Make the engine sample from `model`'s current weights; returns seconds spent. Wakes a
+        released engine's weights (not its KV cache)."""
+        ...
+
+    def release(self) -> None:
+        """Called right after generating: give the device memory the engine holds back to the
+        trainer (vLLM on CUDA with sleep mode: sleep level 2, weights and KV cache dropped; else
+        nothing). `sync_weights` and `generate` wake what they need (generate syncs the dropped
+        weights again from the module the last sync read: a collective under FSDP)."""
         ...
 
     def close(self) -> None: ...

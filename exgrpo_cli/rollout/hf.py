@@ -14,6 +14,7 @@ that path chunks are also cut to keep it under `logits_budget_bytes`.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -24,6 +25,12 @@ from exgrpo_cli.rollout.sampling import sample
 if TYPE_CHECKING:
     from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
 
+log = logging.getLogger(__name__)
+
+# past both, sampling with the trainer's HF module is far slower than vLLM (warned at construction)
+SLOW_PARAMS = 1_000_000_000
+SLOW_NEW_TOKENS = 2048
+
 
 class HFEngine:
     def __init__(
@@ -33,7 +40,10 @@ class HFEngine:
         max_batch: int = 256,
         logits_budget_bytes: int = 1 << 30,
         hf_generate: bool = False,
+        max_new_tokens: int | None = None,
     ) -> None:
+        """`max_new_tokens`: the longest responses the run asks for (only for the warning about
+        large models and long responses on a GPU)."""
         self.model = model
         self.hf_generate = hf_generate
         self.tokenizer = tokenizer
@@ -41,11 +51,18 @@ class HFEngine:
         self.logits_budget_bytes = logits_budget_bytes
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        if max_new_tokens is not None:
+            msg = slow_generation_warning(model, max_new_tokens)
+            if msg:
+                log.warning(msg)
 
     def sync_weights(self, model: torch.nn.Module) -> float:
         # the trainer's own HF model (the engine was built from it): nothing to copy
         self.model = cast("PreTrainedModel", model)
         return 0.0
+
+    def release(self) -> None:
+        pass  # samples from the trainer's own module: no memory of its own to give back
 
     def close(self) -> None:
         pass
@@ -173,6 +190,28 @@ class HFEngine:
                 )
             )
         return rollouts
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def slow_generation_warning(model: torch.nn.Module, max_new_tokens: int) -> str | None:
+    """One line when a GPU run samples long responses from a large model with this engine: each
+    decoding step is a forward of the whole model (under FSDP a gather of all its weights), so a
+    7B model with 8k-token responses runs for hours a step where vLLM takes minutes."""
+    if _device(model).type != "cuda":
+        return None
+    # DTensor parameters (FSDP2) report the full parameter's size
+    params = sum(p.numel() for p in model.parameters())
+    if params <= SLOW_PARAMS or max_new_tokens <= SLOW_NEW_TOKENS:
+        return None
+    sharded = " (under FSDP every step gathers the full model)" if _world_size() > 1 else ""
+    return (
+        f"rollout.engine=hf samples {max_new_tokens}-token responses from a {params / 1e9:.1f}B-parameter "
+        f"model one token at a time through the trainer's module{sharded}: very slow; "
+        "use rollout=vllm (pip install 'exgrpo[gpu]')"
+    )
 
 
 def _world_size() -> int:

