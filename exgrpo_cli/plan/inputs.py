@@ -126,12 +126,9 @@ def sleep_enabled(value: object) -> bool:
 
 
 def scoring_pass(cfg: ExgrpoConfig) -> bool:
-    """Whether a no-grad forward over replay candidates runs before the rollout (FSDP2 then leaves
-    the root gathered): replay on, with a trajectory rule that scores its candidates."""
-    from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
-
-    rule = TRAJECTORY_SELECTION.get(cfg.replay.trajectory_selection)
-    return cfg.replay.ratio > 0 and (rule is None or rule.score is not None)
+    """Whether the root unit stays gathered from a no-grad forward into the rollout: never, since
+    the trainer reshards it right after scoring the replay candidates (train/loop.py)."""
+    return False
 
 
 def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:

@@ -59,7 +59,10 @@ def attn_implementation(requested: str, device: torch.device) -> str:
 
             return "flash_attention_2"
         except ImportError:
-            log.info("flash-attn is not installed: using sdpa attention (pip install 'exgrpo[gpu]')")
+            log.info(
+                "flash-attn is not installed: using sdpa attention (add a prebuilt wheel with "
+                "FLASH_ATTN_WHEEL=<file or URL> make install-gpu)"
+            )
     return "sdpa"
 
 

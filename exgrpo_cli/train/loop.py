@@ -208,6 +208,9 @@ class Trainer:
                 )
             for u, s in zip(owners, flat):
                 scores[u].append(s)
+            reshard = getattr(st.model, "reshard", None)
+            if callable(reshard):  # FSDP2 keeps its root gathered after a forward: free it for the rollout
+                reshard()
         picks = [rule.choose(cands[u], np.asarray(scores[u], dtype=np.float64), rng) for u in uids]
         # ranks score the same candidates, but float noise between their forwards (GPU kernels)
         # could flip an argmin: rank 0's choice holds for all
@@ -229,6 +232,9 @@ class Trainer:
         spec = SamplingSpec(r.temperature, r.top_p, self.cfg.model.max_response_tokens, seed + rank)
         mine = list(range(rank, len(questions), W))
         outs = self.engine.generate([prompts[i] for i in mine], [counts[i] for i in mine], spec)
+        # vLLM with rollout.sleep_mode on CUDA frees its weights and KV cache for the update (the
+        # sync after it wakes the weights, the next generation the cache); other engines: no-op
+        self.engine.release()
         for o in outs:
             o.prompt_index = mine[o.prompt_index]
         if W > 1:  # every rank scores and stores every group: buffers stay identical across ranks

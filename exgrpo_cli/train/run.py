@@ -232,4 +232,5 @@ def validate(trainer: Trainer, val_qs: list[Question]) -> dict[str, float]:
         n=cfg.trainer.val_samples,
         spec=spec,
     )
+    trainer.engine.release()  # vLLM asleep again until the next step's rollout (a no-op otherwise)
     return {"val/accuracy": res.accuracy, f"val/pass@{cfg.trainer.val_samples}": res.pass_at_n}

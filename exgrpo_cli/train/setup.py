@@ -157,6 +157,9 @@ def build_trainer(
         model = shard(load_model(model_cfg, torch.device("cpu")))
     else:
         model = load_model(model_cfg, device)
+    # every rank, at this same point (vLLM's start-up all-reduces the ranks' free memory), and
+    # before the optimizer state takes memory; a vLLM engine empties torch's cache first
+    engine = build_engine(cfg, model, tokenizer)
     state = RunState(
         model=model,
         optimizer=make_optimizer(cfg, model),
@@ -167,7 +170,6 @@ def build_trainer(
     )
     if resume_from is not None:
         state.load(resume_from, dist)
-    engine = build_engine(cfg, model, tokenizer)
     scorer = RewardScorer(requires_think=template.requires_think, workers=1)
     trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), dist=dist)
     return trainer, val_qs, report
