@@ -9,14 +9,18 @@ benchmarks.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.reward.extract import AnswerRule
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
+
+if TYPE_CHECKING:
+    from exgrpo_cli.policy.distributed import DistInfo
 
 
 class Scorer(Protocol):
@@ -69,47 +73,102 @@ def sample_and_grade(
     progress: Callable[[int], None] | None = None,
     data_system: bool = True,
     rule_for_prompt: Callable[[str], AnswerRule] | None = None,
+    dist: DistInfo | None = None,
 ) -> SampledResult:
     """Generate n responses per question (in chunks of `chunk` sequences) and grade them.
 
     `progress`, when given, is called with the number of questions generated after each chunk.
     `data_system=False` leaves the data's system message out of the prompts; `rule_for_prompt`,
     when given, picks the answer rule of each question's samples from its rendered prompt (else
-    the scorer grades with its own rule)."""
+    the scorer grades with its own rule). Under torchrun (`dist`), the ranks share the chunks and
+    the grading, and every rank returns the whole result: the one a single process returns."""
     texts_in = [template.render(q, tokenizer, data_system) for q in questions]
     rules = [] if rule_for_prompt is None else [rule_for_prompt(t) for t in texts_in]
     prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts_in]
     per_call = max(1, chunk // n)
-    texts: list[list[str]] = []
-    for start in range(0, len(questions), per_call):
+    starts = list(range(0, len(questions), per_call))
+    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+    # each rank samples every W-th chunk, with the chunk's own seed, so that the samples are those
+    # one process draws; every rank makes as many calls (an FSDP-sharded model's generation is a
+    # collective): a rank out of chunks takes part with an empty one
+    mine = starts[rank::world]
+    calls = len(mine) if world == 1 else -(-len(starts) // world)
+    texts: dict[int, list[str]] = {}
+    for k in range(calls):
+        if k >= len(mine):
+            engine.generate([], [], spec)
+            continue
+        start = mine[k]
         idx = list(range(start, min(start + per_call, len(questions))))
-        spec_i = SamplingSpec(spec.temperature, spec.top_p, spec.max_new_tokens, spec.seed + start)
+        spec_i = dataclasses.replace(spec, seed=spec.seed + start)
         outs = engine.generate([prompts[i] for i in idx], [n] * len(idx), spec_i)
         by_q: list[list[str]] = [[] for _ in idx]
         for r in outs:
             by_q[r.prompt_index].append(decode_response(tokenizer, r.response_ids))
-        texts.extend(by_q)
+        texts.update(zip(idx, by_q))
         if progress is not None:
             progress(len(texts))
-    flat_resp = [t for row in texts for t in row]
-    flat_gold = [q.answer for q in questions for _ in range(n)]
-    flat_kind = None if kinds is None else [k for k in kinds for _ in range(n)]
+    graded = _grade(sorted(texts), texts, questions, scorer, n, kinds, rules)
+    if world > 1:  # every rank gets every question's samples and grades
+        from exgrpo_cli.policy.distributed import all_gather_object
+
+        assert dist is not None
+        parts = all_gather_object((texts, graded), dist)
+        texts = {i: t for part, _ in parts for i, t in part.items()}
+        graded = _merge([g for _, g in parts])
+    order = range(len(questions))
+    return SampledResult(
+        questions,
+        [texts[i] for i in order],
+        [graded.correct[i] for i in order],
+        [graded.extracted[i] for i in order],
+        texts_in,
+        graded.timeouts,
+        graded.errors,
+        rules,
+    )
+
+
+@dataclass
+class _Graded:
+    correct: dict[int, list[float]]  # question index -> its samples' rewards
+    extracted: dict[int, list[str | None]]
+    timeouts: int = 0
+    errors: int = 0
+
+
+def _grade(
+    idx: list[int],
+    texts: dict[int, list[str]],
+    questions: list[Question],
+    scorer: Scorer,
+    n: int,
+    kinds: list[str] | None,
+    rules: list[AnswerRule],
+) -> _Graded:
+    """Grade the samples of the questions `idx` (this rank's)."""
+    flat_resp = [t for i in idx for t in texts[i]]
+    flat_gold = [questions[i].answer for i in idx for _ in range(n)]
+    flat_kind = None if kinds is None else [kinds[i] for i in idx for _ in range(n)]
+    if not flat_resp:
+        return _Graded({}, {})
     if rules:
-        flat_rules = [r for r in rules for _ in range(n)]
+        flat_rules = [rules[i] for i in idx for _ in range(n)]
         graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind, rules=flat_rules)
     else:  # the call of training's validation (and of minimal test doubles)
         graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind)
-    correct = [graded.rewards[i * n : (i + 1) * n] for i in range(len(questions))]
     # a minimal scorer (a test double) may return only `.rewards`
     got = getattr(graded, "extracted", None) or [None] * len(flat_resp)
-    extracted = [got[i * n : (i + 1) * n] for i in range(len(questions))]
-    return SampledResult(
-        questions,
-        texts,
-        correct,
-        extracted,
-        texts_in,
-        getattr(graded, "timeouts", 0),
-        getattr(graded, "errors", 0),
-        rules,
-    )
+    correct = {i: list(graded.rewards[k * n : (k + 1) * n]) for k, i in enumerate(idx)}
+    extracted = {i: list(got[k * n : (k + 1) * n]) for k, i in enumerate(idx)}
+    return _Graded(correct, extracted, getattr(graded, "timeouts", 0), getattr(graded, "errors", 0))
+
+
+def _merge(parts: list[_Graded]) -> _Graded:
+    out = _Graded({}, {})
+    for p in parts:
+        out.correct.update(p.correct)
+        out.extracted.update(p.extracted)
+        out.timeouts += p.timeouts
+        out.errors += p.errors
+    return out

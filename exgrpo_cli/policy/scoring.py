@@ -1,10 +1,11 @@
 """Scores of replay candidates under the *current* policy, for trajectory selection (ALGORITHM.md 3).
 
 Where it sits in the step: between question selection and the choice of the trajectory, for the
-rules whose `score` asks for it (replay/trajectory.py). All stored experiences of the selected
-questions go through batched no-grad forwards; the score is the mean full-vocabulary token entropy
-of softmax(logits / T) over the response (`entropy`), or the mean negative log-likelihood at
-temperature 1 (`nll`). Only the selected questions' experiences are scored.
+rules whose `score` asks for it (replay/trajectory.py). Under torchrun the ranks share the work.
+All stored experiences of the selected questions go through batched no-grad forwards; the score
+is the mean full-vocabulary token entropy of softmax(logits / T) over the response (`entropy`), or
+the mean negative log-likelihood at temperature 1 (`nll`). Only the selected questions'
+experiences are scored.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Literal
 
 import torch
 
+from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, all_reduce_dict
 from exgrpo_cli.policy.forward import forward_logprobs, micro_batches, pack
 
 
@@ -27,31 +29,47 @@ def score_candidates(
     pad_id: int,
     token_budget: int,
     max_rows: int,
+    dist: DistInfo | None = None,
 ) -> list[float]:
-    """One score per (prompt, response) row: its mean token entropy, or its mean NLL (kind=nll)."""
+    """One score per (prompt, response) row: its mean token entropy, or its mean NLL (kind=nll).
+
+    Under torchrun (`dist`) each rank scores every W-th candidate and the scores are all-gathered:
+    every rank returns all of them. The forwards of an FSDP-sharded model are collectives, so every
+    rank runs as many (a rank out of rows repeats one row and drops its score)."""
     if not responses:
         return []
+    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+    mine = list(range(rank, len(responses), world))
     device = next(model.parameters()).device
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    scores = [0.0] * len(responses)
+    lengths = [len(prompts[i]) + len(responses[i]) for i in mine]
+    passes = [
+        [mine[c] for c in chunk[start : start + max_rows]]
+        for chunk in micro_batches(lengths, token_budget)
+        for start in range(0, len(chunk), max_rows)
+    ]
+    if world > 1:
+        assert dist is not None
+        most = int(all_reduce_dict({"n": len(passes)}, dist, op="max")["n"])
+        passes += [[]] * (most - len(passes))
+    scores: dict[int, float] = {}
     was_training = model.training
     model.eval()
     try:
-        for chunk in micro_batches(lengths, token_budget):
-            for start in range(0, len(chunk), max_rows):
-                rows = chunk[start : start + max_rows]
-                batch = pack(prompts, responses, rows, pad_id, device)
-                if kind == "nll":
-                    logp, _ = forward_logprobs(model, batch)
-                    per_tok = -logp
-                else:
-                    _, ent = forward_logprobs(model, batch, temperature=temperature, with_entropy=True)
-                    assert ent is not None
-                    per_tok = ent
-                m = batch.response_mask
-                mean = (per_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-                for i, v in zip(rows, mean.tolist()):
-                    scores[i] = v
+        for rows in passes:
+            batch = pack(prompts, responses, rows or [0], pad_id, device)
+            if kind == "nll":
+                logp, _ = forward_logprobs(model, batch)
+                per_tok = -logp
+            else:
+                _, ent = forward_logprobs(model, batch, temperature=temperature, with_entropy=True)
+                assert ent is not None
+                per_tok = ent
+            m = batch.response_mask
+            mean = (per_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+            scores.update(zip(rows, mean.tolist()))
     finally:
         model.train(was_training)
-    return scores
+    if world > 1:
+        assert dist is not None
+        scores = {i: v for part in all_gather_object(scores, dist) for i, v in part.items()}
+    return [scores[i] for i in range(len(responses))]

@@ -77,7 +77,9 @@ class HFEngine:
         head = self.model.get_output_embeddings()
         vocab = int(head.weight.shape[0]) if head is not None else int(self.model.config.vocab_size)
         per_seq = max(spec.max_new_tokens, 1) * vocab * 4  # fp32 logits kept per sequence
-        synced = _world_size() > 1  # an FSDP-sharded model: every forward is a collective
+        # an FSDP-sharded model (several ranks): every forward is a collective. A model each rank
+        # holds whole (exgrpo eval's ranks) samples on its own, with exgrpo's loop
+        synced = _world_size() > 1 and _sharded(self.model)
         own_loop = not (self.hf_generate or synced)
         # only HF generate keeps every step's logits: the own loop needs no logits budget
         chunk_size = (
@@ -212,6 +214,11 @@ def slow_generation_warning(model: torch.nn.Module, max_new_tokens: int) -> str 
         f"model one token at a time through the trainer's module{sharded}: very slow; "
         "use rollout=vllm (pip install 'exgrpo[gpu]')"
     )
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    """Whether the model's parameters are FSDP2 shards (DTensors)."""
+    return any(hasattr(p, "device_mesh") for p in model.parameters())
 
 
 def _world_size() -> int:

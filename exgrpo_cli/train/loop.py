@@ -205,6 +205,7 @@ class Trainer:
                     pad_id=self.pad_id,
                     token_budget=self.token_budget,
                     max_rows=p.entropy_batch_size,
+                    dist=self.dist,
                 )
             for u, s in zip(owners, flat):
                 scores[u].append(s)

@@ -231,6 +231,7 @@ def validate(trainer: Trainer, val_qs: list[Question]) -> dict[str, float]:
         trainer.scorer,
         n=cfg.trainer.val_samples,
         spec=spec,
+        dist=trainer.dist,
     )
     trainer.engine.release()  # vLLM asleep again until the next step's rollout (a no-op otherwise)
     return {"val/accuracy": res.accuracy, f"val/pass@{cfg.trainer.val_samples}": res.pass_at_n}

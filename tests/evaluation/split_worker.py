@@ -1,0 +1,32 @@
+"""One rank of the work-split check, launched by tests/evaluation/test_split.py under torchrun
+(gloo, CPU): validation sampling and replay-candidate scoring, shared by the ranks, must give the
+answers one process gives. Rank 0 writes them as JSON to argv[1]."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from split_common import run_both  # noqa: E402  (beside this file)
+
+from exgrpo_cli.config import ModelConfig
+from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.model import load_model, load_tokenizer
+
+
+def main(out: str) -> None:
+    torch.set_num_threads(1)
+    dist = D.init_distributed(timeout_s=60)
+    cfg = ModelConfig()
+    tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
+    result = run_both(model, tok, dist)
+    if dist.is_main:
+        with open(out, "w") as fh:
+            json.dump(result, fh)
+    D.barrier(dist)
+    D.close_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
