@@ -1113,6 +1113,8 @@ SECTION_FUNCS: dict[str, Callable[[Context], None]] = {
 
 
 def worker(args: argparse.Namespace) -> int:
+    from exgrpo_cli.policy.distributed import close_distributed
+
     ctx = Context(args)
     try:
         SECTION_FUNCS[args.section](ctx)
@@ -1121,6 +1123,8 @@ def worker(args: argparse.Namespace) -> int:
         ctx.fail(err)
         traceback.print_exc()
         return 1
+    finally:
+        close_distributed()  # a NCCL group left open can hang the process's exit
     return 0 if ctx.result["status"] in ("ok", "skipped") else 1
 
 
