@@ -823,9 +823,15 @@ def section_update(ctx: Context) -> None:
             pinned_rounding=applied or "power of two (no setting on this torch)",
             host_available_bytes=available,
         )
-        ctx.check(
-            "host memory holds the pinned moments", (rounded if applied is None else exact) <= available
-        )
+        pinned = rounded if applied is None else exact
+        fits = pinned <= 0.9 * available  # a tenth for the process itself and the page cache
+        ctx.check("host memory holds the pinned moments", fits)
+        if not fits:  # pinning it would swap or wake the OOM killer: stop here, say why
+            raise MemoryError(
+                f"HostAdamW would pin {_gib(pinned)} of moments in host memory "
+                f"({'power-of-two blocks' if applied is None else 'exact sizes'}) with "
+                f"{_gib(available)} available: the update is not run"
+            )
     optimizer = make_optimizer(model, mode)
     ctx.record(optimizer=type(optimizer).__name__)
     batch, adv = update_batch(ctx.sizes, hf_config.vocab_size)
