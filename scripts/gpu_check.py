@@ -726,37 +726,9 @@ def update_batch(sizes: Sizes, vocab: int) -> tuple[MixedBatch, torch.Tensor]:
     return batch, group_advantages(batch.rewards, batch.group_index)
 
 
-PINNED_EXACT_ABOVE_MIB = 64
-
-
-def exact_pinned_sizes() -> str | None:
-    """Ask torch's pinned (host) allocator to stop rounding blocks above 64 MiB up to a power of
-    two; returns the setting applied, or None where this torch has no such setting. The rounding
-    nearly doubles offloaded 7B moments: an MLP matrix's 272 MB fp32 moment takes a 512 MiB
-    block, the embedding's 2.2 GB one 4 GiB (HostAdamW pins each moment on its own)."""
-    import torch
-
-    setting = f"pinned_max_round_threshold_mb:{PINNED_EXACT_ABOVE_MIB}"
-    setters = (
-        getattr(torch._C, "_accelerator_setAllocatorSettings", None),
-        getattr(torch.cuda.memory, "_set_allocator_settings", None),
-    )
-    for setter in setters:
-        if setter is None:
-            continue
-        try:
-            setter(setting)
-            return setting
-        except (RuntimeError, ValueError):
-            continue
-    return None
-
-
-def pinned_moments(model: torch.nn.Module) -> tuple[int, int]:
-    """Bytes of HostAdamW's two fp32 moments per parameter: exact, and as blocks rounded up to a
-    power of two (torch's pinned allocator by default)."""
-    sizes = [4 * local(p).numel() for p in model.parameters() if p.requires_grad]
-    return 2 * sum(sizes), 2 * sum(1 << max(b - 1, 0).bit_length() for b in sizes)
+def pinned_moments(model: torch.nn.Module) -> int:
+    """Bytes of HostAdamW's two fp32 moments (one pinned buffer for all parameters)."""
+    return 2 * sum(4 * local(p).numel() for p in model.parameters() if p.requires_grad)
 
 
 def available_host_bytes() -> int:
@@ -813,23 +785,15 @@ def section_update(ctx: Context) -> None:
     ctx.check("the plan counts the model's parameters", params == arch.params)
     ctx.check("gradient checkpointing on", model.is_gradient_checkpointing)
     ctx.check("chunked log-prob head", output_head(model) is not None)
-    if mode == "optimizer":  # HostAdamW pins the moments in host memory, one block each
-        exact, rounded = pinned_moments(model)
-        applied = exact_pinned_sizes()
+    if mode == "optimizer":  # HostAdamW pins the moments in host memory, one buffer for all
+        pinned = pinned_moments(model)
         available = available_host_bytes()
-        ctx.record(
-            pinned_moments_bytes=exact,
-            pinned_moments_rounded_bytes=rounded,
-            pinned_rounding=applied or "power of two (no setting on this torch)",
-            host_available_bytes=available,
-        )
-        pinned = rounded if applied is None else exact
+        ctx.record(pinned_moments_bytes=pinned, host_available_bytes=available)
         fits = pinned <= 0.9 * available  # a tenth for the process itself and the page cache
         ctx.check("host memory holds the pinned moments", fits)
         if not fits:  # pinning it would swap or wake the OOM killer: stop here, say why
             raise MemoryError(
-                f"HostAdamW would pin {_gib(pinned)} of moments in host memory "
-                f"({'power-of-two blocks' if applied is None else 'exact sizes'}) with "
+                f"HostAdamW would pin {_gib(pinned)} of moments in host memory with "
                 f"{_gib(available)} available: the update is not run"
             )
     optimizer = make_optimizer(model, mode)

@@ -361,7 +361,10 @@ def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
             f"sequences of {longest} tokens (prompt + response) exceed the model's "
             f"{arch.max_positions} positions (max_position_embeddings): lower model.max_response_tokens"
         )
-    host = 4 * x.weight_bytes * _ceil_div(arch.params, x.ranks) if x.offload != "none" else 0
+    # in host memory: everything with offload=all (weights, gradients, two moments), only AdamW's
+    # two fp32 moments with offload=optimizer (policy/offload.HostAdamW, one pinned buffer)
+    per_param = {"none": 0, "optimizer": 2 * 4, "all": 4 * x.weight_bytes}[x.offload]
+    host = per_param * _ceil_div(arch.params, x.ranks)
     kept = tuple(t for t in terms if any(t.bytes))
     return Plan(arch, x, kept, tuple(problems), tuple(notes), host)
 
