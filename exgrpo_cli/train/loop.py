@@ -26,6 +26,7 @@ from exgrpo_cli.algo.losses import LossSettings, PolicyLoss
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
+from exgrpo_cli.metrics.memory import PhaseMemory
 from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, broadcast_object
 from exgrpo_cli.policy.forward import token_budget
 from exgrpo_cli.policy.scoring import score_candidates
@@ -96,16 +97,17 @@ class Trainer:
     # ------------------------------------------------------------------ the step
     def train_step(self, step: int) -> dict[str, float]:
         cfg, st, t = self.cfg, self.state, Timers()
+        mem = PhaseMemory(next(st.model.parameters()).device)
         t_step = time.perf_counter()
         mixed = self.replay_enabled and st.switch.active
         replayed: list[tuple[Question, Experience]] = []
         selected_score = float("nan")
-        with t("select"):
+        with t("select"), mem("select"):
             if mixed:
                 replayed, selected_score = self.select_replay(step, t)
         retired = st.buffer.retired if self.replay_enabled else ()
         fresh = st.sampler.draw(cfg.algo.questions_per_step - len(replayed), retired=retired)
-        with t("rollout"):
+        with t("rollout"), mem("rollout"):
             groups = self.rollout(fresh, replayed, step)
         with t("reward"):
             reward_metrics = self.score(groups)
@@ -116,14 +118,14 @@ class Trainer:
         mine = update_order(mine, cfg.algo.updates_per_step, step_rng(cfg.trainer.seed, step, 4))
         batch = build_mixed_batch([groups[i] for i in mine])
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
-        with t("update"):
+        with t("update"), mem("update"):
             result = policy_update(
                 st.model, st.optimizer, batch, advantages, self.update_plan(), self.pad_id, self.dist
             )
         if self.replay_enabled:
             with t("buffer"):
                 self.observe(groups, step, self.trainer_logprobs(groups, mine, result))
-        with t("sync"):
+        with t("sync"), mem("sync"):
             self.engine.sync_weights(st.model)
         if self.replay_enabled:
             with t("buffer"):
@@ -138,6 +140,7 @@ class Trainer:
             **rollout_metrics(groups, batch),
             **loss_metrics(result, float(st.optimizer.param_groups[0]["lr"])),
             **t,
+            **mem,
         }
         if self.replay_enabled:
             metrics.update(st.buffer.metrics())

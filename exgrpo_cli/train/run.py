@@ -180,7 +180,12 @@ def _loop(
     switch, ratio, warned = st.switch, trainer.cfg.replay.ratio, False
     with StopRequested() as stop:
         for step in range(st.step + 1, t.steps + 1):
-            metrics = D.all_reduce_dict(trainer.train_step(step), dist)  # run-wide means
+            raw = trainer.train_step(step)
+            peaks = {k: v for k, v in raw.items() if k.startswith("memory/")}
+            metrics = D.all_reduce_dict(
+                {k: v for k, v in raw.items() if k not in peaks}, dist
+            )  # run-wide means
+            metrics.update(D.all_reduce_dict(peaks, dist, op="max"))  # memory: the fullest rank
             last = step == t.steps
             if val_qs and (last or (t.eval_every and step % t.eval_every == 0)):
                 metrics.update(validate(trainer, val_qs))
