@@ -2,15 +2,43 @@
 
 Thin: the runner (exgrpo_cli.evaluation.runner) does the work. Bad input (a missing benchmark
 file, a model path that holds no model, an unreadable regrade file) raises a `UsageError` there,
-which `dispatch` turns into one line on stderr and exit code 2.
+which `dispatch` turns into one line on stderr and exit code 2. With `trainer.nproc` above one
+(`auto`: one rank per visible GPU), the node's ranks share every benchmark's questions, each with
+its own copy of the model and engine; rank 0 writes the results, which equal one process's.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from typing import Any
+
 from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.errors import ExgrpoError
 
 
 def run(cfg: ExgrpoConfig) -> None:
     from exgrpo_cli.evaluation.runner import run_eval
+    from exgrpo_cli.train.launch import launch, resolve_nproc
 
-    run_eval(cfg)
+    nproc = 1 if cfg.eval.regrade else resolve_nproc(cfg)  # a regrade loads no model
+    if nproc > 1:
+        launch(cfg, nproc, rank_main)
+    else:
+        run_eval(cfg)
+
+
+def rank_main(cfg: ExgrpoConfig) -> dict[str, Any] | None:
+    """What every rank of a multi-rank eval runs (in a fresh process)."""
+    from exgrpo_cli.evaluation.runner import run_eval
+    from exgrpo_cli.policy import distributed as D
+
+    dist = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
+    try:
+        return run_eval(cfg, dist)
+    except ExgrpoError as err:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"exgrpo eval: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None
+    finally:
+        D.close_distributed()

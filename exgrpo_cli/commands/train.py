@@ -33,7 +33,7 @@ def run(cfg: ExgrpoConfig) -> None:
     if cfg.trainer.dry_run:
         return
     if nproc > 1:  # the whole node from one command; this process only waits for the ranks
-        final = launch(cfg, nproc)
+        final = launch(cfg, nproc) or {}
     else:
         from exgrpo_cli.train.run import run_training
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
     from exgrpo_cli.evaluation.validate import SampledResult
+    from exgrpo_cli.policy.distributed import DistInfo
     from exgrpo_cli.reward import RewardScorer
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,7 @@ def evaluate_model(
     scorer: RewardScorer,
     gen_fh: TextIO,
     console: Console,
+    dist: DistInfo | None = None,
 ) -> ModelResult:
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
     import torch
@@ -218,7 +220,7 @@ def evaluate_model(
     same = path == cfg.model.path
     model_cfg = dataclasses.replace(cfg.model, path=path, gguf_file=cfg.model.gguf_file if same else "")
     run_cfg = dataclasses.replace(cfg, model=model_cfg)
-    device = pick_device(cfg.trainer.device)
+    device = dist.device if dist is not None else pick_device(cfg.trainer.device)  # a rank: its own GPU
     tokenizer = load_tokenizer(model_cfg)
     # an engine that loads the weights itself (vLLM) gets no HF copy: it would only take memory
     engine_spec = pick(ENGINES, "rollout.engine", cfg.rollout.engine)
@@ -252,6 +254,7 @@ def evaluate_model(
                     progress=tick,
                     data_system=not lb.bench.official,
                     rule_for_prompt=official_answer_rule if lb.bench.official else None,
+                    dist=dist,
                 )
             for row in _rows(label, lb, res, template.requires_think):
                 gen_fh.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -316,10 +319,12 @@ class _Progress:
             self.bar.stop()
 
 
-def run_eval(cfg: ExgrpoConfig) -> dict[str, Any]:
-    """The whole `exgrpo eval` run (or a regrade); returns the results.json content."""
+def run_eval(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> dict[str, Any] | None:
+    """The whole `exgrpo eval` run (or a regrade); returns the results.json content. Under several
+    ranks (`dist`) each samples and grades its share; rank 0 alone writes and returns the results."""
+    main = dist is None or dist.is_main
     out = output_dir(cfg)
-    console = Console(stderr=True)
+    console = Console(stderr=True, quiet=not main)
     if cfg.eval.regrade:
         return regrade(cfg, cfg.eval.regrade, out)
     suite = load_suite(cfg)  # a missing file stops here, before any model is loaded
@@ -332,14 +337,17 @@ def run_eval(cfg: ExgrpoConfig) -> dict[str, Any]:
 
     template = get_template(cfg.model.template)
     out.mkdir(parents=True, exist_ok=True)
-    scorer = RewardScorer(requires_think=template.requires_think, workers=min(4, os.cpu_count() or 1))
+    workers = min(4, os.cpu_count() or 1) // (dist.world_size if dist is not None else 1)
+    scorer = RewardScorer(requires_think=template.requires_think, workers=max(1, workers))
     results: list[ModelResult] = []
     try:
-        with (out / GENERATIONS).open("w", encoding="utf-8") as fh:
+        with (out / GENERATIONS).open("w", encoding="utf-8") if main else open(os.devnull, "w") as fh:
             for label, path in models:
-                results.append(evaluate_model(cfg, label, path, suite, template, scorer, fh, console))
+                results.append(evaluate_model(cfg, label, path, suite, template, scorer, fh, console, dist))
     finally:
         scorer.close()
+    if not main:
+        return None
     return finish(cfg, out, results, cfg.eval.suite, settings(cfg))
 
 

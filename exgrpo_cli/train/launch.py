@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +96,9 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, float]:
         raise SystemExit(err.exit_code) from None
 
 
-def launch(cfg: ExgrpoConfig, nproc: int) -> dict[str, float]:
-    """Start `nproc` ranks on this node, wait for all of them; rank 0's result. Raises SystemExit
-    with the worst rank's exit code when any failed."""
+def launch(cfg: ExgrpoConfig, nproc: int, target: Callable[[ExgrpoConfig], Any] | None = None) -> Any:
+    """Start `nproc` ranks on this node running `target(cfg)` (default: training), wait for all of
+    them; rank 0's result. Raises SystemExit with the worst rank's exit code when any failed."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -121,11 +122,11 @@ def launch(cfg: ExgrpoConfig, nproc: int) -> dict[str, float]:
     # the parent only waits on Ctrl-C (the ranks stop themselves, see above)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        results: dict[int, Any] = elastic_launch(config, rank_main)(cfg)
+        results: dict[int, Any] = elastic_launch(config, target or rank_main)(cfg)
     except ChildFailedError as err:
         codes = [f.exitcode for f in err.failures.values()]
         worst = max(codes, key=lambda c: abs(c))
         raise SystemExit(worst if worst > 0 else 1) from None
     finally:
         signal.signal(signal.SIGINT, previous)
-    return dict(results.get(0) or {})
+    return results.get(0)

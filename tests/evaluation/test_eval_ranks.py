@@ -1,0 +1,37 @@
+"""`exgrpo eval trainer.nproc=2`: the ranks share each benchmark's questions (their own model
+copies, the chunks' own seeds) and rank 0 writes the results one process writes (issue #12 point 9)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import run_cli
+
+ARGS = ["trainer.threads=1", "eval.limit=24", "eval.batch_size=4", "logger.wandb.mode=disabled"]
+
+
+def _without_times(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _without_times(v) for k, v in d.items() if k != "seconds"}
+    if isinstance(d, list):
+        return [_without_times(x) for x in d]
+    return d
+
+
+@pytest.mark.slow
+def test_two_ranks_write_one_process_results(tiny_model: Path, tmp_path: Path) -> None:
+    outs = {}
+    for n in (1, 2):
+        out = tmp_path / f"np{n}"
+        res = run_cli(["eval", f"trainer.nproc={n}", f"hydra.run.dir={out}", *ARGS])
+        assert res.returncode == 0, res.stderr[-3000:]
+        outs[n] = out
+    one, two = (json.loads((outs[n] / "results.json").read_text()) for n in (1, 2))
+    assert _without_times(one) == _without_times(two)
+    assert (outs[1] / "generations.jsonl").read_text() == (outs[2] / "generations.jsonl").read_text()
+    rows = (outs[2] / "generations.jsonl").read_text().splitlines()
+    assert len(rows) == 24 * 4  # every question's samples, written once (by rank 0)
