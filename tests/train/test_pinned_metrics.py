@@ -1,0 +1,58 @@
+"""What a run computes is pinned: steps 0-3 of the default run and of a replaying run, through the real CLI.
+
+The expected rows (tests/train/pinned_metrics.json) were recorded with the code before the seams refactor;
+refactors must reproduce them. Timings and metrics added later (memory/*) are not compared; a pinned key
+that disappears is a failure. Sampling makes one changed token change everything after it, so a match to
+1e-6 means the same computation, not a similar one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+PINNED = json.loads((Path(__file__).parent / "pinned_metrics.json").read_text())
+REL_TOL = 1e-6
+
+
+def _mismatches(expected: list[dict], got: list[dict]) -> list[str]:
+    found = {row["step"]: row for row in got}
+    bad = []
+    for want in expected:
+        row = found.get(want["step"])
+        if row is None:
+            bad.append(f"step {want['step']}: missing")
+            continue
+        for key, value in want.items():
+            if key not in row:
+                bad.append(f"step {want['step']} {key}: missing")
+            elif value is None or row[key] is None:
+                if value != row[key]:
+                    bad.append(f"step {want['step']} {key}: {row[key]} != {value}")
+            elif not math.isclose(row[key], value, rel_tol=REL_TOL, abs_tol=1e-9):
+                bad.append(f"step {want['step']} {key}: {row[key]!r} != pinned {value!r}")
+    return bad
+
+
+def test_mismatch_report_catches_a_changed_value():
+    rows = PINNED["runs"]["default"]["rows"]
+    changed = [dict(row) for row in rows]
+    changed[1]["loss/total"] *= 1 + 1e-4
+    del changed[2]["optim/grad_norm"]
+    assert _mismatches(rows, rows) == []
+    assert len(_mismatches(rows, changed)) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", sorted(PINNED["runs"]))
+def test_run_reproduces_pinned_metrics(run: str, tiny_model: Path, tmp_path: Path):
+    pinned = PINNED["runs"][run]
+    res = run_cli(["train", f"hydra.run.dir={tmp_path}", *pinned["overrides"]], timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    got = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert _mismatches(pinned["rows"], got) == []
