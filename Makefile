@@ -93,7 +93,7 @@ bench-venv: $(BENCH_STAMP) ## TRL (the baseline of make bench) in .venv-bench, s
 bench: install $(BENCH_STAMP) ## benchmark suite: vs TRL, replay overhead, engines, buffer, MFU (< 15 min; tables + benchmarks/results/)
 	$(PY) benchmarks/suite.py $(BENCH_ARGS)
 
-bench-quick: install $(BENCH_STAMP) ## the suite's quick mode (tiny model only, < 3 min)
+bench-quick: install $(BENCH_STAMP) ## the suite's quick mode: tiny model only, plus the memory section (~4 min)
 	$(PY) benchmarks/suite.py --quick $(BENCH_ARGS)
 
 bench-default: install ## the default run's time and held-out accuracy gain (benchmarks/default_run.py)

@@ -8,8 +8,15 @@ trainer, and the very functions exgrpo's own update calls.
 """
 
 from exgrpo_cli.algo.advantages import group_advantages
-from exgrpo_cli.algo.aggregation import AGGREGATIONS, Normalisers, UpdateShape, objective
-from exgrpo_cli.algo.logprobs import mean_token_entropy, token_entropy, token_logprobs
+from exgrpo_cli.algo.aggregation import (
+    AGGREGATIONS,
+    AggregationSettings,
+    Normalisers,
+    UpdateShape,
+    entropy_norms,
+    objective,
+)
+from exgrpo_cli.algo.logprobs import chunked_token_logprobs, mean_token_entropy, token_entropy, token_logprobs
 from exgrpo_cli.algo.losses import (
     POLICY_LOSSES,
     LossInputs,
@@ -23,6 +30,7 @@ from exgrpo_cli.algo.losses import (
 
 __all__ = [
     "AGGREGATIONS",
+    "AggregationSettings",
     "POLICY_LOSSES",
     "LossInputs",
     "LossSettings",
@@ -30,6 +38,8 @@ __all__ = [
     "Normalisers",
     "UpdateShape",
     "behaviour_logprobs",
+    "chunked_token_logprobs",
+    "entropy_norms",
     "exgrpo_policy_loss",
     "exgrpo_token_losses",
     "group_advantages",
