@@ -46,16 +46,19 @@ def _presets() -> str:
 
 
 def _check_variants(jobs: list[sw.Job]) -> None:
-    """Compose and validate each variant's config now, not an hour into the sweep."""
+    """Compose and check each variant's config as `exgrpo train` would, now, not an hour into the sweep."""
     from hydra import compose
 
     from exgrpo_cli.commands import to_typed
     from exgrpo_cli.config import ConfigError, validate
+    from exgrpo_cli.variants import check_variants
 
     for job in {j.variant.name: j for j in jobs}.values():
         try:
             composed = compose(config_name="config", overrides=list(job.overrides))
-            validate(to_typed(composed), "train")
+            typed = to_typed(composed)
+            validate(typed, "train")
+            check_variants(typed, "train")  # names (selection rules, losses, ...) as `exgrpo train` checks them
         except ConfigError as err:
             _fail(f"variant {job.variant.name!r}: {err}")
         except Exception as err:  # Hydra's own errors: unknown key, bad override syntax

@@ -83,3 +83,18 @@ def test_ablate_two_variants_then_restart(tiny_model: Path, tmp_path: Path):
     assert (sweep / "on-policy" / "seed0" / "metrics.jsonl").stat().st_mtime == logged
     assert json.loads((sweep / "wo-shaping" / "seed0" / sw.MARKER).read_text())["attempts"] == 1
     assert time.perf_counter() - t0 < 60  # no training: start-up and the summary only
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [("replay.trajectory_selection=lowest_entrpy", "replay.trajectory_selection"), ("algo.loss=grpoo", "algo.loss")],
+)
+def test_ablate_refuses_an_unknown_variant_name_before_any_run(override: str, key: str, tmp_path: Path):
+    conf = tmp_path / "conf" / "ablation"
+    conf.mkdir(parents=True)
+    (conf / "toy.yaml").write_text(TOY.replace("replay.shaping=false]", f"{override}]"))
+    sweep = tmp_path / "sweep"
+    res = _ablate(tmp_path / "conf", sweep, tmp_path / "hydra")
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "w/o shaping" in res.stderr and key in res.stderr
+    assert not list(sweep.glob("*/seed*/metrics.jsonl"))  # no variant ran, not even the valid one
