@@ -26,6 +26,7 @@ from exgrpo_cli.config import DataConfig
 from exgrpo_cli.data import synthetic
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
+from exgrpo_cli.registry import pick
 
 log = logging.getLogger(__name__)
 
@@ -382,9 +383,7 @@ SOURCES: dict[str, DataSource] = {
 def load_questions(cfg: DataConfig) -> tuple[list[Question], list[Question], LoadReport]:
     """(training pool, held-out set, report of skipped rows)."""
     report = LoadReport()
-    if cfg.source not in SOURCES:
-        raise DataError(f"unknown data.source {cfg.source!r}; known: {', '.join(SOURCES)}")
-    questions, val = SOURCES[cfg.source].load(cfg, report)
+    questions, val = pick(SOURCES, "data.source", cfg.source).load(cfg, report)
     for line in skipped_rows_lines(report):
         log.warning(line)
     if not questions:
