@@ -8,39 +8,16 @@ line on stderr and the error's exit code.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from exgrpo_cli.commands.compose import hydra_choices, to_typed, with_preset_name
 from exgrpo_cli.config import ExgrpoConfig, validate
 from exgrpo_cli.errors import ExgrpoError
 
-
-def to_typed(cfg: DictConfig) -> ExgrpoConfig:
-    obj = OmegaConf.to_object(cfg)
-    if not isinstance(obj, ExgrpoConfig):
-        raise TypeError(f"the composed config is a {type(obj).__name__}, not an ExgrpoConfig")
-    return obj
-
-
-def hydra_choices() -> dict[str, str]:
-    """The presets Hydra composed the running command with (empty outside `@hydra.main`)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return {k: str(v) for k, v in HydraConfig.get().runtime.choices.items() if v is not None}
-    except ValueError:  # not under @hydra.main (a test composing configs)
-        return {}
-
-
-def with_preset_name(cfg: ExgrpoConfig, choices: dict[str, str]) -> ExgrpoConfig:
-    """`model.preset`: the conf/model/ file the config was composed with (it names itself)."""
-    chosen = choices.get("model")
-    if not chosen or cfg.model.preset:
-        return cfg
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, preset=chosen))
+__all__ = ["dispatch", "hydra_choices", "to_typed", "with_preset_name"]
 
 
 def _command(command: str) -> Callable[[ExgrpoConfig], None]:

@@ -49,7 +49,7 @@ def _check_variants(jobs: list[sw.Job]) -> None:
     """Compose and check each variant's config as `exgrpo train` would, now, not an hour into the sweep."""
     from hydra import compose
 
-    from exgrpo_cli.commands import to_typed
+    from exgrpo_cli.commands.compose import to_typed
     from exgrpo_cli.config import ConfigError, validate
     from exgrpo_cli.variants import check_variants
 
@@ -58,7 +58,7 @@ def _check_variants(jobs: list[sw.Job]) -> None:
             composed = compose(config_name="config", overrides=list(job.overrides))
             typed = to_typed(composed)
             validate(typed, "train")
-            check_variants(typed, "train")  # names (selection rules, losses, ...) as `exgrpo train` checks them
+            check_variants(typed, "train")  # the names (selection rules, losses...), as `exgrpo train`
         except ConfigError as err:
             _fail(f"variant {job.variant.name!r}: {err}")
         except Exception as err:  # Hydra's own errors: unknown key, bad override syntax

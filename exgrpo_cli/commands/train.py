@@ -108,14 +108,13 @@ def verifier(devices: Devices) -> Callable[[tuple[str, ...]], Plan | None] | Non
         from omegaconf.errors import OmegaConfBaseException
 
         from exgrpo_cli import plan
-        from exgrpo_cli.commands import to_typed
+        from exgrpo_cli.commands.compose import to_typed, with_preset_name
         from exgrpo_cli.plan.inputs import inputs_from_config
 
         try:
             typed = to_typed(compose(config_name="config", overrides=[*task, *extra]))
-            preset = next((o.split("=", 1)[1] for o in extra if o.startswith("model=")), "")
-            if preset:
-                typed = dataclasses.replace(typed, model=dataclasses.replace(typed.model, preset=preset))
+            models = [o.split("=", 1)[1] for o in (*task, *extra) if o.startswith("model=")]
+            typed = with_preset_name(typed, {"model": models[-1]} if models else {})
             validate(typed, "train")
             arch = plan.resolve_architecture(typed.model, offline_ok=True)
         except (UsageError, HydraException, OmegaConfBaseException) as err:
