@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from exgrpo_cli.data.types import Question
+from exgrpo_cli.errors import ExgrpoError
 
 
 class QuestionSampler:
@@ -25,20 +26,25 @@ class QuestionSampler:
         self.position = 0
         self.order: list[int] = []
 
-    def _start_epoch(self, retired: Container[str]) -> None:
+    def _start_epoch(self, retired: Container[str], n: int) -> None:
         self.epoch += 1
         self.position = 0
         rng = np.random.default_rng([self.seed, self.epoch])
         keep = [i for i, q in enumerate(self.questions) if q.uid not in retired]
-        if not keep:
-            raise RuntimeError("every training question is retired (solved K/K): nothing left to sample")
+        if len(keep) < n:
+            # a smaller pool would put one question into a step twice
+            raise ExgrpoError(
+                f"only {len(keep)} of the {len(self.questions)} training questions are not retired "
+                f"(solved K/K), fewer than the {n} fresh questions a step needs: use a larger "
+                "training set, fewer trainer.steps, or replay.readmit_retired_fraction > 0"
+            )
         self.order = [keep[i] for i in rng.permutation(len(keep))]
 
     def draw(self, n: int, retired: Container[str] = ()) -> list[Question]:
         out: list[Question] = []
         while len(out) < n:
             if self.position >= len(self.order):
-                self._start_epoch(retired)
+                self._start_epoch(retired, n)
             out.append(self.questions[self.order[self.position]])
             self.position += 1
         return out

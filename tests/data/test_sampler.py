@@ -4,9 +4,11 @@ what makes the `retired` ablation measure something."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
+from exgrpo_cli.errors import ExgrpoError
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 
 
@@ -41,3 +43,15 @@ def test_readmission_changes_the_stream_only_once_the_pool_is_drawn_again() -> N
     assert gone and not gone & set(retire[96:])
     # ... while re-admission brings some of them back
     assert gone & set(readmit[96:])
+
+
+def test_a_pool_retired_below_one_step_stops_the_run_with_a_message() -> None:
+    questions = [Question(f"q{i}", f"p{i}", "1") for i in range(6)]
+    sampler = QuestionSampler(questions, seed=0)
+    first = sampler.draw(4)
+    assert len({q.uid for q in first}) == 4
+    retired = {"q0", "q1", "q2"}  # 3 left: a step of 4 would hold one question twice
+    sampler.draw(2, retired)  # the rest of epoch 0: no new epoch, no check yet
+    with pytest.raises(ExgrpoError, match="only 3 of the 6 training questions are not retired"):
+        sampler.draw(4, retired)
+    assert [q.uid for q in sampler.draw(3, retired)]  # a step that fits still draws
