@@ -4,7 +4,8 @@ Thin: the runner (exgrpo_cli.evaluation.runner) does the work. Bad input (a miss
 file, a model path that holds no model, an unreadable regrade file) raises a `UsageError` there,
 which `dispatch` turns into one line on stderr and exit code 2. With `trainer.nproc` above one
 (`auto`: one rank per visible GPU), the node's ranks share every benchmark's questions, each with
-its own copy of the model and engine; rank 0 writes the results, which equal one process's.
+its own copy of the model and engine; rank 0 writes the results, which equal one process's. Under
+`torchrun ... -m exgrpo_cli eval` every process is one of those ranks.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from exgrpo_cli.errors import ExgrpoError
 
 def run(cfg: ExgrpoConfig) -> None:
     from exgrpo_cli.evaluation.runner import run_eval
-    from exgrpo_cli.train.launch import launch, resolve_nproc
+    from exgrpo_cli.train.launch import launch, resolve_nproc, under_launcher
 
+    if under_launcher() and not cfg.eval.regrade:  # torchrun started this rank: join the others
+        rank_main(cfg)
+        return
     nproc = 1 if cfg.eval.regrade else resolve_nproc(cfg)  # a regrade loads no model
     if nproc > 1:
         launch(cfg, nproc, rank_main)

@@ -35,3 +35,24 @@ def test_two_ranks_write_one_process_results(tiny_model: Path, tmp_path: Path) -
     assert (outs[1] / "generations.jsonl").read_text() == (outs[2] / "generations.jsonl").read_text()
     rows = (outs[2] / "generations.jsonl").read_text().splitlines()
     assert len(rows) == 24 * 4  # every question's samples, written once (by rank 0)
+
+
+@pytest.mark.slow
+def test_eval_under_torchrun_is_one_eval_of_two_ranks(tiny_model: Path, tmp_path: Path) -> None:
+    """torchrun starts the processes itself: they must form one eval, not run two whole ones into
+    the same folder."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, cli_env
+
+    single, launched = tmp_path / "one", tmp_path / "torchrun"
+    assert run_cli(["eval", "trainer.nproc=1", f"hydra.run.dir={single}", *ARGS]).returncode == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "exgrpo_cli", "eval", f"hydra.run.dir={launched}", *ARGS]  # fmt: skip
+    res = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    one, two = (json.loads((d / "results.json").read_text()) for d in (single, launched))
+    assert _without_times(one) == _without_times(two)
+    assert (single / "generations.jsonl").read_text() == (launched / "generations.jsonl").read_text()
+    assert res.stderr.count("wrote ") == 1  # rank 0 alone reports
