@@ -1,10 +1,10 @@
 """Sampled accuracy of the policy on held-out questions: `val/` metrics of `exgrpo train`.
 
-The same rollout engine and reward as training; n samples per question at the rollout
-temperature, so `val/accuracy` is the mean per-sample accuracy (avg@n) and `val/pass@n` the share
-of questions solved at least once. `exgrpo eval` uses the same function, with the official
-evaluation's prompt (`data_system=False`) and answer rule (`rule_for_prompt`) on the paper
-benchmarks.
+The same rollout engine and reward as training; n samples per question at
+`trainer.val_temperature` (the rollout temperature when unset), so `val/accuracy` is the mean
+per-sample accuracy (avg@n) and `val/pass@n` the share of questions solved at least once.
+`exgrpo eval` uses the same function at `eval.temperature`, with the official evaluation's prompt
+(`data_system=False`) and answer rule (`rule_for_prompt`) on the paper benchmarks.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.reward.extract import AnswerRule
+from exgrpo_cli.reward.scorer import ScoreResult
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 
 if TYPE_CHECKING:
@@ -24,9 +25,8 @@ if TYPE_CHECKING:
 
 
 class Scorer(Protocol):
-    """What `sample_and_grade` needs of a scorer (`RewardScorer`). Its result must have
-    `.rewards`; `.extracted`, `.timeouts` and `.errors` are read when present. `rules` is passed
-    only when the caller gives `rule_for_prompt`."""
+    """What `sample_and_grade` needs of a scorer (`RewardScorer`): a `ScoreResult` per call.
+    `rules` is passed only when the caller gives `rule_for_prompt`."""
 
     def score(
         self,
@@ -35,7 +35,7 @@ class Scorer(Protocol):
         kinds: Sequence[str] | None = None,
         *,
         rules: Sequence[AnswerRule] | None = None,
-    ) -> Any: ...
+    ) -> ScoreResult: ...
 
 
 @dataclass
@@ -97,6 +97,8 @@ def sample_and_grade(
     for k in range(calls):
         if k >= len(mine):
             engine.generate([], [], spec)
+            if progress is not None:
+                progress(len(questions))
             continue
         start = mine[k]
         idx = list(range(start, min(start + per_call, len(questions))))
@@ -106,8 +108,9 @@ def sample_and_grade(
         for r in outs:
             by_q[r.prompt_index].append(decode_response(tokenizer, r.response_ids))
         texts.update(zip(idx, by_q))
-        if progress is not None:
-            progress(len(texts))
+        if progress is not None:  # the ranks go in step: after k+1 calls, (k+1) x W chunks are done
+            done = (k + 1) * world
+            progress(starts[done] if done < len(starts) else len(questions))
     graded = _grade(sorted(texts), texts, questions, scorer, n, kinds, rules)
     if world > 1:  # every rank gets every question's samples and grades
         from exgrpo_cli.policy.distributed import all_gather_object
@@ -155,13 +158,11 @@ def _grade(
     if rules:
         flat_rules = [rules[i] for i in idx for _ in range(n)]
         graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind, rules=flat_rules)
-    else:  # the call of training's validation (and of minimal test doubles)
+    else:  # training's validation: the scorer's own rule
         graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind)
-    # a minimal scorer (a test double) may return only `.rewards`
-    got = getattr(graded, "extracted", None) or [None] * len(flat_resp)
     correct = {i: list(graded.rewards[k * n : (k + 1) * n]) for k, i in enumerate(idx)}
-    extracted = {i: list(got[k * n : (k + 1) * n]) for k, i in enumerate(idx)}
-    return _Graded(correct, extracted, getattr(graded, "timeouts", 0), getattr(graded, "errors", 0))
+    extracted = {i: list(graded.extracted[k * n : (k + 1) * n]) for k, i in enumerate(idx)}
+    return _Graded(correct, extracted, graded.timeouts, graded.errors)
 
 
 def _merge(parts: list[_Graded]) -> _Graded:

@@ -1,12 +1,14 @@
 """`sample_and_grade`, shared by training's validation and `exgrpo eval`: the original call still
 works (a scorer that returns only rewards), and the eval's extra outputs line up per sample."""
 
-from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from exgrpo_cli.data.templates import TEMPLATES
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.evaluation.validate import sample_and_grade
+from exgrpo_cli.reward.scorer import ScoreResult
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec
 
 
@@ -35,14 +37,10 @@ class EchoEngine:
         ]
 
 
-@dataclass
-class RewardsOnly:
-    rewards: list
-
-
 class LastSampleRight:
-    def score(self, responses: list[str], answers: list[str], kinds: list[str] | None = None) -> RewardsOnly:
-        return RewardsOnly([1.0 if r == f"\\boxed{{{a}}}" else 0.0 for r, a in zip(responses, answers)])
+    def score(self, responses: list[str], answers: list[str], kinds: list[str] | None = None) -> ScoreResult:
+        rewards = [1.0 if r == f"\\boxed{{{a}}}" else 0.0 for r, a in zip(responses, answers)]
+        return ScoreResult(rewards, [None] * len(responses))
 
 
 def test_sample_and_grade_old_and_new_outputs():
@@ -68,6 +66,37 @@ def test_sample_and_grade_old_and_new_outputs():
     assert res.prompts == [f"question {i}" for i in range(5)]
     assert res.extracted == [[None] * 3] * 5  # this scorer extracts nothing
     assert (res.timeouts, res.errors) == (0, 0)
+
+
+def test_rank_zero_progress_counts_every_rank_s_chunks(monkeypatch: Any) -> None:
+    """Under 2 ranks, rank 0 generates chunks 0 and 2 of 3; its progress bar stands for the whole
+    eval, so it reports the questions the two ranks have done together."""
+    from types import SimpleNamespace
+
+    import exgrpo_cli.policy.distributed as D
+
+    class Gathered(Exception):
+        pass
+
+    def gather(obj: Any, dist: Any) -> None:
+        raise Gathered  # generation is over: only the ticks matter here
+
+    monkeypatch.setattr(D, "all_gather_object", gather)
+    ticks: list[int] = []
+    with pytest.raises(Gathered):
+        sample_and_grade(
+            EchoEngine(),
+            CharTokenizer(),
+            TEMPLATES["plain"],
+            [Question(f"q{i}", f"question {i}", "2") for i in range(5)],
+            LastSampleRight(),
+            n=3,
+            spec=SamplingSpec(0.6, 1.0, 8, seed=10),
+            chunk=6,
+            progress=ticks.append,
+            dist=SimpleNamespace(rank=0, world_size=2),  # type: ignore[arg-type]
+        )
+    assert ticks == [4, 5]  # after one call each: chunks 0 and 1 (4 questions); then all 5
 
 
 class ChatTokenizer(CharTokenizer):
@@ -96,9 +125,9 @@ class RecordingScorer:
         answers: list[str],
         kinds: list[str] | None = None,
         rules: list[Any] | None = None,
-    ) -> RewardsOnly:
+    ) -> ScoreResult:
         self.rules = rules
-        return RewardsOnly([0.0] * len(responses))
+        return ScoreResult([0.0] * len(responses), [None] * len(responses))
 
 
 def test_sample_and_grade_official_prompt_and_rule():
