@@ -33,9 +33,12 @@ import numpy as np
 
 from exgrpo_cli.replay.buckets import BucketScheme
 from exgrpo_cli.replay.indexed_set import IndexedSet
-from exgrpo_cli.replay.persistence import FORMAT_VERSION
+from exgrpo_cli.replay.persistence import FORMAT_VERSION, checked_arrays, load_buffer, save_buffer
+from exgrpo_cli.replay.persistence import META_HASH as _HASH
+from exgrpo_cli.replay.persistence import META_LEN as _LEN
+from exgrpo_cli.replay.persistence import META_SEQ as _SEQ
+from exgrpo_cli.replay.persistence import META_STEP as _STEP
 
-_LEN, _STEP, _HASH, _SEQ = range(4)  # columns of a question's meta array
 META_BYTES = 4 * 8  # int64 meta row per experience
 
 
@@ -375,7 +378,6 @@ class ExperienceBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the content with ``state``; group size and bucket edges must match this buffer."""
-        from exgrpo_cli.replay.persistence import checked_arrays
 
         index = state["index"]
         ids, logp, meta, counts = checked_arrays(state, self.group_size, self._scheme.edges)
@@ -409,13 +411,11 @@ class ExperienceBuffer:
 
     def save(self, directory: str) -> None:
         """Write the buffer into ``directory`` (format: replay/persistence.py)."""
-        from exgrpo_cli.replay.persistence import save_buffer
 
         save_buffer(self.state_dict(), directory)
 
     @classmethod
     def load(cls, directory: str) -> ExperienceBuffer:
-        from exgrpo_cli.replay.persistence import load_buffer
 
         state = load_buffer(directory)
         index = state["index"]

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 FORMAT_VERSION = 1
-_LEN = 0  # the length column of a buffer's meta array
+# the columns of a question's int64 meta array, one row per experience (the format's layout)
+META_LEN, META_STEP, META_HASH, META_SEQ = range(4)
 
 ARRAYS_FILE = "experiences.safetensors"
 INDEX_FILE = "index.json"
@@ -73,7 +74,7 @@ def checked_arrays(
         len(index["questions"]) == len(index["question_buckets"]) == len(counts)
         and (counts > 0).all()
         and int(counts.sum()) == len(meta)
-        and int(meta[:, _LEN].sum()) == len(ids) == len(logp)
+        and int(meta[:, META_LEN].sum()) == len(ids) == len(logp)
     ):
         raise ValueError("inconsistent buffer state: array sizes do not match the index")
     return ids, logp, meta, counts

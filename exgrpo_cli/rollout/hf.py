@@ -4,8 +4,9 @@ It samples from the very module being trained, so a weight sync costs nothing. A
 call go through the decode loop in chunks of at most `max_batch` sequences, left-padded; the
 per-token log-probs come from the raw logits (temperature 1), which is what the replay buffer
 stores. The loop is exgrpo's own (`sampling.py`: finished rows leave the batch, no per-step
-logits kept); `hf_generate=True`, and every FSDP-sharded run, use HF `generate` instead, whose
-`synced_gpus` keeps the ranks' forwards (collectives) in step.
+logits kept); `hf_generate=True`, and a run sharded over several ranks, use HF `generate`
+instead, whose `synced_gpus` keeps the ranks' forwards (collectives) in step (one GPU, FSDP2-wrapped
+alone, keeps exgrpo's loop: it has no other rank to wait for).
 
 `generate` keeps the raw logits of every step until it returns: sequences x new tokens x vocab
 floats. With a real vocabulary that is large (256 x 128 x 49k fp32 = 6.4 GB for SmolLM2), so on

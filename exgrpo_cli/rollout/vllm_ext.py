@@ -55,9 +55,3 @@ class WeightSyncExtension:
         from safetensors.torch import load_file
 
         return self.exgrpo_reload_weights(load_file(path, device="cpu"))
-
-    def exgrpo_weight_sums(self, names: list[str]) -> dict[str, float]:
-        """Sum of each named parameter as vLLM holds it (a cheap check that a sync landed).
-        vLLM fuses some HF tensors (q/k/v, gate/up), so only unfused names resolve."""
-        params = dict(self.model_runner.get_model().named_parameters())
-        return {n: float(params[n].detach().double().sum()) for n in names if n in params}
