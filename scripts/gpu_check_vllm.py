@@ -77,7 +77,8 @@ def compose(overrides: list[str]) -> Any:
     from hydra import initialize_config_dir
 
     from exgrpo_cli.commands import to_typed
-    from exgrpo_cli.config import register_configs, validate
+    from exgrpo_cli.config import register_configs
+    from exgrpo_cli.config_checks import validate
     from exgrpo_cli.paths import config_dir
 
     register_configs()

@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from exgrpo_cli.config import ExgrpoConfig, validate
+from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config_checks import validate
 from exgrpo_cli.errors import ExgrpoError
 
 
