@@ -218,7 +218,8 @@ def compose_config(overrides: list[str]) -> ExgrpoConfig:
     from hydra import compose, initialize_config_dir
 
     from exgrpo_cli.commands import to_typed
-    from exgrpo_cli.config import register_configs, validate
+    from exgrpo_cli.config import register_configs
+    from exgrpo_cli.config_checks import validate
     from exgrpo_cli.paths import config_dir
 
     register_configs()

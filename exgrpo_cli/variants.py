@@ -1,6 +1,6 @@
 """The start-up check of every variant a config names, against the registries that own them.
 
-Where it sits: in `commands.dispatch`, right after `config.validate` (ranges) and before any
+Where it sits: in `commands.dispatch`, right after `config_checks.validate` (ranges) and before any
 command builds anything, so that a wrong name stops the run with exit code 2 and the allowed
 names, before minutes of loading. The registries live in the modules that implement the variants
 (config.py imports none of them); this module only reads them, and checks what their capabilities

@@ -59,7 +59,7 @@ import importlib.util
 import torch
 import vllm
 
-from exgrpo_cli.rollout.vllm_engine import check_reload_api
+from exgrpo_cli.rollout.vllm_weights import check_reload_api
 
 if not torch.version.cuda:
     raise SystemExit(f"torch {torch.__version__} is not a CUDA build: the gpu extra needs vLLM's CUDA torch")

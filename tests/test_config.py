@@ -10,7 +10,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from exgrpo_cli.commands import to_typed, with_preset_name
-from exgrpo_cli.config import ConfigError, ExgrpoConfig, register_configs, validate
+from exgrpo_cli.config import ConfigError, ExgrpoConfig, register_configs
+from exgrpo_cli.config_checks import validate
 from exgrpo_cli.paths import config_dir
 from exgrpo_cli.policy.packaged import missing_requirement
 from exgrpo_cli.variants import check_variants

@@ -10,7 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from exgrpo_cli.commands import to_typed
-from exgrpo_cli.config import ExgrpoConfig, register_configs, validate
+from exgrpo_cli.config import ExgrpoConfig, register_configs
+from exgrpo_cli.config_checks import validate
 from exgrpo_cli.paths import config_dir
 
 CONF = Path(config_dir())

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from exgrpo_cli.commands.compose import hydra_choices, to_typed, with_preset_name
-from exgrpo_cli.config import ExgrpoConfig, validate
+from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config_checks import validate
 from exgrpo_cli.errors import ExgrpoError
 
 __all__ = ["dispatch", "hydra_choices", "to_typed", "with_preset_name"]

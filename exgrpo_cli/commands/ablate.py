@@ -50,7 +50,8 @@ def _check_variants(jobs: list[sw.Job]) -> None:
     from hydra import compose
 
     from exgrpo_cli.commands.compose import to_typed
-    from exgrpo_cli.config import ConfigError, validate
+    from exgrpo_cli.config import ConfigError
+    from exgrpo_cli.config_checks import validate
     from exgrpo_cli.variants import check_variants
 
     for job in {j.variant.name: j for j in jobs}.values():

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exgrpo_cli.config import ExgrpoConfig, ModelConfig, validate
+from exgrpo_cli.config import ExgrpoConfig, ModelConfig
+from exgrpo_cli.config_checks import validate
 from exgrpo_cli.errors import UsageError
 
 if TYPE_CHECKING:

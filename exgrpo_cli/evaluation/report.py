@@ -1,10 +1,11 @@
-"""The outputs of `exgrpo eval`: results.json, results.md and the console table.
+"""The outputs of `exgrpo eval`: results.json, results.md, the console table and the W&B scores.
 
-Where it sits: the end of an eval run (or of a regrade). The runner hands over one `ModelResult`
-per evaluated model; this module only lays them out. Scores are fractions in [0, 1] in JSON and
-percentages with one decimal in the tables, one row per model and one column per benchmark in the
-paper's order, with the ID / OOD / overall averages (unweighted means over the benchmarks present)
-after their groups.
+Where it sits: the end of an eval run (or of a regrade). The runner (or evaluation/regrade.py)
+turns each benchmark's graded samples into a `BenchmarkResult` (`summarize`) and hands over one
+`ModelResult` per evaluated model to `finish`; this module only scores and lays them out. Scores
+are fractions in [0, 1] in JSON and percentages with one decimal in the tables, one row per model
+and one column per benchmark in the paper's order, with the ID / OOD / overall averages
+(unweighted means over the benchmarks present) after their groups.
 
 results.json:
     {"suite": ..., "settings": {temperature, top_p, max_new_tokens, n, k, limit, template, ...},
@@ -19,15 +20,20 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from exgrpo_cli.evaluation.scoring import group_averages
+from exgrpo_cli.evaluation.scoring import avg_at_n, group_averages, mean_pass_at_k, metric_name
 
+if TYPE_CHECKING:
+    from exgrpo_cli.config import ExgrpoConfig
+    from exgrpo_cli.evaluation.benchmarks import Benchmark
+
+GENERATIONS = "generations.jsonl"  # every graded sample, one JSON row each
 AVERAGE_TITLES = {"id": "ID avg", "ood": "OOD avg", "all": "All avg"}
 
 
@@ -169,3 +175,76 @@ def print_table(
         # rich lays a pipe or a log file out 80 columns wide: too narrow for the paper's 12 columns
         console = Console() if Console().is_terminal else Console(width=200)
     console.print(rich_table(models, title))
+
+
+# ----------------------------------------------------------------------------- shared by a run and a regrade
+def summarize(
+    bench: Benchmark,
+    source: str,
+    correct: list[list[float]],
+    extracted: list[list[Any]],
+    k: int,
+    seconds: float = 0.0,
+    timeouts: int = 0,
+    errors: int = 0,
+) -> BenchmarkResult:
+    samples = max((len(r) for r in correct), default=0)
+    flat = [x for row in extracted for x in row]
+    return BenchmarkResult(
+        name=bench.name,
+        title=bench.title,
+        group=bench.group,
+        kind=bench.kind,
+        source=source,
+        questions=len(correct),
+        samples_per_question=samples,
+        metric=metric_name(samples),
+        score=avg_at_n(correct),
+        pass_at_k=mean_pass_at_k(correct, k),
+        k=k,
+        no_answer=sum(x is None for x in flat) / max(len(flat), 1),
+        timeouts=timeouts,
+        errors=errors,
+        seconds=seconds,
+    )
+
+
+def finish(
+    cfg: ExgrpoConfig, out: Path, results: list[ModelResult], suite: str, run_settings: dict[str, Any]
+) -> dict[str, Any]:
+    written = write_reports(out, results, suite, run_settings)
+    print_table(results, title=f"exgrpo eval: {suite}")
+    Console(stderr=True).print(
+        f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / GENERATIONS}", highlight=False
+    )
+    _log_wandb(cfg, out, results)
+    return written
+
+
+def _log_wandb(cfg: ExgrpoConfig, out: Path, results: list[ModelResult]) -> None:
+    """Scores to W&B as eval/<benchmark>[/<model>], only when W&B is on: an explicit mode, or
+    `auto` with a login (an eval nobody asked to track should leave no offline run behind)."""
+    from exgrpo_cli.metrics.logger import MetricLogger, wandb_mode
+
+    mode = wandb_mode(cfg.logger.wandb.mode)
+    if mode == "disabled" or (cfg.logger.wandb.mode == "auto" and mode == "offline"):
+        return
+    metrics: dict[str, float] = {}
+    for m in results:
+        suffix = f"/{m.label}" if len(results) > 1 else ""
+        for b in m.benchmarks:
+            metrics[f"eval/{b.name}{suffix}"] = b.score
+        for group, value in m.averages().items():
+            if value is not None:
+                metrics[f"eval/avg_{group}{suffix}"] = value
+    logger = MetricLogger(
+        str(out),
+        replace(cfg.logger, console=False),
+        asdict(cfg),
+        total_steps=1,
+        job_type="eval",
+    )
+    try:
+        logger.log(0, metrics)
+    finally:
+        logger.close()

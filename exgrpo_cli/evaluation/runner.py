@@ -6,7 +6,7 @@ minutes of model loading. Then, per model (`eval.compare` evaluates several with
 so their samples are paired) and per benchmark, `sample_and_grade` draws n responses per question
 with the rollout engine and grades them with the reward module; every sample goes to
 generations.jsonl as soon as its benchmark is done, and `eval.regrade=<generations.jsonl>` grades
-such a file again, without a model, into a new run dir.
+such a file again, without a model, into a new run dir (evaluation/regrade.py).
 
 The paper's benchmarks follow the official evaluation (ExGRPO/eval_scripts/generate_vllm.py with
 eval.sh's options): the data's system message is dropped, so that the model's own chat template
@@ -33,10 +33,10 @@ from rich.console import Console
 
 from exgrpo_cli.config import ConfigError, ExgrpoConfig
 from exgrpo_cli.data.templates import Template, get_template
-from exgrpo_cli.evaluation.benchmarks import REGISTRY, Benchmark, LoadedBenchmark, load_suite
-from exgrpo_cli.evaluation.report import BenchmarkResult, ModelResult, print_table, write_reports
-from exgrpo_cli.evaluation.scoring import avg_at_n, mean_pass_at_k, metric_name
-from exgrpo_cli.reward.extract import THINK_RULES, AnswerRule, ThinkRule, training_rule
+from exgrpo_cli.evaluation.benchmarks import LoadedBenchmark, load_suite
+from exgrpo_cli.evaluation.regrade import regrade
+from exgrpo_cli.evaluation.report import GENERATIONS, ModelResult, finish, summarize
+from exgrpo_cli.reward.extract import AnswerRule, ThinkRule, training_rule
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GENERATIONS = "generations.jsonl"
 # HF `generate` refuses temperature 0; a temperature this small samples the argmax token (greedy).
 GREEDY_TEMPERATURE = 1e-4
 THINK_OPENING = "<think>\n"
@@ -134,37 +133,6 @@ def benchmark_seed(seed: int, name: str) -> int:
     """The same seed for a benchmark in every model of a comparison (paired samples), whatever
     the order or the subset of benchmarks run."""
     return seed * 1_000_003 + zlib.crc32(name.encode())
-
-
-def summarize(
-    bench: Benchmark,
-    source: str,
-    correct: list[list[float]],
-    extracted: list[list[Any]],
-    k: int,
-    seconds: float = 0.0,
-    timeouts: int = 0,
-    errors: int = 0,
-) -> BenchmarkResult:
-    samples = max((len(r) for r in correct), default=0)
-    flat = [x for row in extracted for x in row]
-    return BenchmarkResult(
-        name=bench.name,
-        title=bench.title,
-        group=bench.group,
-        kind=bench.kind,
-        source=source,
-        questions=len(correct),
-        samples_per_question=samples,
-        metric=metric_name(samples),
-        score=avg_at_n(correct),
-        pass_at_k=mean_pass_at_k(correct, k),
-        k=k,
-        no_answer=sum(x is None for x in flat) / max(len(flat), 1),
-        timeouts=timeouts,
-        errors=errors,
-        seconds=seconds,
-    )
 
 
 def _rows(
@@ -349,139 +317,3 @@ def run_eval(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> dict[str, Any] 
     if not main:
         return None
     return finish(cfg, out, results, cfg.eval.suite, settings(cfg))
-
-
-def finish(
-    cfg: ExgrpoConfig, out: Path, results: list[ModelResult], suite: str, run_settings: dict[str, Any]
-) -> dict[str, Any]:
-    written = write_reports(out, results, suite, run_settings)
-    print_table(results, title=f"exgrpo eval: {suite}")
-    Console(stderr=True).print(
-        f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / GENERATIONS}", highlight=False
-    )
-    _log_wandb(cfg, out, results)
-    return written
-
-
-def _log_wandb(cfg: ExgrpoConfig, out: Path, results: list[ModelResult]) -> None:
-    """Scores to W&B as eval/<benchmark>[/<model>], only when W&B is on: an explicit mode, or
-    `auto` with a login (an eval nobody asked to track should leave no offline run behind)."""
-    from exgrpo_cli.metrics.logger import MetricLogger, wandb_mode
-
-    mode = wandb_mode(cfg.logger.wandb.mode)
-    if mode == "disabled" or (cfg.logger.wandb.mode == "auto" and mode == "offline"):
-        return
-    metrics: dict[str, float] = {}
-    for m in results:
-        suffix = f"/{m.label}" if len(results) > 1 else ""
-        for b in m.benchmarks:
-            metrics[f"eval/{b.name}{suffix}"] = b.score
-        for group, value in m.averages().items():
-            if value is not None:
-                metrics[f"eval/avg_{group}{suffix}"] = value
-    logger = MetricLogger(
-        str(out),
-        dataclasses.replace(cfg.logger, console=False),
-        dataclasses.asdict(cfg),
-        total_steps=1,
-        job_type="eval",
-    )
-    try:
-        logger.log(0, metrics)
-    finally:
-        logger.close()
-
-
-# ----------------------------------------------------------------------------- regrade
-
-
-def read_generations(path: str) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ConfigError(
-                        f"invalid eval.regrade={path!r}: line {n} is not JSON ({err.msg})"
-                    ) from None
-    need = {"model", "benchmark", "question_id", "sample", "response", "gold", "kind"}
-    bad = next((i for i, r in enumerate(rows) if not need <= set(r)), None)
-    if bad is not None:
-        missing = sorted(need - set(rows[bad]))
-        raise ConfigError(f"invalid eval.regrade={path!r}: row {bad + 1} lacks {missing}")
-    bad = next((i for i, r in enumerate(rows) if r.get("think_rule", "first") not in THINK_RULES), None)
-    if bad is not None:
-        raise ConfigError(
-            f"invalid eval.regrade={path!r}: row {bad + 1} has think_rule={rows[bad]['think_rule']!r}; "
-            f"known: {', '.join(THINK_RULES)}"
-        )
-    return rows
-
-
-def row_rule(row: dict) -> AnswerRule:
-    """The answer rule a generation row was graded with: its `think_rule` / `boxed_only`, or, for
-    rows written before those fields, the training reward's rule of its `requires_think`."""
-    if "think_rule" in row:
-        return AnswerRule(row["think_rule"], boxed_only=bool(row.get("boxed_only", False)))
-    return training_rule(bool(row.get("requires_think", False)))
-
-
-def regrade_rows(rows: list[dict], timeout_s: float = 5.0) -> list[dict]:
-    """Grade every row again (its stored kind and answer rule); returns updated copies."""
-    from exgrpo_cli.reward import RewardScorer
-
-    out = [dict(r) for r in rows]
-    if not out:
-        return out
-    with RewardScorer(workers=min(4, os.cpu_count() or 1), timeout_s=timeout_s) as sc:
-        res = sc.score(
-            [r["response"] for r in out],
-            [str(r["gold"]) for r in out],
-            kinds=[r["kind"] for r in out],
-            rules=[row_rule(r) for r in out],
-        )
-    for r, reward, ext in zip(out, res.rewards, res.extracted):
-        r["extracted"], r["correct"] = ext, reward > 0.5
-    return out
-
-
-def results_from_rows(rows: list[dict], k: int, source: str) -> list[ModelResult]:
-    """Per model and benchmark (first-seen order), the scores of graded generation rows."""
-    grouped: dict[str, dict[str, dict[str, list[dict]]]] = {}
-    for r in rows:
-        qs = grouped.setdefault(r["model"], {}).setdefault(r["benchmark"], {})
-        qs.setdefault(str(r["question_id"]), []).append(r)
-    models = []
-    for label, benches in grouped.items():
-        m = ModelResult(label, label)
-        for name, questions in benches.items():
-            first = next(iter(questions.values()))[0]
-            known = REGISTRY.get(name)
-            any_choice = any(r["kind"] == "choice" for q in questions.values() for r in q)
-            bench = Benchmark(
-                name,
-                first.get("title") or (known.title if known else name),
-                first.get("group") or (known.group if known else "other"),
-                kind=known.kind if known else ("choice" if any_choice else "math"),
-            )
-            ordered = [sorted(q, key=lambda r: r["sample"]) for q in questions.values()]
-            correct = [[float(bool(r["correct"])) for r in q] for q in ordered]
-            extracted = [[r.get("extracted") for r in q] for q in ordered]
-            m.benchmarks.append(summarize(bench, source, correct, extracted, k))
-        models.append(m)
-    return models
-
-
-def regrade(cfg: ExgrpoConfig, path: str, out: Path) -> dict[str, Any]:
-    """Grade a generations.jsonl again and write generations.jsonl + results into `out`."""
-    rows = regrade_rows(read_generations(path))
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (GENERATIONS + ".tmp")  # `out` may be the folder the input came from
-    with tmp.open("w", encoding="utf-8") as fh:
-        for r in rows:
-            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-    os.replace(tmp, out / GENERATIONS)
-    results = results_from_rows(rows, cfg.eval.k, f"regrade of {path}")
-    return finish(cfg, out, results, "regrade", {"regraded": path, "k": cfg.eval.k})

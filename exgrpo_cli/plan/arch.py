@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from exgrpo_cli.config import ARCH_REQUIRED, ArchConfig, ModelConfig
+from exgrpo_cli.config import ArchConfig, ModelConfig
+from exgrpo_cli.config_checks import ARCH_REQUIRED
 from exgrpo_cli.errors import UsageError
 
 HUB_TIMEOUT_S = 10.0  # longest wait for config.json from the hub before giving up

@@ -12,7 +12,8 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-from exgrpo_cli.config import ExgrpoConfig, parse_plan_devices
+from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config_checks import parse_plan_devices
 from exgrpo_cli.plan.memory import AUTO_TOKEN_BUDGET, GiB, PlanInputs
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

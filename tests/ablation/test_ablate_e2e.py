@@ -87,7 +87,10 @@ def test_ablate_two_variants_then_restart(tiny_model: Path, tmp_path: Path):
 
 @pytest.mark.parametrize(
     "override, key",
-    [("replay.trajectory_selection=lowest_entrpy", "replay.trajectory_selection"), ("algo.loss=grpoo", "algo.loss")],
+    [
+        ("replay.trajectory_selection=lowest_entrpy", "replay.trajectory_selection"),
+        ("algo.loss=grpoo", "algo.loss"),
+    ],
 )
 def test_ablate_refuses_an_unknown_variant_name_before_any_run(override: str, key: str, tmp_path: Path):
     conf = tmp_path / "conf" / "ablation"

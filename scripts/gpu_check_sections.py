@@ -1,0 +1,363 @@
+"""The GPU acceptance check's update, generate and pytest sections (scripts/gpu_check.py runs
+each in its own process), with the update's helpers: the memory plan of the GPU run
+(Qwen2.5-Math-7B on one device) and the offload mode it picks, and the train step's update as the
+trainer sets it up (algo's defaults, the trainer's optimizer) on one batch of random tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from gpu_check_context import (
+    GPU,
+    PRESET_7B,
+    REPO,
+    TINY,
+    Context,
+    Sizes,
+    build_policy,
+    child_env,
+    gib,
+    host_memory_bytes,
+    local,
+    sampling_prompts,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import Qwen2Config
+
+    from exgrpo_cli.plan.arch import Arch
+    from exgrpo_cli.plan.memory import Plan, PlanInputs
+    from exgrpo_cli.replay.mixing import MixedBatch
+
+
+# ============================================================================ the update's helpers
+def update_config(sizes: Sizes) -> Qwen2Config:
+    """The update's Qwen2: Qwen2.5-Math-7B's numbers from its preset, or the dry run's toy."""
+    from transformers import Qwen2Config
+
+    numbers = dict(sizes.arch)
+    if not numbers:
+        import yaml
+
+        a = yaml.safe_load(PRESET_7B.read_text())["arch"]
+        keys = (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "vocab_size",
+            "tie_word_embeddings",
+            "max_position_embeddings",
+        )
+        numbers = {k: a[k] for k in keys}
+    return Qwen2Config(**numbers, use_cache=False)
+
+
+def plan_arch(hf_config: Qwen2Config, source: str) -> Arch:
+    from exgrpo_cli.plan.arch import arch_from_config_json
+
+    return arch_from_config_json(hf_config.to_dict(), source)
+
+
+def attention_kind(impl: str) -> str:
+    from exgrpo_cli.plan.inputs import ATTENTION
+
+    return ATTENTION.get(impl, "sdpa")
+
+
+def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) -> PlanInputs:
+    """The plan's inputs for the update of `sizes` on one device: fp32 master weights, bf16
+    compute under FSDP2 (on CUDA), gradient checkpointing, the HF engine, no replay scoring."""
+    from exgrpo_cli.plan.memory import AUTO_TOKEN_BUDGET, PlanInputs
+
+    seq = sizes.prompt_tokens + sizes.response_tokens
+    return PlanInputs(
+        ranks=1,
+        device=device,
+        device_bytes=device_bytes,
+        weight_bytes=4,
+        mixed_bytes=2,
+        offload="none",
+        checkpointing=True,
+        token_budget=sizes.micro_batch_tokens or AUTO_TOKEN_BUDGET[device],
+        seq_tokens=seq,
+        engine="hf",
+        vllm_share=0.0,
+        vllm_sleep=False,
+        vllm_max_len=seq,
+        rollout_sequences=sizes.rows,
+        attention=attention,
+        scoring_pass=False,
+    )
+
+
+def choose_offload(arch: Arch, x: PlanInputs, forced: str) -> tuple[str, Plan]:
+    """`forced`, or the first offload mode (none, optimizer, all) whose plan fits the device."""
+    from exgrpo_cli.plan.memory import plan_memory
+    from exgrpo_cli.policy.offload import OFFLOAD_MODES
+
+    modes = OFFLOAD_MODES if forced == "auto" else (forced,)
+    plan = plan_memory(arch, replace(x, offload=modes[0]))
+    for mode in modes:
+        plan = plan_memory(arch, replace(x, offload=mode))
+        if plan.fits:
+            return mode, plan
+    return modes[-1], plan
+
+
+def update_phases_bytes(plan: Plan) -> int:
+    """The plan's largest update phase (backward, its end, the optimizer step), less what torch's
+    allocator does not count (the CUDA context)."""
+    from exgrpo_cli.plan.memory import BACKWARD, BWD_END, STEP
+
+    kept = [t for t in plan.terms if not t.name.startswith("CUDA")]
+    return max(sum(t.bytes[p] for t in kept) for p in (BACKWARD, BWD_END, STEP))
+
+
+def plan_record(plan: Plan) -> dict[str, Any]:
+    from exgrpo_cli.plan.memory import PHASES
+
+    return {
+        "fits": plan.fits,
+        "peak_phase": plan.peak[0],
+        "peak_bytes": plan.peak[1],
+        "limit_bytes": plan.inputs.limit,
+        "totals": dict(zip(PHASES, plan.totals)),
+        "terms": {t.name: dict(zip(PHASES, t.bytes)) for t in plan.terms},
+        "host_bytes": plan.host_bytes,
+        "offload": plan.inputs.offload,
+        "attention": plan.inputs.attention,
+    }
+
+
+def gpu_run_plan(ctx: Context) -> tuple[str, Plan, Arch]:
+    """The plan of the GPU run (7B on one device of ctx.device_bytes) and its offload mode: on a
+    dry run too (arithmetic only), whose toy model then applies that mode."""
+    import torch
+
+    from exgrpo_cli.policy.model import attn_implementation
+
+    hf_config = update_config(GPU)
+    arch = plan_arch(hf_config, f"{PRESET_7B.name} model.arch")
+    impl = attn_implementation("auto", torch.device("cuda"))  # flash_attn installed or not
+    x = plan_inputs("cuda", ctx.device_bytes, GPU, attention_kind(impl))
+    mode, plan = choose_offload(arch, x, ctx.args.offload)
+    return mode, plan, arch
+
+
+def update_plan(sizes: Sizes, device: torch.device) -> Any:
+    """The update's settings: algo's defaults (exgrpo loss, Dr.GRPO, clip 0.2, entropy bonus
+    0.001, grad clip 1), one update, the device's token budget."""
+    from exgrpo_cli.algo.aggregation import drgrpo
+    from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
+    from exgrpo_cli.config import AlgoConfig
+    from exgrpo_cli.policy.forward import token_budget
+    from exgrpo_cli.train.update import UpdatePlan
+
+    a = AlgoConfig()
+    return UpdatePlan(
+        loss=exgrpo_loss,
+        loss_settings=LossSettings(clip_eps=a.clip_eps, beta=None),
+        aggregation=drgrpo,
+        entropy_coef=a.entropy_coef,
+        importance_correction=True,
+        max_response_tokens=sizes.response_tokens,
+        updates=1,
+        micro_batch_tokens=token_budget(sizes.micro_batch_tokens, device),
+        grad_clip=a.grad_clip,
+        skip_grad_norm_above=float("inf"),
+    )
+
+
+def update_batch(sizes: Sizes, vocab: int) -> tuple[MixedBatch, torch.Tensor]:
+    """One question, `rows` responses of random tokens, rewards 1, 0, 1, ... (advantages +-)."""
+    import numpy as np
+
+    from exgrpo_cli.algo.advantages import group_advantages
+    from exgrpo_cli.data.types import Question
+    from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
+
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(3, vocab, sizes.prompt_tokens).tolist()
+    responses = [
+        Response(rng.integers(3, vocab, sizes.response_tokens).tolist(), None, reward=float(i % 2 == 0))
+        for i in range(sizes.rows)
+    ]
+    batch = build_mixed_batch([Group(Question("gpu-check", "", ""), prompt, responses)])
+    return batch, group_advantages(batch.rewards, batch.group_index)
+
+
+def pinned_moments(model: torch.nn.Module) -> int:
+    """Bytes of HostAdamW's two fp32 moments (one pinned buffer for all parameters)."""
+    return 2 * sum(4 * local(p).numel() for p in model.parameters() if p.requires_grad)
+
+
+def available_host_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return host_memory_bytes()
+
+
+def make_optimizer(model: torch.nn.Module, offload: str) -> torch.optim.Optimizer:
+    """The trainer's optimizer (train/setup.make_optimizer): HostAdamW under offload=optimizer."""
+    from exgrpo_cli.config import ExgrpoConfig
+    from exgrpo_cli.train.setup import make_optimizer as trainer_optimizer
+
+    cfg = ExgrpoConfig()
+    cfg.trainer.offload = offload
+    cfg.algo.lr = 1e-6
+    return trainer_optimizer(cfg, model)
+
+
+# ============================================================================ sections
+def section_update(ctx: Context) -> None:
+    from exgrpo_cli.plan.memory import plan_memory
+    from exgrpo_cli.policy.forward import output_head
+    from exgrpo_cli.train.update import policy_update
+
+    ctx.stage("plan")
+    mode, gpu_plan, arch_7b = gpu_run_plan(ctx)
+    ctx.record(gpu_run_offload=mode, gpu_run_plan=plan_record(gpu_plan), gpu_run_params=arch_7b.params)
+    ctx.check("the GPU run's plan fits one device", gpu_plan.fits)
+    hf_config = update_config(ctx.sizes)
+    arch = plan_arch(hf_config, "gpu_check")
+    if ctx.dry:  # the toy's own plan, on this CPU (reported, not compared)
+        from exgrpo_cli.policy.model import attn_implementation
+
+        x = plan_inputs(
+            "cpu", host_memory_bytes(), ctx.sizes, attention_kind(attn_implementation("auto", ctx.device))
+        )
+        plan = plan_memory(arch, replace(x, offload=mode))
+    else:
+        plan = gpu_plan
+    ctx.record(
+        offload=mode, plan=plan_record(plan), plan_update_bytes=None if ctx.dry else update_phases_bytes(plan)
+    )
+
+    ctx.stage("build")
+    ctx.distributed()
+    t0 = time.perf_counter()
+    model = build_policy(ctx, hf_config, mode)
+    ctx.meter.sync()
+    params = sum(local(p).numel() for p in model.parameters())
+    ctx.record(build_s=time.perf_counter() - t0, params=params, plan_params=arch.params)
+    ctx.check("the plan counts the model's parameters", params == arch.params)
+    ctx.check("gradient checkpointing on", model.is_gradient_checkpointing)
+    ctx.check("chunked log-prob head", output_head(model) is not None)
+    if mode == "optimizer":  # HostAdamW pins the moments in host memory, one buffer for all
+        pinned = pinned_moments(model)
+        available = available_host_bytes()
+        ctx.record(pinned_moments_bytes=pinned, host_available_bytes=available)
+        fits = pinned <= 0.9 * available  # a tenth for the process itself and the page cache
+        ctx.check("host memory holds the pinned moments", fits)
+        if not fits:  # pinning it would swap or wake the OOM killer: stop here, say why
+            raise MemoryError(
+                f"HostAdamW would pin {gib(pinned)} of moments in host memory with "
+                f"{gib(available)} available: the update is not run"
+            )
+    optimizer = make_optimizer(model, mode)
+    ctx.record(optimizer=type(optimizer).__name__)
+    batch, adv = update_batch(ctx.sizes, hf_config.vocab_size)
+    settings = update_plan(ctx.sizes, ctx.device)
+    tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
+    ctx.record(rows=len(batch), tokens=tokens, micro_batch_tokens=settings.micro_batch_tokens)
+
+    updates: list[dict[str, Any]] = []
+    for i in range(ctx.sizes.updates):
+        ctx.stage(f"update {i + 1}/{ctx.sizes.updates}")
+        ctx.meter.reset()
+        t0 = time.perf_counter()
+        res = policy_update(model, optimizer, batch, adv, settings, pad_id=0, dist=ctx.dist)
+        ctx.meter.sync()
+        took = time.perf_counter() - t0
+        updates.append(
+            {
+                "seconds": took,
+                "tokens_per_s": tokens / took,
+                "peak_bytes": ctx.meter.peak(),
+                "loss": res.loss_total,
+                "grad_norm": res.grad_norms[-1] if res.grad_norms else float("nan"),
+                "skipped": res.skipped,
+                "entropy_mean": res.entropy_sum / sum(len(r) for r in batch.response_ids),
+            }
+        )
+        ctx.record(updates=updates, peak_bytes=max(u["peak_bytes"] for u in updates), meter=ctx.meter.kind)
+    ctx.check(
+        "finite losses and gradient norms",
+        all(math.isfinite(u["loss"]) and math.isfinite(u["grad_norm"]) for u in updates),
+    )
+    ctx.check("no update skipped", all(u["skipped"] == 0 for u in updates))
+    if not ctx.dry:
+        planned = update_phases_bytes(plan)
+        ctx.check("measured peak <= the plan's update phases", ctx.result["peak_bytes"] <= planned)
+        ctx.record(plan_over_measured=planned / max(ctx.result["peak_bytes"], 1))
+
+
+def section_generate(ctx: Context) -> None:
+    from transformers import AutoTokenizer
+
+    from exgrpo_cli.rollout.base import SamplingSpec
+    from exgrpo_cli.rollout.hf import HFEngine
+
+    ctx.stage("plan")
+    mode, _, _ = gpu_run_plan(ctx)
+    ctx.record(offload=mode)
+    ctx.stage("build")
+    ctx.distributed()
+    hf_config = update_config(ctx.sizes)
+    model = build_policy(ctx, hf_config, mode)
+    tok = AutoTokenizer.from_pretrained(TINY)
+    engine = HFEngine(model, tok)
+    s = ctx.sizes
+    prompts = sampling_prompts(
+        s.gen_prompts, s.gen_prompt_tokens, min(hf_config.vocab_size, len(tok)), seed=1
+    )
+    ctx.stage("warm-up")
+    engine.generate(prompts[:2], [1, 1], SamplingSpec(1.0, 1.0, 8, seed=0))
+    ctx.stage(f"generate {s.gen_prompts} x {s.gen_new_tokens} tokens")
+    ctx.meter.reset()
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, [1] * len(prompts), SamplingSpec(1.0, 1.0, s.gen_new_tokens, seed=1))
+    ctx.meter.sync()
+    took = time.perf_counter() - t0
+    tokens = sum(len(o.response_ids) for o in outs)
+    ctx.record(
+        sequences=len(outs),
+        tokens=tokens,
+        seconds_generate=took,
+        tokens_per_s=tokens / took,
+        peak_bytes=ctx.meter.peak(),
+        meter=ctx.meter.kind,
+    )
+    ctx.check("one rollout per prompt", len(outs) == len(prompts))
+    ctx.check(
+        "a finite log-prob per token",
+        all(o.logprobs is not None and len(o.logprobs) == len(o.response_ids) for o in outs)
+        and all(math.isfinite(v) for o in outs for v in (o.logprobs or [])),
+    )
+
+
+PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
+
+
+def section_pytest(ctx: Context) -> None:
+    ctx.stage("pytest -m gpu -q")
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    print(out[-6000:], flush=True)
+    last = next((ln for ln in reversed(out.strip().splitlines()) if PYTEST_COUNTS.search(ln)), "")
+    counts = {kind: int(n) for n, kind in PYTEST_COUNTS.findall(last)}
+    ctx.record(returncode=proc.returncode, summary=last.strip("= "), counts=counts, command=" ".join(cmd[1:]))
+    ctx.check("pytest -m gpu exits 0", proc.returncode == 0)
