@@ -145,9 +145,15 @@ class ReplayConfig:
     readmit_every: int = 0  # steps between re-admissions (0: never)
     max_experiences: int = 0  # optional cap on stored experiences (0: no cap)
     # eligibility: a group with k of K correct enters the buffer when lbound < k <= rbound
-    # (the official experience_lbound / experience_rbound; k == K retires the question regardless)
+    # (the official experience_lbound / experience_rbound, 0 and 7 at K = 8; k == K retires the
+    # question regardless). null rbound: K - 1, every partly solved group, whatever rollout.n is
     experience_lbound: int = 0
-    experience_rbound: int = 7
+    experience_rbound: Optional[int] = None
+
+    def experience_bounds(self, K: int) -> tuple[int, int]:
+        """(lbound, rbound) for groups of K responses."""
+        return self.experience_lbound, K - 1 if self.experience_rbound is None else self.experience_rbound
+
     # store the trainer's own log-probs of a collected response under the policy before the step's
     # update (the official code); false: the rollout engine's (vLLM's bf16 ones on a GPU)
     store_trainer_logprobs: bool = True

@@ -170,11 +170,13 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(p.readmit_every >= 0, "replay.readmit_every", p.readmit_every, ">= 0")
     _check(p.max_experiences >= 0, "replay.max_experiences", p.max_experiences, ">= 0 (0: no cap)")
     _check(p.experience_lbound >= 0, "replay.experience_lbound", p.experience_lbound, ">= 0")
+    low, high = p.experience_bounds(cfg.rollout.n)
     _check(
-        p.experience_rbound > p.experience_lbound,
+        low < high <= cfg.rollout.n - 1,
         "replay.experience_rbound",
         p.experience_rbound,
-        "> replay.experience_lbound (no success count could enter the buffer)",
+        f"null (K - 1), or > replay.experience_lbound={low} and <= rollout.n - 1 = {cfg.rollout.n - 1} "
+        "(partly solved groups: a whole-K group retires its question)",
     )
     _check(p.entropy_batch_size >= 1, "replay.entropy_batch_size", p.entropy_batch_size, ">= 1")
 

@@ -319,9 +319,10 @@ class Trainer:
         when lbound < k <= rbound). The stored log-probs are the trainer's (`trainer_logp`), or the
         rollout engine's with `replay.store_trainer_logprobs=false`."""
         p = self.cfg.replay
+        low, high = p.experience_bounds(self.cfg.rollout.n)
         for gi, g in enumerate(groups):
             k = g.num_correct
-            collect = self.state.switch.active and p.experience_lbound < k <= p.experience_rbound
+            collect = self.state.switch.active and low < k <= high
             correct = []
             for ri, r in enumerate(g.responses):
                 if r.reward <= 0.5 or r.replayed:

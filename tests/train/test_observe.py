@@ -19,15 +19,15 @@ def _trainer(cfg: ExgrpoConfig) -> Trainer:
     switch = DelayedStart(0.0)
     switch.update(1, 1.0)
     state = RunState(
-        None, None, QuestionSampler([Question("p", "p", "1")], 0), ExperienceBuffer(4), switch, 0
+        None, None, QuestionSampler([Question("p", "p", "1")], 0), ExperienceBuffer(cfg.rollout.n), switch, 0
     )  # type: ignore[arg-type]
     return Trainer(cfg, state, None, None, None, None, choices(cfg))  # type: ignore[arg-type]
 
 
-def _group(uid: str, k: int) -> Group:
-    """K = 4 responses, the first k correct; response j is token [j + 1] with engine log-prob -9."""
+def _group(uid: str, k: int, K: int = 4) -> Group:
+    """K responses, the first k correct; response j is token [j + 1] with engine log-prob -9."""
     return Group(
-        Question(uid, uid, "1"), [1], [Response([j + 1], [-9.0], reward=float(j < k)) for j in range(4)]
+        Question(uid, uid, "1"), [1], [Response([j + 1], [-9.0], reward=float(j < k)) for j in range(K)]
     )
 
 
@@ -55,7 +55,7 @@ def test_only_success_counts_within_the_bounds_enter_the_buffer() -> None:
 
 
 def test_official_bounds_store_every_partly_solved_group_and_engine_logprobs_on_request() -> None:
-    cfg = ExgrpoConfig()  # lbound 0, rbound 7: k = 1..K-1 with K = 4
+    cfg = ExgrpoConfig()  # lbound 0, rbound null: k = 1..K-1
     cfg.rollout.n = 4
     cfg.replay.store_trainer_logprobs = False
     t = _trainer(cfg)
@@ -64,3 +64,17 @@ def test_official_bounds_store_every_partly_solved_group_and_engine_logprobs_on_
     buf = t.state.buffer
     assert {"k1", "k3"} == {u for u in ("k0", "k1", "k3") if u in buf}
     assert buf.experiences("k3")[0].behavior_logp.tolist() == [-9.0]  # the rollout engine's
+
+
+def test_the_default_bound_follows_k() -> None:
+    """rbound null is K - 1 for any K: with K = 16 a group of 12 correct is partly solved, stored
+    (the official constant 7 would drop every group above 7 of 16)."""
+    cfg = ExgrpoConfig()
+    cfg.rollout.n = 16
+    assert cfg.replay.experience_bounds(16) == (0, 15)
+    t = _trainer(cfg)
+    groups = [_group("k12", 12, K=16), _group("k16", 16, K=16)]
+    t.observe(groups, step=1, trainer_logp=_trainer_logp(groups))
+    assert "k12" in t.state.buffer and len(t.state.buffer.experiences("k12")) == 12
+    t.state.buffer.end_step()
+    assert t.state.buffer.is_retired("k16")
