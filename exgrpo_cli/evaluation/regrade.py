@@ -2,9 +2,11 @@
 
 Where it sits: `run_eval` (evaluation/runner.py) hands over here instead of sampling when
 eval.regrade is set. Every row is graded again with the reward module under the rule it was first
-graded with (its `think_rule` / `boxed_only`, or the training rule for rows written before those
-fields), the regraded rows go to a new generations.jsonl and the scores to results.json /
-results.md through the same `finish` as a sampled run (evaluation/report.py).
+graded with (its `think_rule` / `boxed_only`); rows written before exgrpo recorded those fields
+get today's training rule, with a notice (their first grading may have read the answer elsewhere).
+The regraded rows, each with the rule it was graded with now, go to a new generations.jsonl and
+the scores to results.json / results.md through the same `finish` as a sampled run
+(evaluation/report.py).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def read_generations(path: str) -> list[dict]:
 
 def row_rule(row: dict) -> AnswerRule:
     """The answer rule a generation row was graded with: its `think_rule` / `boxed_only`, or, for
-    rows written before those fields, the training reward's rule of its `requires_think`."""
+    rows written before those fields, today's training rule of its `requires_think`."""
     if "think_rule" in row:
         return AnswerRule(row["think_rule"], boxed_only=bool(row.get("boxed_only", False)))
     return training_rule(bool(row.get("requires_think", False)))
@@ -68,7 +70,9 @@ def regrade_rows(rows: list[dict], timeout_s: float = 5.0) -> list[dict]:
             rules=[row_rule(r) for r in out],
         )
     for r, reward, ext in zip(out, res.rewards, res.extracted):
+        rule = row_rule(r)
         r["extracted"], r["correct"] = ext, reward > 0.5
+        r["think_rule"], r["boxed_only"] = rule.think, rule.boxed_only
     return out
 
 
@@ -101,7 +105,18 @@ def results_from_rows(rows: list[dict], k: int, source: str) -> list[ModelResult
 
 def regrade(cfg: ExgrpoConfig, path: str, out: Path) -> dict[str, Any]:
     """Grade a generations.jsonl again and write generations.jsonl + results into `out`."""
-    rows = regrade_rows(read_generations(path))
+    rows = read_generations(path)
+    unruled = sum("think_rule" not in r for r in rows)
+    if unruled:
+        from rich.console import Console
+
+        Console(stderr=True).print(
+            f"note: {unruled} of {len(rows)} rows of {path} record no answer rule (written before "
+            "exgrpo stored it): they are graded with today's training rule, which reads a think "
+            "template's answer after the first </think>; their first grading may have read it elsewhere",
+            highlight=False,
+        )
+    rows = regrade_rows(rows)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / (GENERATIONS + ".tmp")  # `out` may be the folder the input came from
     with tmp.open("w", encoding="utf-8") as fh:

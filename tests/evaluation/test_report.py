@@ -160,6 +160,19 @@ def test_regrade_uses_each_rows_answer_rule():
     graded = regrade.regrade_rows(rows)
     assert [r["extracted"] for r in graded] == ["12", "12", "13", None, "\\text{(B)}", "12"]
     assert [r["correct"] for r in graded] == [True, True, True, False, True, True]
+    # every regraded row records the rule it was graded with now
+    assert [(r["think_rule"], r["boxed_only"]) for r in graded][-2:] == [("whole", True), ("first", False)]
+
+
+def test_regrade_says_when_rows_record_no_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from exgrpo_cli.config import ExgrpoConfig
+
+    ruled = {**gen_row("m", "aime24", "q0", 0, "\\boxed{1}", "1"), "think_rule": "whole"}
+    old = gen_row("m", "aime24", "q0", 1, "<think>a</think>\\boxed{1}", "1")
+    src = tmp_path / "g.jsonl"
+    src.write_text(json.dumps(ruled) + "\n" + json.dumps(old) + "\n")
+    regrade.regrade(ExgrpoConfig(), str(src), tmp_path / "out")
+    assert "1 of 2 rows" in capsys.readouterr().err
 
 
 def test_read_generations_refuses_an_unknown_think_rule(tmp_path: Path):
