@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,3 +63,36 @@ def decode_response(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     drop = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
     # one flat id list decodes to one string (decode's `str | list[str]` covers batches)
     return cast(str, tokenizer.decode([t for t in ids if t not in drop], skip_special_tokens=False))
+
+
+def eos_token_ids(
+    tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module | None = None, path: str | None = None
+) -> list[int]:
+    """End-of-sequence ids for both engines: the generation config's (of `model`, else read from
+    the folder `path`) and the tokenizer's. Chat models often stop on `<|im_end|>` while the
+    tokenizer's eos is `<|endoftext|>`: without the generation config, responses would run to the
+    token limit."""
+    gen: Any = getattr(model, "generation_config", None)
+    if gen is None and path:
+        from transformers import GenerationConfig
+
+        try:
+            gen = GenerationConfig.from_pretrained(path)
+        except (OSError, ValueError) as err:
+            # a folder without generation_config.json is common (base models, our tiny one); one
+            # that has an unreadable one is a problem worth seeing
+            if os.path.isfile(os.path.join(os.path.expanduser(path), "generation_config.json")):
+                log.warning(
+                    "could not read %s/generation_config.json (%s): stopping on the tokenizer's eos only",
+                    path,
+                    err,
+                )
+            gen = None
+    ids: list[int] = []
+    for cand in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        for x in cand if isinstance(cand, (list, tuple)) else [cand]:
+            if x is not None and int(x) not in ids:
+                ids.append(int(x))
+    if not ids:
+        raise ValueError("the tokenizer and the model define no end-of-sequence token")
+    return ids

