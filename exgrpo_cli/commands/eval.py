@@ -27,6 +27,9 @@ def run(cfg: ExgrpoConfig) -> None:
         return
     nproc = 1 if cfg.eval.regrade else resolve_nproc(cfg)  # a regrade loads no model
     if nproc > 1:
+        from exgrpo_cli.evaluation.runner import check_one_engine_per_rank
+
+        check_one_engine_per_rank(cfg, nproc)  # here, before any rank starts
         launch(cfg, nproc, rank_main)
     else:
         run_eval(cfg)

@@ -114,6 +114,23 @@ def models_to_run(cfg: ExgrpoConfig) -> list[tuple[str, str]]:
     return out
 
 
+def check_one_engine_per_rank(cfg: ExgrpoConfig, ranks: int) -> None:
+    """Refuse, before anything loads, a multi-rank eval of several models with an engine that can
+    be built only once per ranked process (vLLM: closing the first model's engine would end the
+    ranks' process group under the second)."""
+    from exgrpo_cli.registry import pick
+    from exgrpo_cli.rollout import ENGINES
+
+    models = len(cfg.eval.compare) or 1
+    engine = pick(ENGINES, "rollout.engine", cfg.rollout.engine)
+    if ranks > 1 and models > 1 and engine.one_per_ranked_process:
+        raise ConfigError(
+            f"eval.compare of {models} models with rollout.engine={cfg.rollout.engine} on {ranks} ranks: "
+            "this engine can be built once per rank process; run one `exgrpo eval` per model "
+            "(model.path=...), or compare them with trainer.nproc=1"
+        )
+
+
 def settings(cfg: ExgrpoConfig) -> dict[str, Any]:
     e = cfg.eval
     return {
@@ -177,8 +194,6 @@ def evaluate_model(
     dist: DistInfo | None = None,
 ) -> ModelResult:
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
-    import torch
-
     from exgrpo_cli.evaluation.validate import sample_and_grade
     from exgrpo_cli.policy.model import load_model, load_tokenizer, pick_device
     from exgrpo_cli.registry import pick
@@ -193,7 +208,12 @@ def evaluate_model(
     # an engine that loads the weights itself (vLLM) gets no HF copy: it would only take memory
     engine_spec = pick(ENGINES, "rollout.engine", cfg.rollout.engine)
     model = load_model(model_cfg, device) if engine_spec.needs_trainer_model else None
-    engine = build_engine(run_cfg, model, tokenizer)
+    try:
+        engine = build_engine(run_cfg, model, tokenizer)
+    except BaseException:
+        del model  # the next model of eval.compare, or the caller, should not find it in memory
+        _free_memory()
+        raise
     e = cfg.eval
     greedy_ok = e.temperature > 0 or engine_spec.supports_greedy
     temperature = e.temperature if greedy_ok else GREEDY_TEMPERATURE
@@ -246,10 +266,16 @@ def evaluate_model(
     finally:
         engine.close()
         del engine, model
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        _free_memory()
     return result
+
+
+def _free_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class _Progress:
@@ -295,6 +321,7 @@ def run_eval(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> dict[str, Any] 
     console = Console(stderr=True, quiet=not main)
     if cfg.eval.regrade:
         return regrade(cfg, cfg.eval.regrade, out)
+    check_one_engine_per_rank(cfg, dist.world_size if dist is not None else 1)
     suite = load_suite(cfg)  # a missing file stops here, before any model is loaded
     models = models_to_run(cfg)
     if cfg.trainer.threads:

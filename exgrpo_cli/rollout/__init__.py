@@ -28,6 +28,9 @@ class EngineSpec:
     build: Callable[[ExgrpoConfig, PreTrainedModel | None, PreTrainedTokenizerBase], RolloutEngine]
     needs_trainer_model: bool  # samples from an HF module in this process (eval must load one)
     supports_greedy: bool  # accepts temperature 0 (else a tiny temperature stands in for greedy)
+    # closing it under several ranks tears down the ranks' process group (vLLM's in-process
+    # shutdown under external_launcher), so such a run can build only one engine per process
+    one_per_ranked_process: bool = False
 
 
 def _build_hf(
@@ -53,7 +56,9 @@ def _build_vllm(
 # `rollout.engine`: name -> how to build it and what it can do
 ENGINES: dict[str, EngineSpec] = {
     "hf": EngineSpec(_build_hf, needs_trainer_model=True, supports_greedy=False),
-    "vllm": EngineSpec(_build_vllm, needs_trainer_model=False, supports_greedy=True),
+    "vllm": EngineSpec(
+        _build_vllm, needs_trainer_model=False, supports_greedy=True, one_per_ranked_process=True
+    ),
 }
 
 

@@ -56,3 +56,32 @@ def test_eval_under_torchrun_is_one_eval_of_two_ranks(tiny_model: Path, tmp_path
     assert _without_times(one) == _without_times(two)
     assert (single / "generations.jsonl").read_text() == (launched / "generations.jsonl").read_text()
     assert res.stderr.count("wrote ") == 1  # rank 0 alone reports
+
+
+def test_several_models_with_vllm_on_several_ranks_are_refused_before_any_rank_starts(tmp_path: Path) -> None:
+    res = run_cli(
+        [
+            "eval",
+            "rollout=vllm",
+            "trainer.nproc=2",
+            "eval.compare=[builtin:tiny,builtin:tiny]",
+            f"hydra.run.dir={tmp_path}",
+            *ARGS,
+        ]  # fmt: skip
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "eval.compare of 2 models with rollout.engine=vllm on 2 ranks" in res.stderr
+    assert not (tmp_path / "generations.jsonl").exists()
+
+
+def test_the_refusal_names_only_engines_that_need_it() -> None:
+    from exgrpo_cli.config import ConfigError, ExgrpoConfig
+    from exgrpo_cli.evaluation.runner import check_one_engine_per_rank
+
+    cfg = ExgrpoConfig()
+    cfg.eval.compare = ["a", "b"]
+    check_one_engine_per_rank(cfg, 2)  # the HF engine: each model its own engine, nothing shared
+    cfg.rollout.engine = "vllm"
+    check_one_engine_per_rank(cfg, 1)  # one process: vLLM's own group, torn down and rebuilt
+    with pytest.raises(ConfigError, match="run one `exgrpo eval` per model"):
+        check_one_engine_per_rank(cfg, 2)
