@@ -136,7 +136,7 @@ class ReplayConfig:
     shaping: bool = True  # false: replayed tokens use the plain ratio w
     importance_correction: bool = True  # false: behaviour policy = current policy
     question_selection: str = "gaussian"  # a name of replay.QUESTION_SELECTION: gaussian | uniform
-    # a name of replay.TRAJECTORY_SELECTION: lowest_entropy | highest_entropy | lowest_nll | random
+    # a name of replay.TRAJECTORY_SELECTION: lowest_entropy | highest_entropy | lowest_nll | random | shortest
     trajectory_selection: str = "lowest_entropy"
     mu: float = 0.5  # centre of the bucket Gaussian (accuracy scale)
     sigma: float = 0.125  # width of the bucket Gaussian (accuracy scale; official code's 1/K)

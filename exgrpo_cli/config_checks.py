@@ -223,7 +223,6 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         )
 
     e = cfg.eval
-    _one_of("eval.suite", e.suite, ("synthetic", "id", "ood", "paper", "custom"))
     _check(e.k >= 1, "eval.k", e.k, ">= 1")
     _check(e.n >= 0, "eval.n", e.n, ">= 0 (0: paper default)")
     _check(e.n == 0 or e.k <= e.n, "eval.k", e.k, "<= eval.n")

@@ -32,6 +32,10 @@ def check_variants(cfg: ExgrpoConfig, command: str) -> None:
         raise ConfigError(missing)
     pick(TEMPLATES, "model.template", m.template)
     pick(ENGINES, "rollout.engine", cfg.rollout.engine)
+    if command == "eval":
+        from exgrpo_cli.evaluation.benchmarks import SUITES
+
+        pick(SUITES, "eval.suite", cfg.eval.suite)
     if command == "train":
         _check_training_variants(cfg)
 

@@ -89,6 +89,12 @@ def test_missing_data_stops_before_any_model_is_loaded(tmp_path: Path):
     assert not (tmp_path / "run" / "generations.jsonl").exists()
 
 
+def test_unknown_suite_is_refused_with_the_known_ones(tmp_path: Path):
+    proc = exgrpo_eval(tmp_path / "run", "eval.suite=nope")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "invalid eval.suite='nope'" in proc.stderr and "ood" in proc.stderr
+
+
 @needs_tiny
 @pytest.mark.slow
 def test_synthetic_suite_compare(tmp_path: Path):
