@@ -111,6 +111,12 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(r.temperature > 0, "rollout.temperature", r.temperature, "> 0")
     _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "(0, 1]")
     _check(r.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", r.tensor_parallel_size, ">= 1")
+    _check(
+        0 < r.gpu_memory_utilization <= 1,
+        "rollout.gpu_memory_utilization",
+        r.gpu_memory_utilization,
+        "(0, 1]: vLLM's share of each GPU",
+    )
 
     _check(a.questions_per_step >= 1, "algo.questions_per_step", a.questions_per_step, ">= 1")
     _check(a.updates_per_step >= 1, "algo.updates_per_step", a.updates_per_step, ">= 1")
@@ -228,6 +234,7 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(e.n == 0 or e.k <= e.n, "eval.k", e.k, "<= eval.n")
     _check(e.temperature >= 0, "eval.temperature", e.temperature, ">= 0")
     _check(e.limit >= 0, "eval.limit", e.limit, ">= 0")
+    _check(e.batch_size >= 1, "eval.batch_size", e.batch_size, ">= 1 (prompts per generate call)")
     if command == "eval" and e.suite == "custom" and not e.regrade:
         _check(
             bool(e.path) and os.path.isfile(e.path),

@@ -98,6 +98,8 @@ def test_replay_none_is_on_policy():
         ("trainer.fsdp_mixed_precision=fp8", "trainer.fsdp_mixed_precision"),
         ("rollout.n=4 replay.experience_rbound=7", "replay.experience_rbound"),  # above K - 1
         ("replay.experience_lbound=3 replay.experience_rbound=3", "replay.experience_rbound"),
+        ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization"),
+        ("eval.batch_size=0", "eval.batch_size"),
     ],
 )
 def test_invalid_values_name_the_key(override: str, key: str):

@@ -238,7 +238,7 @@ def evaluate_model(
                     n=n,
                     spec=spec,
                     kinds=lb.kinds(),
-                    chunk=max(1, e.batch_size) * n,
+                    chunk=e.batch_size * n,
                     progress=tick,
                     data_system=not lb.bench.official,
                     rule_for_prompt=official_answer_rule if lb.bench.official else None,
