@@ -114,6 +114,25 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
+def module_device(model: torch.nn.Module) -> torch.device:
+    """The device `model` computes on, for code that has no `DistInfo` at hand (the run's own code
+    passes `dist.device`). Not simply its parameters' device: under FSDP2's CPU offload
+    (trainer.offload=all) the parameters live in host memory while every forward runs on the GPU
+    of their device mesh; a plain model computes where its parameters are."""
+    param = next(model.parameters())
+    mesh = getattr(param, "device_mesh", None)  # a DTensor's (FSDP2)
+    if mesh is None or mesh.device_type == param.device.type:
+        return param.device
+    # FSDP2 computes on the mesh type's current device (the one init_distributed selected)
+    index = torch.get_device_module(mesh.device_type).current_device()
+    return torch.device(mesh.device_type, index)
+
+
+def local_dist(model: torch.nn.Module) -> DistInfo:
+    """The `DistInfo` of a caller that passes none: one process, computing on `module_device`."""
+    return DistInfo(device=module_device(model))
+
+
 def shards_alone(dist: DistInfo) -> bool:
     """FSDP2 wraps the model of a one-process run too when it runs on a GPU, so that mixed
     precision and offload apply there; a one-process CPU run stays plain PyTorch."""

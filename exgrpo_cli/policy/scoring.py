@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 
-from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, all_reduce_dict
+from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, all_reduce_dict, local_dist
 from exgrpo_cli.policy.forward import forward_logprobs, micro_batches, pack
 
 
@@ -38,9 +38,10 @@ def score_candidates(
     rank runs as many (a rank out of rows repeats one row and drops its score)."""
     if not responses:
         return []
-    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+    dist = dist if dist is not None else local_dist(model)
+    rank, world = dist.rank, dist.world_size
     mine = list(range(rank, len(responses), world))
-    device = next(model.parameters()).device
+    device = dist.device  # the compute device: under CPU offload the parameters are in host memory
     lengths = [len(prompts[i]) + len(responses[i]) for i in mine]
     passes = [
         [mine[c] for c in chunk[start : start + max_rows]]
@@ -48,7 +49,6 @@ def score_candidates(
         for start in range(0, len(chunk), max_rows)
     ]
     if world > 1:
-        assert dist is not None
         most = int(all_reduce_dict({"n": len(passes)}, dist, op="max")["n"])
         passes += [[]] * (most - len(passes))
     scores: dict[int, float] = {}
@@ -70,6 +70,5 @@ def score_candidates(
     finally:
         model.train(was_training)
     if world > 1:
-        assert dist is not None
         scores = {i: v for part in all_gather_object(scores, dist) for i, v in part.items()}
     return [scores[i] for i in range(len(responses))]

@@ -89,7 +89,7 @@ class HFEngine:
         if synced:  # ... so every rank makes as many generate calls (an idle rank feeds a dummy row)
             from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
 
-            dist = DistInfo(world_size=_world_size(), device=next(self.model.parameters()).device)
+            dist = DistInfo(world_size=_world_size(), device=_device(self.model))
             calls = all_reduce_dict({"n": len(starts)}, dist, op="max")["n"]
             starts += [None] * (int(calls) - len(starts))
         try:
@@ -119,7 +119,7 @@ class HFEngine:
     def _sample_chunk(
         self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec, gen: torch.Generator
     ) -> list[Rollout]:
-        device = next(self.model.parameters()).device
+        device = _device(self.model)
         input_ids, attention = self._left_padded(chunk)
         # the draws use a generator on the model's device, seeded from the call's own generator
         seed = int(torch.randint(0, 2**62, (1,), generator=gen))
@@ -143,7 +143,7 @@ class HFEngine:
     def _generate_chunk(
         self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec, synced: bool = False
     ) -> list[Rollout]:
-        device = next(self.model.parameters()).device
+        device = _device(self.model)
         width = max(len(ids) for _, ids in chunk)
         input_ids, attention = self._left_padded(chunk)
         # AutoModelForCausalLM's classes mix GenerationMixin into PreTrainedModel; asked for a dict
@@ -195,7 +195,11 @@ class HFEngine:
 
 
 def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
+    """Where the trainer's module computes (the GPU under FSDP2's CPU offload, where its parameters
+    are in host memory): the inputs and the sampling generator must be there."""
+    from exgrpo_cli.policy.distributed import module_device
+
+    return module_device(model)
 
 
 def slow_generation_warning(model: torch.nn.Module, max_new_tokens: int) -> str | None:

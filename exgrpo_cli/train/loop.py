@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import Aggregation
@@ -97,7 +98,7 @@ class Trainer:
     # ------------------------------------------------------------------ the step
     def train_step(self, step: int) -> dict[str, float]:
         cfg, st, t = self.cfg, self.state, Timers()
-        mem = PhaseMemory(next(st.model.parameters()).device)
+        mem = PhaseMemory(self.device)
         t_step = time.perf_counter()
         mixed = self.replay_enabled and st.switch.active
         replayed: list[tuple[Question, Experience]] = []
@@ -152,8 +153,14 @@ class Trainer:
         return metrics
 
     @property
+    def device(self) -> torch.device:
+        """The run's compute device. Not the parameters' device: under FSDP2's CPU offload
+        (trainer.offload=all) they live in host memory while the model computes on the GPU."""
+        return self.dist.device
+
+    @property
     def token_budget(self) -> int:
-        return token_budget(self.cfg.algo.micro_batch_tokens, next(self.state.model.parameters()).device)
+        return token_budget(self.cfg.algo.micro_batch_tokens, self.device)
 
     @property
     def pad_id(self) -> int:

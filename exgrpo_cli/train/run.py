@@ -27,7 +27,6 @@ from exgrpo_cli.evaluation.validate import sample_and_grade
 from exgrpo_cli.metrics import MetricLogger
 from exgrpo_cli.metrics.logger import resume_point
 from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.model import pick_device
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.train import notices
 from exgrpo_cli.train.loop import Trainer
@@ -117,7 +116,7 @@ def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
         log.warning(w)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    device = dist.device if dist.distributed else pick_device(cfg.trainer.device)
+    device = dist.device  # the compute device init_distributed picked from trainer.device
     if device.type == "cuda" and cfg.model.dtype != "float32" and dist.is_main:
         warn_low_precision_weights(cfg)
     logger = _start_logger(cfg, dist, out, resume_from)  # before the model: an outage costs seconds

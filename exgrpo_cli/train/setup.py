@@ -154,8 +154,9 @@ def build_trainer(
     resume_from: Path | None = None,
 ) -> tuple[Trainer, list[Question], LoadReport]:
     """The trainer of a run (resumed from `resume_from` when given), its held-out questions and
-    the report of skipped data rows. Seeds the global RNGs first, as a run does."""
-    dist = dist or D.DistInfo()
+    the report of skipped data rows. Seeds the global RNGs first, as a run does. Without `dist`:
+    one process computing on `device`."""
+    dist = dist if dist is not None else D.DistInfo(device=device)
     seed_everything(cfg.trainer.seed)
     # rank 0 first: a hub dataset or tokenizer is downloaded once, the other ranks read its copy
     train_qs, val_qs, report = rank0_first(dist, lambda: load_questions(cfg.data))

@@ -32,7 +32,7 @@ from exgrpo_cli.algo.losses import (
     behaviour_logprobs,
     loss_stats,
 )
-from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
+from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict, local_dist
 from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows, synced_micro_batches
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
 
@@ -81,7 +81,9 @@ def policy_update(
     pad_id: int,
     dist: DistInfo | None = None,
 ) -> UpdateResult:
-    dist = dist or DistInfo()
+    # the batches are packed on the run's compute device (`dist.device`), which under FSDP2's CPU
+    # offload is not where the parameters are
+    dist = dist if dist is not None else local_dist(model)
     num_groups = int(batch.group_index.max()) + 1
     minibatches = [_rows_of(batch, gs) for gs in split_groups(num_groups, plan.updates)]
     old: dict[int, list[float]] = {}
@@ -130,7 +132,7 @@ def _accumulate(
     res: UpdateResult,
 ) -> tuple[LossStats, float]:
     """Back-propagate one update's objective, micro-batch by micro-batch; (its stats, its loss)."""
-    device = next(model.parameters()).device
+    device = dist.device
     rows_mean = all_reduce_dict({"rows": len(rows)}, dist)["rows"]
     shape = UpdateShape(
         response_lengths=[len(batch.response_ids[i]) for i in rows],
@@ -196,7 +198,7 @@ def _old_logprobs(
     model: torch.nn.Module, batch: MixedBatch, rows: list[int], plan: UpdatePlan, pad_id: int, dist: DistInfo
 ) -> dict[int, list[float]]:
     """pi_old's log-probs of `rows` (row -> per-token list), before any update of the step."""
-    device = next(model.parameters()).device
+    device = dist.device
     out: dict[int, list[float]] = {}
     passes = synced_micro_batches(
         batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, device, dist
