@@ -103,11 +103,7 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
 
 
 def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
-    if dist.distributed and cfg.algo.questions_per_step % dist.world_size:
-        raise UsageError(
-            f"algo.questions_per_step={cfg.algo.questions_per_step} must be a "
-            f"multiple of the {dist.world_size} ranks (each trains on an equal share)"
-        )
+    _check_rank_shares(cfg, dist)
     cfg = share_run_dir(cfg, dist)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -151,6 +147,28 @@ def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
         if trainer is not None:
             trainer.scorer.close()
             trainer.engine.close()
+
+
+def _check_rank_shares(cfg: ExgrpoConfig, dist: D.DistInfo) -> None:
+    """Refusals of a run whose questions the ranks cannot share (before any collective)."""
+    a, world = cfg.algo, dist.world_size
+    if not dist.distributed:
+        return  # config validation already asks for updates_per_step <= questions_per_step
+    if a.questions_per_step % world:
+        raise UsageError(
+            f"algo.questions_per_step={a.questions_per_step} must be a "
+            f"multiple of the {world} ranks (each trains on an equal share)"
+        )
+    # each rank cuts its own groups into the step's mini-batches: with fewer groups than updates
+    # some mini-batches would be empty and the step would silently make fewer updates
+    share = a.questions_per_step // world
+    if a.updates_per_step > share:
+        raise UsageError(
+            f"algo.updates_per_step={a.updates_per_step} is more than the {share} questions each of "
+            f"the {world} ranks trains on (algo.questions_per_step={a.questions_per_step}): every "
+            "update needs at least one question per rank; lower algo.updates_per_step or raise "
+            "algo.questions_per_step"
+        )
 
 
 def _start_logger(cfg: ExgrpoConfig, dist: D.DistInfo, out: Path, resume_from: Path | None) -> Logger:
