@@ -173,20 +173,26 @@ def _check_rank_shares(cfg: ExgrpoConfig, dist: D.DistInfo) -> None:
 
 def _start_logger(cfg: ExgrpoConfig, dist: D.DistInfo, out: Path, resume_from: Path | None) -> Logger:
     """Rank 0's metric logger (the tracker included), set up before anything loads: an unreachable
-    W&B server falls back or refuses within seconds. A refusal is every rank's."""
+    W&B server falls back or refuses within seconds. Rank 0's failure, whatever it is, is every
+    rank's: the others would otherwise wait in the broadcast until trainer.dist_timeout_s. Rank 0
+    raises its own exception; the others a UsageError for a refusal, else an ExgrpoError."""
     logger: Logger = _NoLogger()
-    refusal = None
+    failure: tuple[bool, str, str] | None = None  # (a refusal?, the exception's type, its message)
     if dist.is_main:
-        start, wandb_id = resume_point(resume_from)
         try:
+            start, wandb_id = resume_point(resume_from)
             logger = MetricLogger(
                 str(out), cfg.logger, dataclasses.asdict(cfg), cfg.trainer.steps, start, wandb_id
             )
-        except UsageError as err:
-            refusal = str(err)
-    refusal = D.broadcast_object(refusal, dist)
-    if refusal:
-        raise UsageError(refusal)
+        except Exception as err:
+            D.broadcast_object((isinstance(err, UsageError), type(err).__name__, str(err)), dist)
+            raise
+    failure = D.broadcast_object(failure, dist)
+    if failure is not None:
+        refused, kind, message = failure
+        if refused:
+            raise UsageError(message)
+        raise ExgrpoError(f"rank 0 could not start its metric logger: {kind}: {message}")
     return logger
 
 

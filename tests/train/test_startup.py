@@ -7,11 +7,15 @@ code runs as under torchrun without a process group.
 from __future__ import annotations
 
 import dataclasses
+import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.errors import UsageError
+from exgrpo_cli.errors import ExgrpoError, UsageError
+from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.train import run
 
@@ -35,3 +39,62 @@ def test_more_updates_than_a_ranks_questions_are_refused() -> None:
 def test_questions_not_divisible_by_the_ranks_are_refused() -> None:
     with pytest.raises(UsageError, match="multiple of the 3 ranks"):
         run._train(_cfg(4, 1), DistInfo(rank=0, world_size=3))
+
+
+class Broadcast:
+    """broadcast_object for two threads: rank 0's object reaches rank 1 (which gives up after a
+    few seconds, where a real rank would wait until trainer.dist_timeout_s)."""
+
+    def __init__(self) -> None:
+        self.box: list[Any] = []
+        self.ready = threading.Event()
+
+    def __call__(self, obj: Any, dist: DistInfo, src: int = 0) -> Any:
+        if dist.rank == 0:
+            self.box.append(obj)
+            self.ready.set()
+            return obj
+        assert self.ready.wait(5), "rank 1 waits for a broadcast rank 0 never makes"
+        return self.box[0]
+
+
+def _start_on_two_ranks(tmp_path: Path) -> list[Any]:
+    out: list[Any] = [None, None]
+
+    def work(rank: int) -> None:
+        try:
+            out[rank] = run._start_logger(ExgrpoConfig(), DistInfo(rank=rank, world_size=2), tmp_path, None)
+        except BaseException as err:  # noqa: BLE001 - compared below
+            out[rank] = err
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    return out
+
+
+@pytest.mark.parametrize("error", [OSError("disk full"), UsageError("logger.wandb.mode=online: no login")])
+def test_rank0s_logger_failure_is_every_ranks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, error: Exception
+) -> None:
+    """Any exception of rank 0's logger start (not only a refusal) reaches the other ranks at
+    once: a refusal stays a UsageError (exit 2), anything else fails them with an ExgrpoError."""
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(D, "broadcast_object", Broadcast())
+    monkeypatch.setattr(run, "MetricLogger", failing)
+    r0, r1 = _start_on_two_ranks(tmp_path)
+    assert r0 is error
+    assert isinstance(r1, ExgrpoError) and str(error) in str(r1)
+    assert isinstance(r1, UsageError) == isinstance(error, UsageError)
+
+
+def test_a_started_logger_lets_every_rank_go_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(D, "broadcast_object", Broadcast())
+    monkeypatch.setattr(run, "MetricLogger", lambda *args, **kwargs: "rank 0's logger")
+    r0, r1 = _start_on_two_ranks(tmp_path)
+    assert r0 == "rank 0's logger" and isinstance(r1, run._NoLogger)
