@@ -139,7 +139,7 @@ class Trainer:
         metrics = {
             **reward_metrics,
             **rollout_metrics(groups, batch),
-            **loss_metrics(result, float(st.optimizer.param_groups[0]["lr"])),
+            **loss_metrics(result, float(st.optimizer.param_groups[0]["lr"]), self.dist),
             **t,
             **mem,
         }
