@@ -1,0 +1,103 @@
+"""One rank of the sharded-optimizer checks, launched by tests/policy/test_sharded_optimizer.py
+under torchrun (gloo, CPU): `python shard_worker.py MODE OUT_JSON`. Any failed check raises, so
+the job exits non-zero; rank 0 writes what it measured to OUT_JSON.
+
+host_adamw (2 ranks): a model whose last layer has one output row is sharded unevenly (rank 1's
+  shard of it is empty), loaded as load_sharded loads (meta, fully_shard, to_empty, rank 0's
+  weights broadcast), and trained with HostAdamW. After the optimizer is built a module-wide
+  `_apply` (what to_empty and .to() run) makes FSDP2 replace every local shard object, re-padding
+  the empty one; the steps must still equal plain AdamW's on one process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.offload import HostAdamW
+
+LR, STEPS = 1e-2, 3
+
+
+def build() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def sharded(dist: D.DistInfo) -> torch.nn.Module:
+    """As policy.model.load_sharded: the architecture on meta, sharded, materialised empty, then
+    rank 0's weights broadcast into the shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    with torch.device("meta"):
+        model = build()
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.world_size,)))
+    model.to_empty(device="cpu")
+    weights = build().state_dict() if dist.is_main else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, weights, options=options)
+    return model
+
+
+def host_adamw(dist: D.DistInfo) -> dict[str, float]:
+    model = sharded(dist)
+    empty = [n for n, p in model.named_parameters() if p._local_tensor.numel() == 0]  # type: ignore[attr-defined]
+    assert (dist.rank == 1) == bool(empty), f"rank {dist.rank}: empty shards {empty}"
+    opt = HostAdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    before = [id(p._local_tensor) for p in model.parameters()]  # type: ignore[attr-defined]
+    model._apply(lambda t: t.clone())
+    replaced = sum(id(p._local_tensor) != b for p, b in zip(model.parameters(), before))  # type: ignore[attr-defined]
+    assert replaced == len(before), f"FSDP2 kept {len(before) - replaced} local shard objects"
+
+    ref = build()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.01, foreach=False)
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))  # the same rows on every rank
+    for _ in range(STEPS):
+        for m, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad(set_to_none=True)
+            m(x).pow(2).mean().backward()
+            o.step()
+    weight_diff = max(
+        float((full(p.detach()) - r.detach()).abs().max())
+        for p, r in zip(model.parameters(), ref.parameters())
+    )
+    moment_diff = max(
+        float((full(opt.state[p][k]) - ref_opt.state[r][k]).abs().max())
+        for p, r in zip(model.parameters(), ref.parameters())
+        for k in ("exp_avg", "exp_avg_sq")
+    )
+    assert weight_diff < 1e-6 and moment_diff < 1e-6, (weight_diff, moment_diff)
+    assert all(_local_state(opt, p).device.type == "cpu" for p in model.parameters())
+    return {"weight_diff": weight_diff, "moment_diff": moment_diff, "replaced": replaced}
+
+
+def _local_state(opt: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor:
+    m = opt.state[p]["exp_avg"]
+    return m._local_tensor if hasattr(m, "_local_tensor") else m
+
+
+MODES = {"host_adamw": host_adamw}
+
+
+def main(mode: str, out_path: str) -> None:
+    torch.set_num_threads(1)
+    dist = D.init_distributed(timeout_s=60, device="cpu")
+    report = MODES[mode](dist)
+    if dist.is_main:
+        with open(out_path, "w") as fh:
+            json.dump({"world_size": dist.world_size, **report}, fh)
+    D.barrier(dist)
+    D.close_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
