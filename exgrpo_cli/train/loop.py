@@ -133,7 +133,7 @@ class Trainer:
                 st.buffer.end_step()
                 self.maybe_readmit(step)
         st.step = step
-        st.skipped_in_a_row = st.skipped_in_a_row + 1 if result.skipped else 0
+        st.count_updates(result.applied)
         if self.dist.distributed:
             self.check_ranks_agree(step)
         metrics = {

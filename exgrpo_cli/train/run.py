@@ -229,8 +229,9 @@ def _loop(
                 st.save(out / "checkpoints", t.keep_checkpoints, trainer.tokenizer, dist)
             if give_up:
                 raise TrainingAborted(
-                    f"{st.skipped_in_a_row} updates in a row were skipped (non-finite loss or gradient); "
-                    "the last good state is saved"
+                    f"{st.skipped_in_a_row} optimizer updates in a row were skipped (non-finite loss "
+                    "or gradient, or a gradient norm above algo.skip_grad_norm_above; "
+                    f"trainer.max_skipped_steps={t.max_skipped_steps}); the last good state is saved"
                 )
             if stop.flag:
                 logger.print(f"stopped at step {step}; resume with the same command")

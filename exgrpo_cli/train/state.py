@@ -48,8 +48,16 @@ class RunState:
     switch: DelayedStart
     seed: int
     step: int = 0  # the last finished step
-    skipped_in_a_row: int = 0  # updates skipped in a row (non-finite or huge gradient)
+    skipped_in_a_row: int = 0  # optimizer updates skipped in a row, across steps (`count_updates`)
     wandb_id: str | None = None
+
+    def count_updates(self, applied: list[bool]) -> None:
+        """Keep `skipped_in_a_row` for a step's updates in order (False: skipped, for a non-finite
+        loss or gradient or a huge norm): each skipped update adds one, an applied update resets
+        it. So the count is of updates, whatever algo.updates_per_step, and a step that skips one
+        mini-batch and applies the next breaks the run of skips."""
+        for ok in applied:
+            self.skipped_in_a_row = 0 if ok else self.skipped_in_a_row + 1
 
     # ------------------------------------------------------------------ plain state
     def state_dict(self) -> dict[str, Any]:

@@ -63,8 +63,12 @@ class UpdateResult:
     # update: what the replay buffer stores (the official code stores these, not the engine's)
     trainer_logp: dict[int, list[float]] = field(default_factory=dict)
     grad_norms: list[float] = field(default_factory=list)
-    skipped: int = 0
+    applied: list[bool] = field(default_factory=list)  # per update, in order: False when skipped
     loss_total: float = 0.0
+
+    @property
+    def skipped(self) -> int:
+        return self.applied.count(False)
 
 
 def _rows_of(batch: MixedBatch, groups: list[int]) -> list[int]:
@@ -106,10 +110,11 @@ def policy_update(
         # every rank must take the same decision, and a non-finite loss may be on one rank only;
         # judged per update: a non-finite earlier mini-batch must not condemn this one
         bad_loss = all_reduce_dict({"bad": float(not math.isfinite(mb_loss))}, dist, op="max")["bad"]
-        if not math.isfinite(norm) or norm > plan.skip_grad_norm_above or bad_loss:
-            res.skipped += 1  # skip-on-non-finite (and on huge norms, as the paper)
-        else:
+        # skip-on-non-finite (and on huge norms, as the paper)
+        skip = not math.isfinite(norm) or norm > plan.skip_grad_norm_above or bool(bad_loss)
+        if not skip:
             optimizer.step()
+        res.applied.append(not skip)
         optimizer.zero_grad(set_to_none=True)  # also frees the gradients' memory until the next step
     fresh = [i for i in res.trainer_logp if not bool(batch.replay_mask[i])]
     res.trainer_logp = {i: res.trainer_logp[i] for i in fresh}

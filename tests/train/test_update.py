@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -143,3 +144,18 @@ def test_trainer_logp_are_the_pre_update_logprobs_of_every_fresh_row(tiny_model:
     with torch.no_grad():
         after, _ = forward_logprobs(model, sb)
     assert not torch.allclose(after, before, atol=1e-3)  # the update did move the policy
+
+
+def test_skipped_updates_are_counted_in_order(tiny_model: Path) -> None:
+    """Every update whose gradient norm is above algo.skip_grad_norm_above is skipped, and the
+    result says which, in order (the run's count of skipped updates in a row needs the order)."""
+    cfg = ModelConfig(path=str(tiny_model))
+    tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
+    batch = _two_question_batch(tok)
+    adv = group_advantages(batch.rewards, batch.group_index)
+    before = [p.detach().clone() for p in model.parameters()]
+    plan = dataclasses.replace(_plan(0.2, 0.1, 0.0, updates=2), skip_grad_norm_above=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    res = policy_update(model, opt, batch, adv, plan, pad_id=tok.pad_token_id)
+    assert res.applied == [False, False] and res.skipped == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
