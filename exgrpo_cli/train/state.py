@@ -13,6 +13,15 @@ Files of a checkpoint folder (written atomically by policy/checkpoint.py):
   replay/                 the experience buffer (arrays in safetensors + JSON index)
   rng.safetensors         torch's RNG state
   trainer_state.json      `state_dict()`: step, sampler, delayed start, counters, Python/NumPy RNGs
+
+RNG states. A resumed run repeats its steps exactly without them: every draw of a step comes from
+generators derived from (trainer.seed, step) (train/loop.py `step_rng`, the rollout seed) or from
+state saved here (the sampler's). The engines reseed from the rollout seed on every call: the HF
+engine's own loop samples with generators seeded from it, its `generate` path reseeds torch's
+global RNG per chunk from it, vLLM gets per-request seeds from it. Nothing in a step draws from
+the global Python, NumPy or torch RNGs (tests/train/test_rng.py), so saving rank 0's states only,
+and restoring them on every rank, loses nothing; they are kept for code that would draw from
+them, e.g. a model with dropout on a CPU (torch's CUDA generators are not saved).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
 
 # keys of `state_dict()` that may differ between ranks: everything else must agree on every rank
+# (the global RNG states: rank 0's are saved, and nothing in a step reads them; see above)
 LOCAL_KEYS = ("wandb_id", "python_random", "numpy_random")
 
 
