@@ -183,18 +183,28 @@ def build_trainer(
     # every rank, at this same point (vLLM's start-up all-reduces the ranks' free memory), and
     # before the optimizer state takes memory; a vLLM engine empties torch's cache first
     engine = build_engine(cfg, model, tokenizer)
-    state = RunState(
-        model=model,
-        optimizer=make_optimizer(cfg, model),
-        sampler=QuestionSampler(train_qs, cfg.trainer.seed),
-        buffer=ExperienceBuffer(cfg.rollout.n, cfg.replay.bucket_edges, cfg.replay.max_experiences),
-        switch=DelayedStart(cfg.replay.start_threshold),
-        seed=cfg.trainer.seed,
-    )
-    if resume_from is not None:
-        state.load(resume_from, dist)
-    scorer = RewardScorer(requires_think=template.requires_think, workers=1)
-    trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), dist=dist)
+    scorer: RewardScorer | None = None
+    try:
+        state = RunState(
+            model=model,
+            optimizer=make_optimizer(cfg, model),
+            sampler=QuestionSampler(train_qs, cfg.trainer.seed),
+            buffer=ExperienceBuffer(cfg.rollout.n, cfg.replay.bucket_edges, cfg.replay.max_experiences),
+            switch=DelayedStart(cfg.replay.start_threshold),
+            seed=cfg.trainer.seed,
+        )
+        if resume_from is not None:
+            state.load(resume_from, dist)
+        scorer = RewardScorer(requires_think=template.requires_think, workers=1)
+        trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), dist=dist)
+    except BaseException:
+        # the caller closes the engine and grader of the trainer it gets; without one (a checkpoint
+        # that does not load, ...) they are closed here: vLLM's workers and GPU memory, the
+        # grader's worker processes would outlive the failed start
+        if scorer is not None:
+            scorer.close()
+        engine.close()
+        raise
     return trainer, val_qs, report
 
 
