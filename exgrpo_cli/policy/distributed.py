@@ -133,6 +133,12 @@ def local_dist(model: torch.nn.Module) -> DistInfo:
     return DistInfo(device=module_device(model))
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether `model`'s parameters are FSDP2 shards (DTensors): the case on every GPU run, one
+    GPU included, where `DistInfo.distributed` is False."""
+    return any(hasattr(p, "device_mesh") for p in model.parameters())
+
+
 def shards_alone(dist: DistInfo) -> bool:
     """FSDP2 wraps the model of a one-process run too when it runs on a GPU, so that mixed
     precision and offload apply there; a one-process CPU run stays plain PyTorch."""
@@ -253,9 +259,11 @@ def load_full_optimizer_state_dict(
     dist: DistInfo,
 ) -> None:
     """Inverse of `full_optimizer_state_dict` (rank 0 passes the state, the others anything)."""
-    if not dist.distributed:
+    if not is_sharded(model):  # a one-process CPU run: plain tensors into plain AdamW
         optimizer.load_state_dict(state)
         return
+    # FSDP2, one GPU included (a one-rank group, `dist.distributed` False): the state must become
+    # DTensor shards like the parameters, which AdamW cannot step with plain tensors
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     sd: dict[str, Any] = {}

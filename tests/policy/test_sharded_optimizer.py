@@ -53,3 +53,11 @@ def test_host_adamw_survives_fsdp2_replacing_uneven_local_shards(tmp_path: Path)
     report = _run("host_adamw", 2, tmp_path)
     assert report["replaced"] == 4
     assert report["weight_diff"] < 1e-6 and report["moment_diff"] < 1e-6
+
+
+def test_one_rank_fsdp_loads_a_legacy_optimizer_state(tmp_path: Path) -> None:
+    """A one-GPU run is FSDP2 over one rank (DTensor parameters) with `dist.distributed` False:
+    a legacy checkpoint's full optimizer state was loaded as plain tensors, which AdamW cannot
+    step with DTensor parameters."""
+    report = _run("one_rank_fsdp", 1, tmp_path)
+    assert report["legacy_diff"] < 1e-6 and report["files_diff"] == 0.0
