@@ -74,8 +74,10 @@ class PlanInputs:
     @property
     def fsdp(self) -> bool:
         """The trainer shards with FSDP2 from two ranks on, and on a GPU from one (so that mixed
-        precision and offload apply there: policy/distributed.shards_alone)."""
-        return self.ranks > 1 or self.device == "cuda" or self.offload != "none"
+        precision and offload apply there: policy/distributed.shards_alone). Not on one CPU
+        process, whatever trainer.offload says (the trainer refuses offload=all there, and
+        offload=optimizer is HostAdamW on a plain model)."""
+        return self.ranks > 1 or self.device == "cuda"
 
     @property
     def compute_bytes(self) -> int:

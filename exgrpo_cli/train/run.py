@@ -103,7 +103,7 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
 
 
 def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
-    _check_rank_shares(cfg, dist)
+    _refuse_before_start(cfg, dist)
     cfg = share_run_dir(cfg, dist)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,9 +149,16 @@ def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
             trainer.engine.close()
 
 
-def _check_rank_shares(cfg: ExgrpoConfig, dist: D.DistInfo) -> None:
-    """Refusals of a run whose questions the ranks cannot share (before any collective)."""
+def _refuse_before_start(cfg: ExgrpoConfig, dist: D.DistInfo) -> None:
+    """Settings this run cannot honour, refused before any collective: an offload the trainer
+    would not apply, questions the ranks cannot share."""
     a, world = cfg.algo, dist.world_size
+    if cfg.trainer.offload == "all" and not D.shards_alone(dist):
+        raise UsageError(
+            "trainer.offload=all is FSDP2's CPU offload, and a one-process CPU run is not sharded "
+            "(its whole state is in host memory already): use trainer.offload=none, or several "
+            "ranks (trainer.nproc)"
+        )
     if not dist.distributed:
         return  # config validation already asks for updates_per_step <= questions_per_step
     if a.questions_per_step % world:

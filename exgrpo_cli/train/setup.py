@@ -175,7 +175,7 @@ def build_trainer(
         return D.wrap_fsdp2(m, dist, mixed_precision=t.fsdp_mixed_precision or None, offload=t.offload)
 
     if dist.distributed:  # under torchrun rank 0 alone reads the weights; the others get their shards
-        model = load_sharded(model_cfg, dist, shard)
+        model = load_sharded(model_cfg, dist, shard, offload=cfg.trainer.offload)
     elif D.shards_alone(dist):  # one GPU: loaded in host memory, FSDP2 places (or offloads) it
         model = shard(load_model(model_cfg, torch.device("cpu")))
     else:

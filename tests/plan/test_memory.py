@@ -124,6 +124,15 @@ def test_one_cpu_process_trains_without_fsdp_in_the_weights_dtype() -> None:
     assert terms["activations"][1] == 64 * activation_bytes_per_token(TOY, 4, checkpointing=True)
 
 
+def test_one_cpu_process_is_never_sharded_whatever_the_offload() -> None:
+    """The trainer wraps one CPU process with nothing (it refuses offload=all there, and
+    offload=optimizer is HostAdamW on the plain model): the plan must not count FSDP's terms."""
+    for offload in ("optimizer", "all"):
+        one = dataclasses.replace(X, ranks=1, device="cpu", engine="hf", offload=offload)
+        assert not one.fsdp
+        assert not {"root unit gathered", "layers in flight"} & set(_terms(one))
+
+
 def test_one_gpu_shards_with_fsdp2_and_its_mixed_precision() -> None:
     """On a GPU FSDP2 wraps even one rank (policy/distributed.shards_alone), so its bf16 compute
     and offload apply there too."""

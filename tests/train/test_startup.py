@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.errors import ExgrpoError, UsageError
@@ -32,8 +33,8 @@ def test_more_updates_than_a_ranks_questions_are_refused() -> None:
     with pytest.raises(UsageError, match=r"algo.updates_per_step=3 .*algo.questions_per_step=4") as err:
         run._train(_cfg(4, 3), DistInfo(rank=0, world_size=2))
     assert err.value.exit_code == 2
-    run._check_rank_shares(_cfg(4, 2), DistInfo(rank=0, world_size=2))  # one question per update
-    run._check_rank_shares(_cfg(4, 3), DistInfo())  # one process: config validation's business
+    run._refuse_before_start(_cfg(4, 2), DistInfo(rank=0, world_size=2))  # one question per update
+    run._refuse_before_start(_cfg(4, 3), DistInfo())  # one process: config validation's business
 
 
 def test_questions_not_divisible_by_the_ranks_are_refused() -> None:
@@ -98,3 +99,14 @@ def test_a_started_logger_lets_every_rank_go_on(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(run, "MetricLogger", lambda *args, **kwargs: "rank 0's logger")
     r0, r1 = _start_on_two_ranks(tmp_path)
     assert r0 == "rank 0's logger" and isinstance(r1, run._NoLogger)
+
+
+def test_offload_all_on_one_cpu_process_is_refused() -> None:
+    """One CPU process is plain PyTorch (no FSDP2), so trainer.offload=all would be ignored."""
+    cfg = _cfg(4, 1)
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, offload="all"))
+    with pytest.raises(UsageError, match="trainer.offload=all") as err:
+        run._train(cfg, DistInfo())
+    assert err.value.exit_code == 2
+    run._refuse_before_start(cfg, DistInfo(device=torch.device("cuda", 0)))  # one GPU: FSDP2 applies it
+    run._refuse_before_start(cfg, DistInfo(rank=0, world_size=2))  # gloo ranks: FSDP2 applies it
