@@ -15,6 +15,8 @@ All per-token outputs are response-aligned: [B, R], column j = response token j,
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -113,19 +115,31 @@ def synced_micro_batches(
             yield pack(prompts, responses, rows[:1] or [0], pad_id, device), True
 
 
+@functools.cache
+def _forward_takes_logits_to_keep(cls: type) -> bool:
+    """Whether `cls.forward` accepts `logits_to_keep` (transformers' models do; a remote-code
+    model may not). Asked of the signature once per class: calling and catching a TypeError
+    would also swallow a TypeError raised inside a forward that does accept it."""
+    params = inspect.signature(cls.forward).parameters.values()
+    return any(p.name == "logits_to_keep" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _keep_kwargs(model: torch.nn.Module, keep: int) -> dict[str, int]:
+    """`logits_to_keep=keep` when the model takes it; else nothing (it projects every position,
+    and the caller cuts)."""
+    return {"logits_to_keep": keep} if _forward_takes_logits_to_keep(type(model)) else {}
+
+
 def response_logits(model: torch.nn.Module, batch: SequenceBatch) -> Tensor:
     """Logits [B, R, V] of the positions that predict the response tokens."""
     keep = batch.response_mask.shape[1] + 1
-    kwargs: dict[str, Tensor | bool] = dict(
+    logits = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
         use_cache=False,
-    )
-    try:
-        logits = model(**kwargs, logits_to_keep=keep).logits
-    except TypeError:  # a remote-code model without logits_to_keep: project everything, then cut
-        logits = model(**kwargs).logits
+        **_keep_kwargs(model, keep),
+    ).logits
     return logits[:, -keep:-1]
 
 
@@ -171,7 +185,7 @@ def final_hidden_states(model: torch.nn.Module, batch: SequenceBatch) -> Tensor:
             attention_mask=batch.attention_mask,
             position_ids=batch.position_ids,
             use_cache=False,
-            logits_to_keep=1,
+            **_keep_kwargs(model, 1),
         )
     finally:
         handle.remove()
