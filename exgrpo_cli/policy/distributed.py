@@ -1,14 +1,17 @@
-"""Data-parallel training with FSDP2: process group, sharding, and gathering the full weights.
+"""Data-parallel training with FSDP2: process group, sharding, optimizer files, small collectives.
 
 Where it sits in the step: `init_distributed` runs once before the model is loaded and
 `wrap_fsdp2` once after it; every rank then runs the same train step on its own share of the
-questions, and FSDP2 averages the gradients over ranks inside `backward()`. After the optimizer
-step, `full_state_dict` gathers the sharded weights for the vLLM weight sync and the checkpoint
-(rank 0 receives them, the other ranks an empty dict), and the `all_reduce_*` helpers turn the
-per-rank metrics into run-wide ones before rank 0 logs them.
+questions on `DistInfo.device` (the compute device: `module_device` when no DistInfo is at hand),
+and FSDP2 averages the gradients over ranks inside `backward()`. A checkpoint writes the optimizer
+state a shard per rank (`save_optimizer`; `load_optimizer` reads it on any number of ranks), while
+the weights are gathered one parameter at a time by their consumers (policy/export.py for the
+checkpoint, the vLLM weight sync). `all_reduce_dict` and the `*_object` helpers turn per-rank
+metrics into run-wide ones and share rank 0's decisions.
 
-Launch with `torchrun --nproc_per_node N -m exgrpo_cli train ...`; without torchrun the world has
-one rank, no process group is created and every helper here is a cheap no-op. On a CPU the
+Launch with `torchrun --nproc_per_node N -m exgrpo_cli train ...` (or trainer.nproc); without it
+the world has one rank: on a CPU no process group is created and every helper here is a cheap
+no-op, on one GPU a one-rank group lets FSDP2 wrap the model (`shards_alone`). On a CPU the
 backend is gloo (FSDP2 works there; FSDP1's offloaded full-state-dict gather segfaults, so it is
 not offered). Mixed precision is only applied on CUDA: bf16 matmuls are ~100x slower on a CPU.
 """
@@ -21,7 +24,7 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import torch
 
@@ -198,58 +201,10 @@ def wrap_fsdp2(
     return model
 
 
-def full_state_dict(model: torch.nn.Module, dist: DistInfo) -> dict[str, torch.Tensor]:
-    """The full, unsharded weights as plain CPU tensors under the HF names, on rank 0 only.
-
-    Collective under FSDP: every rank must call it, and ranks other than 0 get `{}` (never index
-    into it there). Tied models keep both `embed_tokens.weight` and `lm_head.weight`, which the
-    vLLM reload needs. One rank: the model's own state_dict (no copy on a CPU).
-    """
-    if not dist.distributed:
-        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    # full_state_dict=True: every value is a plain (CPU) tensor
-    sd = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=opts))
-    return sd if dist.is_main else {}
-
-
-def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], dist: DistInfo) -> None:
-    """Inverse of `full_state_dict`: rank 0's full weights are broadcast into every rank's shards."""
-    if not dist.distributed:
-        model.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    # a copy: the broadcast replaces the dict's values with this rank's DTensor shards in place
-    set_model_state_dict(model, dict(state) if dist.is_main else {}, options=opts)
-
-
 def _fqn_order(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
     """Parameter names in the optimizer's own order: torch numbers them 0.. in this order."""
     names = {id(p): n for n, p in model.named_parameters()}
     return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-
-
-def full_optimizer_state_dict(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: DistInfo
-) -> dict[str, Any]:
-    """The optimizer state in the plain `optimizer.state_dict()` layout (integer parameter ids), full
-    and on CPU, on rank 0 (`{}` elsewhere). The same layout as a one-process run, so
-    `checkpoint.optimizer_to_files` needs no change and a run may resume on another world size."""
-    if not dist.distributed:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    sd: dict[str, Any] = get_optimizer_state_dict(model, optimizer, options=opts)
-    if not dist.is_main:
-        return {}
-    index = {n: i for i, n in enumerate(_fqn_order(model, optimizer))}
-    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in sd["param_groups"]]
-    return {"state": {index[n]: st for n, st in sd["state"].items()}, "param_groups": groups}
 
 
 def load_full_optimizer_state_dict(
@@ -258,7 +213,9 @@ def load_full_optimizer_state_dict(
     state: dict[str, Any],
     dist: DistInfo,
 ) -> None:
-    """Inverse of `full_optimizer_state_dict` (rank 0 passes the state, the others anything)."""
+    """A checkpoint's full optimizer state in the plain `optimizer.state_dict()` layout (integer
+    parameter ids; what checkpoints written before the sharded format hold) into `optimizer`:
+    rank 0 passes the state, the other ranks anything. Collective on a sharded model."""
     if not is_sharded(model):  # a one-process CPU run: plain tensors into plain AdamW
         optimizer.load_state_dict(state)
         return
@@ -334,10 +291,6 @@ def read_optimizer_tensors(folder: Path) -> dict[str, torch.Tensor]:
 # ------------------------------------------------------------------ small collectives
 
 
-def is_main(dist: DistInfo) -> bool:
-    return dist.is_main
-
-
 def barrier(dist: DistInfo) -> None:
     if dist.distributed:
         torch.distributed.barrier()
@@ -359,10 +312,6 @@ def all_gather_object(obj: T, dist: DistInfo) -> list[T]:
     out: list[Any] = [None] * dist.world_size
     torch.distributed.all_gather_object(out, obj)
     return out
-
-
-def all_reduce_mean(value: float, dist: DistInfo) -> float:
-    return all_reduce_dict(dict(v=value), dist, op="mean")["v"]
 
 
 def all_reduce_dict(values: dict[str, float], dist: DistInfo, op: str = "mean") -> dict[str, float]:

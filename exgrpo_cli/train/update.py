@@ -56,7 +56,6 @@ class UpdatePlan:
 @dataclass
 class UpdateResult:
     stats: LossStats = field(default_factory=LossStats)
-    per_update: list[LossStats] = field(default_factory=list)  # the stats of each update, in order
     entropy_sum: float = 0.0
     logprob_diff_sum: float = 0.0  # |trainer - rollout engine| log-prob over fresh tokens, before the update
     # row -> the trainer's log-probs of a fresh row's tokens under the policy before the step's first
@@ -103,7 +102,6 @@ def policy_update(
             model, batch, advantages, rows, old if index else {}, plan, pad_id, dist, res
         )
         res.stats += stats
-        res.per_update.append(stats)
         res.loss_total += mb_loss
         norm = float(torch.nn.utils.clip_grad_norm_(params, plan.grad_clip))  # global under FSDP
         res.grad_norms.append(norm)

@@ -53,7 +53,6 @@ X = PlanInputs(
     vllm_max_len=48,
     rollout_sequences=8,
     attention="flash",
-    scoring_pass=True,
 )
 
 
@@ -84,7 +83,7 @@ def test_fsdp_plan_term_by_term() -> None:
         "gradients": (0, shard, shard, shard),
         "AdamW moments": (2 * shard,) * 4,
         "AdamW step temporaries": (0, 0, 0, shard),
-        "root unit gathered": (c_root, c_root, c_root, 0),
+        "root unit gathered": (0, c_root, c_root, 0),  # resharded after scoring, before the rollout
         "layers in flight": (0, 2 * 2 * 608, 0, 0),
         "layer gradient reduce": (0, 608 * (2 + 4), 0, 0),
         "root gradient reduce": (0, 0, 520 * (2 + 4) + 4 * 520 // 2, 0),
