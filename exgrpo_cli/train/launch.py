@@ -6,7 +6,8 @@ visible GPU, and one process on a CPU; a number starts that many ranks (gloo on 
 are started through torch's elastic launcher, the code path `torchrun` uses: each gets RANK,
 LOCAL_RANK, WORLD_SIZE and MASTER_* and runs `run_training` on the same, already resolved config
 (so they share one run directory). Under torchrun nothing more is spawned. The parent never
-initialises CUDA (it counts GPUs with nvidia-smi or a throwaway subprocess) and exits with the
+initialises CUDA: it counts the GPUs with torch (`visible_gpus`: NVML or the driver, no context),
+and the memory plan asks nvidia-smi or a throwaway subprocess for their size; it exits with the
 worst rank's exit code. Ctrl-C reaches every rank (the terminal signals the whole process group):
 each finishes its step, the checkpoint is written once, and the ranks exit.
 """
