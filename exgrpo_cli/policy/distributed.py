@@ -87,13 +87,14 @@ def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DistInf
     backend = "nccl" if use_cuda else "gloo"
     kwargs: dict[str, Any] = {"device_id": dev} if use_cuda else {}
     if world == 1:  # one GPU without torchrun: a one-rank group, so that FSDP2 can wrap the model
-        kwargs.update(init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        kwargs.update(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     tdist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
     log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
     return info
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for a local rendezvous: a one-rank group, trainer.nproc)."""
     import socket
 
     with socket.socket() as sock:

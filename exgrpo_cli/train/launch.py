@@ -63,14 +63,6 @@ def resolve_nproc(cfg: ExgrpoConfig) -> int:
     return n
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _rank_logging(out: Path) -> None:
     """The rank's log file in the run dir, as Hydra sets it up for a one-process run."""
     rank = int(os.environ.get("RANK", "0"))
@@ -103,13 +95,15 @@ def launch(cfg: ExgrpoConfig, nproc: int, target: Callable[[ExgrpoConfig], Any] 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from exgrpo_cli.policy.distributed import free_port
+
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
         run_id=f"exgrpo-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
         max_restarts=0,
         monitor_interval=0.5,
         start_method="spawn",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from exgrpo_cli.policy.distributed import free_port
+
 WORKER = Path(__file__).resolve().parent / "shard_worker.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run(mode: str, ranks: int, tmp_path: Path) -> dict:
@@ -35,7 +30,7 @@ def _run(mode: str, ranks: int, tmp_path: Path) -> dict:
         "--master_addr",
         "127.0.0.1",
         "--master_port",
-        str(_free_port()),
+        str(free_port()),
         str(WORKER),
         mode,
         str(out),
