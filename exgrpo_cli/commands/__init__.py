@@ -12,17 +12,13 @@ import dataclasses
 import sys
 from collections.abc import Callable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from exgrpo_cli.commands.typed import to_typed
 from exgrpo_cli.config import ExgrpoConfig, validate
 from exgrpo_cli.errors import ExgrpoError
 
-
-def to_typed(cfg: DictConfig) -> ExgrpoConfig:
-    obj = OmegaConf.to_object(cfg)
-    if not isinstance(obj, ExgrpoConfig):
-        raise TypeError(f"the composed config is a {type(obj).__name__}, not an ExgrpoConfig")
-    return obj
+__all__ = ["dispatch", "hydra_choices", "to_typed", "with_preset_name"]
 
 
 def hydra_choices() -> dict[str, str]:

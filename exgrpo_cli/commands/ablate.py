@@ -49,7 +49,7 @@ def _check_variants(jobs: list[sw.Job]) -> None:
     """Compose and validate each variant's config now, not an hour into the sweep."""
     from hydra import compose
 
-    from exgrpo_cli.commands import to_typed
+    from exgrpo_cli.commands.typed import to_typed
     from exgrpo_cli.config import ConfigError, validate
 
     for job in {j.variant.name: j for j in jobs}.values():

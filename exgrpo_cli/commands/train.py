@@ -102,7 +102,7 @@ def verifier(devices: Devices) -> Callable[[tuple[str, ...]], Plan | None] | Non
         from omegaconf.errors import OmegaConfBaseException
 
         from exgrpo_cli import plan
-        from exgrpo_cli.commands import to_typed
+        from exgrpo_cli.commands.typed import to_typed
         from exgrpo_cli.plan.inputs import inputs_from_config
 
         try:
