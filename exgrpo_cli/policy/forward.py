@@ -23,7 +23,6 @@ All per-token outputs are response-aligned: [B, R], column j = response token j,
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -128,19 +127,22 @@ def synced_micro_batches(
             yield pack(prompts, responses, rows[:1] or [0], pad_id, device), True
 
 
-@functools.cache
-def _forward_takes_logits_to_keep(cls: type) -> bool:
-    """Whether `cls.forward` accepts `logits_to_keep` (transformers' models do; a remote-code
-    model may not). Asked of the signature once per class: calling and catching a TypeError
-    would also swallow a TypeError raised inside a forward that does accept it."""
-    params = inspect.signature(cls.forward).parameters.values()
-    return any(p.name == "logits_to_keep" or p.kind is p.VAR_KEYWORD for p in params)
+# model class -> whether its forward accepts logits_to_keep (asked once per class)
+_TAKES_LOGITS_TO_KEEP: dict[type[torch.nn.Module], bool] = {}
 
 
 def _keep_kwargs(model: torch.nn.Module, keep: int) -> dict[str, int]:
-    """`logits_to_keep=keep` when the model takes it; else nothing (it projects every position,
-    and the caller cuts)."""
-    return {"logits_to_keep": keep} if _forward_takes_logits_to_keep(type(model)) else {}
+    """`logits_to_keep=keep` when the model's forward takes it (transformers' models do; a
+    remote-code model may not), else nothing: it projects every position and the caller cuts.
+    Read from the signature, once per class: calling and catching a TypeError would also swallow
+    a TypeError raised inside a forward that does take it, and run that forward twice."""
+    cls = type(model)
+    takes = _TAKES_LOGITS_TO_KEEP.get(cls)
+    if takes is None:
+        params = inspect.signature(cls.forward).parameters.values()
+        takes = any(p.name == "logits_to_keep" or p.kind is p.VAR_KEYWORD for p in params)
+        _TAKES_LOGITS_TO_KEEP[cls] = takes
+    return {"logits_to_keep": keep} if takes else {}
 
 
 def response_logits(model: torch.nn.Module, batch: SequenceBatch) -> Tensor:
