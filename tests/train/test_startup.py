@@ -27,6 +27,19 @@ def _cfg(questions: int, updates: int) -> ExgrpoConfig:
     return dataclasses.replace(cfg, algo=algo)
 
 
+class PastTheRefusals(Exception):
+    """Raised by the stand-in of the first step after the refusals: a run that was not refused
+    fails fast here instead of training (the default run, in the working directory)."""
+
+
+@pytest.fixture(autouse=True)
+def _stop_after_the_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
+    def past(*args: object) -> None:
+        raise PastTheRefusals
+
+    monkeypatch.setattr(run, "share_run_dir", past)
+
+
 def test_more_updates_than_a_ranks_questions_are_refused() -> None:
     """4 questions over 2 ranks: 2 each, so at most 2 mini-batches per step; a third would be
     empty on every rank and the step would make 2 updates instead of 3."""
