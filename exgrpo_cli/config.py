@@ -189,7 +189,7 @@ class TrainerConfig:
     keep_checkpoints: int = 2
     resume: str = "auto"  # auto | never | <checkpoint path>
     overwrite: bool = False
-    max_skipped_steps: int = 5
+    max_skipped_steps: int = 5  # skipped optimizer updates in a row before the run stops
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch CPU threads (0: all cores)
     dist_timeout_s: int = 1800  # torchrun runs: a collective waiting longer than this fails the run

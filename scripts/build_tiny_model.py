@@ -455,7 +455,7 @@ def build(
 def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(
-        prog="python -m exgrpo_cli.policy.tiny_builder",
+        prog="python scripts/build_tiny_model.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -180,7 +179,7 @@ class Context:
     def distributed(self) -> None:
         """The one-rank process group the trainer's one-GPU run makes (NCCL); on a dry run a gloo
         group, with a DistInfo that asks wrap_fsdp2 to shard (it shards one process on CUDA only)."""
-        from exgrpo_cli.policy.distributed import DistInfo, init_distributed
+        from exgrpo_cli.policy.distributed import DistInfo, free_port, init_distributed
 
         if not self.dry:
             self.dist = self.wrap_dist = init_distributed(device="cuda")
@@ -200,12 +199,6 @@ class Context:
 
         self.dist = DistInfo()
         self.wrap_dist = OneRankGroup()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def host_memory_bytes() -> int:

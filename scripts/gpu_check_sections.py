@@ -96,7 +96,6 @@ def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) ->
         vllm_max_len=seq,
         rollout_sequences=sizes.rows,
         attention=attention,
-        scoring_pass=False,
     )
 
 

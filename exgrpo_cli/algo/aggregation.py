@@ -13,7 +13,8 @@ before any forward, how the rows are cut into memory-sized micro-batches (`algo.
 never changes the objective.
 
 - `drgrpo` (ALGORITHM.md 4, the default): sum of token losses / (responses x max response
-  length), averaged over ranks, minus entropy_coef x the update's token-mean entropy.
+  length), averaged over ranks, minus entropy_coef x the update's token-mean entropy (on several
+  ranks: the mean over ranks of each rank's token-mean entropy, see `drgrpo`).
 - `official`: the per-rank gradient of the official actor (mix_actor.py with
   loss_remove_token_mean=True, use_dynamic_bsz=True): the update's rows on a rank are cut into
   max-over-ranks ceil(tokens / ppo_max_token_len_per_gpu) balanced micro-batches; each contributes
@@ -61,7 +62,10 @@ Aggregation = Callable[[UpdateShape, MaxOverRanks], Normalisers]
 def drgrpo(shape: UpdateShape, max_over_ranks: MaxOverRanks) -> Normalisers:
     """Dr.GRPO: a constant normaliser of (responses x L), no per-sequence length normalisation.
     With R ranks each dividing by the ranks' mean row count, FSDP's average over ranks is the
-    gradient of the whole mini-batch's sum / (all responses x L), whatever each rank's share."""
+    gradient of the whole mini-batch's sum / (all responses x L), whatever each rank's share.
+    The entropy term is not made run-wide the same way: each rank divides by its own response
+    tokens, so on R > 1 ranks the bonus is the mean over ranks of per-rank token means, which
+    equals the mini-batch's token mean only when the ranks hold as many response tokens."""
     tokens = float(max(sum(shape.response_lengths), 1))
     return Normalisers(
         policy=float(shape.rows_mean * shape.max_response_tokens),

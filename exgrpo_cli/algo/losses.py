@@ -41,7 +41,6 @@ class LossStats:
     replay_tokens: int = 0
     clipped_tokens: int = 0  # fresh tokens where the clipped branch was taken
     replay_ratio_sum: float = 0.0  # sum of w over replayed tokens
-    fresh_ratio_sum: float = 0.0  # sum of w over fresh tokens (exactly fresh_tokens when b = theta)
 
     def __iadd__(self, other: LossStats) -> LossStats:
         for k in self.__dataclass_fields__:
@@ -176,5 +175,4 @@ def loss_stats(x: LossInputs, losses: Tensor, clip_hit: Tensor, normalizer: floa
             replay_tokens=int(rep.sum()),
             clipped_tokens=int(clip_hit.sum()),
             replay_ratio_sum=float((ratio * rep).sum()),
-            fresh_ratio_sum=float((ratio * fresh).sum()),
         )

@@ -64,7 +64,6 @@ def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1) -> None:
     UsageError (exit 2) for a run that cannot start."""
     from exgrpo_cli import plan
     from exgrpo_cli.plan.inputs import uses_cuda
-    from exgrpo_cli.plan.report import OFFLOAD_APPLIED
 
     t = cfg.trainer
     if t.dry_run:  # offline: the preset's numbers will do, no weights are needed
@@ -72,11 +71,6 @@ def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1) -> None:
         devices = plan.planned_devices(t.plan_devices) if t.plan_devices else plan.visible_devices(cfg, nproc)
         plan.check_memory(cfg, arch, devices, verify=verifier(devices))
         return
-    if t.offload not in OFFLOAD_APPLIED:
-        raise UsageError(
-            f"trainer.offload={t.offload} is planned (trainer.dry_run=true shows it) but the trainer "
-            "does not apply it yet: run without it"
-        )
     # the weights must be reachable: fail in seconds, not after a minute of hub retries
     arch = plan.resolve_architecture(weights_source(cfg), offline_ok=False)
     devices = plan.visible_devices(cfg, nproc if nproc > 1 else 0)

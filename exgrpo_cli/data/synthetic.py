@@ -74,7 +74,8 @@ def worked_solution(a: int, op: str, b: int) -> str:
 
 def direct_answer(a: int, op: str, b: int) -> str:
     """The answer with an empty reasoning block, `<think></think>\\boxed{85}` for 47+38: the habit
-    that part of the tiny model's warm-start data teaches it (tiny_builder's `direct_fraction`)."""
+    that part of the tiny model's warm-start data teaches it (scripts/build_tiny_model.py's
+    `direct_fraction`)."""
     return f"<think></think>\\boxed{{{compute(a, op, b)}}}"
 
 

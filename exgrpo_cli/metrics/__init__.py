@@ -1,7 +1,9 @@
-"""Metric sinks: the console (rich), metrics.jsonl, and Weights & Biases.
+"""Metric sinks (logger.py: the console (rich), metrics.jsonl, and Weights & Biases) and the
+per-phase peak memory (memory.py).
 
-Where it sits in the step: last. Each module namespaces its metrics (rollout/, reward/, replay/,
-loss/, optim/, timing/, val/); this package only writes them out.
+Where it sits in the step: memory.py around the step's stages, the logger last. Each module
+namespaces its metrics (rollout/, reward/, replay/, loss/, optim/, timing/, memory/, data/, val/);
+the logger only writes them out.
 """
 
 from exgrpo_cli.metrics.logger import MetricLogger

@@ -126,12 +126,6 @@ def sleep_enabled(value: object) -> bool:
     return bool(value)
 
 
-def scoring_pass(cfg: ExgrpoConfig) -> bool:
-    """Whether the root unit stays gathered from a no-grad forward into the rollout: never, since
-    the trainer reshards it right after scoring the replay candidates (train/loop.py)."""
-    return False
-
-
 def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
     m, r, a = cfg.model, cfg.rollout, cfg.algo
     return PlanInputs(
@@ -150,5 +144,4 @@ def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
         vllm_max_len=m.max_prompt_tokens + max(m.max_response_tokens, cfg.eval.max_new_tokens),
         rollout_sequences=-(-a.questions_per_step * r.n // devices.count),
         attention=attention_kind(cfg, devices),
-        scoring_pass=scoring_pass(cfg),
     )

@@ -24,8 +24,9 @@ backward's working set (derived from the layer's operations, not measured), vLLM
 share, the CUDA context (RUNTIME_BYTES), the allocator's fragmentation (covered by MARGIN only).
 Modelled on the trainer as it is: a one-process CPU run trains without FSDP; on a GPU, and with
 several ranks anywhere, the model is sharded with FSDP2 (a unit per decoder layer, then the root,
-which stays gathered from its forward to its backward, and after a no-grad forward), AdamW with
-foreach kernels, the chunked log-prob head.
+which stays gathered from its forward to the end of its backward; the trainer reshards it after
+the replay candidates' no-grad scoring forward, before the rollout), AdamW with foreach kernels,
+the chunked log-prob head.
 """
 
 from __future__ import annotations
@@ -69,13 +70,14 @@ class PlanInputs:
     vllm_max_len: int  # vLLM's max_model_len: prompt + max(response, eval.max_new_tokens)
     rollout_sequences: int  # sequences one rank samples in a step (questions x n / N)
     attention: str  # flash | sdpa | eager: the kernels the trainer's model runs
-    scoring_pass: bool  # a no-grad forward (replay candidates' entropy) runs before the rollout
 
     @property
     def fsdp(self) -> bool:
         """The trainer shards with FSDP2 from two ranks on, and on a GPU from one (so that mixed
-        precision and offload apply there: policy/distributed.shards_alone)."""
-        return self.ranks > 1 or self.device == "cuda" or self.offload != "none"
+        precision and offload apply there: policy/distributed.shards_alone). Not on one CPU
+        process, whatever trainer.offload says (the trainer refuses offload=all there, and
+        offload=optimizer is HostAdamW on a plain model)."""
+        return self.ranks > 1 or self.device == "cuda"
 
     @property
     def compute_bytes(self) -> int:
@@ -244,8 +246,9 @@ def gathered_terms(arch: Arch, x: PlanInputs) -> list[Term]:
     """What FSDP2 gathers in the compute dtype (nothing without FSDP: one rank computes on its
     weights in place):
       root gathered      c P_r from the root's forward to the end of its backward (it is not
-                         resharded after forward), and left gathered by a no-grad forward (the
-                         replay candidates' scoring) into the rollout; the HF engine's too
+                         resharded after forward); in the rollout only with the HF engine, whose
+                         forwards gather it (the trainer reshards it after the replay candidates'
+                         no-grad scoring forward, train/loop.py)
       layers in flight   2 c P_l: the layer computing and the next one prefetched
       layer grad reduce  P_l (c + r): one layer's unsharded gradient and its reduce-scatter input
       root grad reduce   P_r (c + r + r/N) at the backward's end: the root's unsharded gradients,
@@ -255,7 +258,7 @@ def gathered_terms(arch: Arch, x: PlanInputs) -> list[Term]:
     c, r = x.compute_bytes, x.reduce_bytes
     root, layer = arch.root_params, arch.layer_params
     hf = x.engine == "hf"
-    root_rollout = c * root if (x.scoring_pass or hf) else 0
+    root_rollout = c * root if hf else 0  # the HF engine's forwards gather the root
     return [
         Term("root unit gathered", _phases(root_rollout, c * root, c * root)),
         Term("layers in flight (2)", _phases(2 * c * layer if hf else 0, 2 * c * layer)),

@@ -26,9 +26,6 @@ from exgrpo_cli.plan.memory import (
     plan_memory,
 )
 
-# The trainer.offload modes the trainer applies (train/setup.py, policy/offload.py): a mode the
-# plan knows but the trainer did not would be accepted by dry runs only, and said so.
-OFFLOAD_APPLIED: frozenset[str] = frozenset({"none", "optimizer", "all"})
 DTYPE = {4: "fp32", 2: "bf16"}
 ATTENTION = {"flash": "flash-attention-2", "sdpa": "sdpa attention", "eager": "eager attention"}
 
@@ -97,8 +94,6 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
                 "with vLLM asleep the trainer must empty torch's cache (torch.cuda.empty_cache) "
                 "before vLLM wakes, or the update's peak stays reserved through the rollout"
             )
-    if x.offload not in OFFLOAD_APPLIED:
-        notes.append("trainer.offload is planned only: the trainer does not apply it yet")
     if notes:
         lines += ["  notes:", *[f"    - {n}" for n in notes]]
     return "\n".join(lines)
@@ -127,9 +122,6 @@ def _fix_text(fix: Fix) -> str:
     phase, peak = fix.plan.peak
     what = " ".join(fix.overrides) if fix.overrides else fix.note
     note = f"; {fix.note}" if fix.note and fix.overrides else ""
-    modes = [o.split("=", 1)[1] for o in fix.overrides if o.startswith("trainer.offload=")]
-    if any(m not in OFFLOAD_APPLIED for m in modes):
-        note += "; offload is planned only: the trainer does not apply it yet"
     return f"{what}  (peak: {phase} {_g(peak)} GiB{note})"
 
 

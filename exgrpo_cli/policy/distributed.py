@@ -1,14 +1,17 @@
-"""Data-parallel training with FSDP2: process group, sharding, and gathering the full weights.
+"""Data-parallel training with FSDP2: process group, sharding, optimizer files, small collectives.
 
 Where it sits in the step: `init_distributed` runs once before the model is loaded and
 `wrap_fsdp2` once after it; every rank then runs the same train step on its own share of the
-questions, and FSDP2 averages the gradients over ranks inside `backward()`. After the optimizer
-step, `full_state_dict` gathers the sharded weights for the vLLM weight sync and the checkpoint
-(rank 0 receives them, the other ranks an empty dict), and the `all_reduce_*` helpers turn the
-per-rank metrics into run-wide ones before rank 0 logs them.
+questions on `DistInfo.device` (the compute device: `module_device` when no DistInfo is at hand),
+and FSDP2 averages the gradients over ranks inside `backward()`. A checkpoint writes the optimizer
+state a shard per rank (`save_optimizer`; `load_optimizer` reads it on any number of ranks), while
+the weights are gathered one parameter at a time by their consumers (policy/export.py for the
+checkpoint, the vLLM weight sync). `all_reduce_dict` and the `*_object` helpers turn per-rank
+metrics into run-wide ones and share rank 0's decisions.
 
-Launch with `torchrun --nproc_per_node N -m exgrpo_cli train ...`; without torchrun the world has
-one rank, no process group is created and every helper here is a cheap no-op. On a CPU the
+Launch with `torchrun --nproc_per_node N -m exgrpo_cli train ...` (or trainer.nproc); without it
+the world has one rank: on a CPU no process group is created and every helper here is a cheap
+no-op, on one GPU a one-rank group lets FSDP2 wrap the model (`shards_alone`). On a CPU the
 backend is gloo (FSDP2 works there; FSDP1's offloaded full-state-dict gather segfaults, so it is
 not offered). Mixed precision is only applied on CUDA: bf16 matmuls are ~100x slower on a CPU.
 """
@@ -21,7 +24,7 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import torch
 
@@ -84,13 +87,14 @@ def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DistInf
     backend = "nccl" if use_cuda else "gloo"
     kwargs: dict[str, Any] = {"device_id": dev} if use_cuda else {}
     if world == 1:  # one GPU without torchrun: a one-rank group, so that FSDP2 can wrap the model
-        kwargs.update(init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        kwargs.update(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     tdist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
     log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
     return info
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for a local rendezvous: a one-rank group, trainer.nproc)."""
     import socket
 
     with socket.socket() as sock:
@@ -112,6 +116,31 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     if not isinstance(layers, torch.nn.ModuleList):
         raise ValueError(f"{type(model).__name__} has no model.layers: cannot shard it layer by layer")
     return layers
+
+
+def module_device(model: torch.nn.Module) -> torch.device:
+    """The device `model` computes on, for code that has no `DistInfo` at hand (the run's own code
+    passes `dist.device`). Not simply its parameters' device: under FSDP2's CPU offload
+    (trainer.offload=all) the parameters live in host memory while every forward runs on the GPU
+    of their device mesh; a plain model computes where its parameters are."""
+    param = next(model.parameters())
+    mesh = getattr(param, "device_mesh", None)  # a DTensor's (FSDP2)
+    if mesh is None or mesh.device_type == param.device.type:
+        return param.device
+    # FSDP2 computes on the mesh type's current device (the one init_distributed selected)
+    index = torch.get_device_module(mesh.device_type).current_device()
+    return torch.device(mesh.device_type, index)
+
+
+def local_dist(model: torch.nn.Module) -> DistInfo:
+    """The `DistInfo` of a caller that passes none: one process, computing on `module_device`."""
+    return DistInfo(device=module_device(model))
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether `model`'s parameters are FSDP2 shards (DTensors): the case on every GPU run, one
+    GPU included, where `DistInfo.distributed` is False."""
+    return any(hasattr(p, "device_mesh") for p in model.parameters())
 
 
 def shards_alone(dist: DistInfo) -> bool:
@@ -173,58 +202,10 @@ def wrap_fsdp2(
     return model
 
 
-def full_state_dict(model: torch.nn.Module, dist: DistInfo) -> dict[str, torch.Tensor]:
-    """The full, unsharded weights as plain CPU tensors under the HF names, on rank 0 only.
-
-    Collective under FSDP: every rank must call it, and ranks other than 0 get `{}` (never index
-    into it there). Tied models keep both `embed_tokens.weight` and `lm_head.weight`, which the
-    vLLM reload needs. One rank: the model's own state_dict (no copy on a CPU).
-    """
-    if not dist.distributed:
-        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    # full_state_dict=True: every value is a plain (CPU) tensor
-    sd = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=opts))
-    return sd if dist.is_main else {}
-
-
-def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], dist: DistInfo) -> None:
-    """Inverse of `full_state_dict`: rank 0's full weights are broadcast into every rank's shards."""
-    if not dist.distributed:
-        model.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    # a copy: the broadcast replaces the dict's values with this rank's DTensor shards in place
-    set_model_state_dict(model, dict(state) if dist.is_main else {}, options=opts)
-
-
 def _fqn_order(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
     """Parameter names in the optimizer's own order: torch numbers them 0.. in this order."""
     names = {id(p): n for n, p in model.named_parameters()}
     return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-
-
-def full_optimizer_state_dict(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: DistInfo
-) -> dict[str, Any]:
-    """The optimizer state in the plain `optimizer.state_dict()` layout (integer parameter ids), full
-    and on CPU, on rank 0 (`{}` elsewhere). The same layout as a one-process run, so
-    `checkpoint.optimizer_to_files` needs no change and a run may resume on another world size."""
-    if not dist.distributed:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    sd: dict[str, Any] = get_optimizer_state_dict(model, optimizer, options=opts)
-    if not dist.is_main:
-        return {}
-    index = {n: i for i, n in enumerate(_fqn_order(model, optimizer))}
-    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in sd["param_groups"]]
-    return {"state": {index[n]: st for n, st in sd["state"].items()}, "param_groups": groups}
 
 
 def load_full_optimizer_state_dict(
@@ -233,10 +214,14 @@ def load_full_optimizer_state_dict(
     state: dict[str, Any],
     dist: DistInfo,
 ) -> None:
-    """Inverse of `full_optimizer_state_dict` (rank 0 passes the state, the others anything)."""
-    if not dist.distributed:
+    """A checkpoint's full optimizer state in the plain `optimizer.state_dict()` layout (integer
+    parameter ids; what checkpoints written before the sharded format hold) into `optimizer`:
+    rank 0 passes the state, the other ranks anything. Collective on a sharded model."""
+    if not is_sharded(model):  # a one-process CPU run: plain tensors into plain AdamW
         optimizer.load_state_dict(state)
         return
+    # FSDP2, one GPU included (a one-rank group, `dist.distributed` False): the state must become
+    # DTensor shards like the parameters, which AdamW cannot step with plain tensors
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     sd: dict[str, Any] = {}
@@ -307,10 +292,6 @@ def read_optimizer_tensors(folder: Path) -> dict[str, torch.Tensor]:
 # ------------------------------------------------------------------ small collectives
 
 
-def is_main(dist: DistInfo) -> bool:
-    return dist.is_main
-
-
 def barrier(dist: DistInfo) -> None:
     if dist.distributed:
         torch.distributed.barrier()
@@ -332,10 +313,6 @@ def all_gather_object(obj: T, dist: DistInfo) -> list[T]:
     out: list[Any] = [None] * dist.world_size
     torch.distributed.all_gather_object(out, obj)
     return out
-
-
-def all_reduce_mean(value: float, dist: DistInfo) -> float:
-    return all_reduce_dict(dict(v=value), dist, op="mean")["v"]
 
 
 def all_reduce_dict(values: dict[str, float], dist: DistInfo, op: str = "mean") -> dict[str, float]:

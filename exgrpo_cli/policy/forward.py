@@ -1,13 +1,21 @@
 """Teacher-forced forward passes over prompt+response sequences, scoring only response tokens.
 
+Where it sits in the step: every forward of the trainer's model outside generation. The update
+(train/update.py) runs its loss forward and pi_old's no-grad pass through `forward_logprobs`, the
+replay candidates' scoring (policy/scoring.py) its no-grad one; `synced_micro_batches` cuts their
+rows into memory-sized micro-batches, the same number on every rank.
+
 Layout of a packed batch (the one the rollout saw, and TRL's): each prompt is left-padded to the
 longest prompt P of the batch and each response right-padded to the longest response R, so every
-row's response starts at column P. The logit at column P-1+j predicts response token j, hence the
-model projects only the last R+1 positions onto the vocabulary (`logits_to_keep`): with a large
-vocabulary, and prompts as long as responses, the prompt positions' logits, their log-softmax and
-their entropy would otherwise cost as much as everything the loss uses. Position ids count from
-each row's first real token, as in generation. Rows are grouped into micro-batches by a token
-budget (length-sorted, so padding stays small) to keep memory bounded for long responses.
+row's response starts at column P; position ids count from each row's first real token, as in
+generation. The hidden state at column P-1+j predicts response token j. The default path
+(`forward_logprobs` with a plain linear head: Qwen2, Llama, Mistral, SmolLM2) takes the final
+hidden states of the response positions and projects them onto the vocabulary in chunks of tokens
+(algo/logprobs.py), so no [tokens x vocabulary] tensor exists in forward or backward. Models whose
+logits are biased, scaled or soft-capped take the full-logits path (`response_logits`), which
+still projects only the last R+1 positions (`logits_to_keep`, when the model takes it). Rows are
+grouped into micro-batches by a token budget (length-sorted, so padding stays small) to keep
+memory bounded for long responses.
 
 All per-token outputs are response-aligned: [B, R], column j = response token j, masked by
 `response_mask` beyond each row's length.
@@ -15,6 +23,7 @@ All per-token outputs are response-aligned: [B, R], column j = response token j,
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -96,13 +105,18 @@ def synced_micro_batches(
     pad_id: int,
     device: torch.device,
     dist: DistInfo,
+    max_rows: int | None = None,
 ) -> Iterator[tuple[SequenceBatch, bool]]:
-    """`rows` packed into token-budget micro-batches, as (batch, idle) pairs, the same number on
-    every rank. Under FSDP every forward (and backward) is a collective, so a rank with fewer
-    micro-batches than another runs `idle` passes on one row: take part, add nothing. Every pass
-    over a batch that may be cut differently per rank (update, old log-probs) goes through here."""
+    """`rows` packed into token-budget micro-batches (each cut further into pieces of at most
+    `max_rows` rows when given), as (batch, idle) pairs, the same number on every rank. Under FSDP
+    every forward (and backward) is a collective, so a rank with fewer micro-batches than another
+    runs `idle` passes on one row (row 0 of the lists when this rank has no rows at all): take
+    part, add nothing. Every pass over rows that may be cut differently per rank (update, old
+    log-probs, the replay candidates' scores) goes through here."""
     lengths = [len(prompts[i]) + len(responses[i]) for i in rows]
     chunks = micro_batches(lengths, token_budget)
+    if max_rows is not None:
+        chunks = [c[start : start + max_rows] for c in chunks for start in range(0, len(c), max_rows)]
     most = len(chunks)
     if dist.distributed:
         most = int(all_reduce_dict({"n": len(chunks)}, dist, op="max")["n"])
@@ -113,19 +127,34 @@ def synced_micro_batches(
             yield pack(prompts, responses, rows[:1] or [0], pad_id, device), True
 
 
+# model class -> whether its forward accepts logits_to_keep (asked once per class)
+_TAKES_LOGITS_TO_KEEP: dict[type[torch.nn.Module], bool] = {}
+
+
+def _keep_kwargs(model: torch.nn.Module, keep: int) -> dict[str, int]:
+    """`logits_to_keep=keep` when the model's forward takes it (transformers' models do; a
+    remote-code model may not), else nothing: it projects every position and the caller cuts.
+    Read from the signature, once per class: calling and catching a TypeError would also swallow
+    a TypeError raised inside a forward that does take it, and run that forward twice."""
+    cls = type(model)
+    takes = _TAKES_LOGITS_TO_KEEP.get(cls)
+    if takes is None:
+        params = inspect.signature(cls.forward).parameters.values()
+        takes = any(p.name == "logits_to_keep" or p.kind is p.VAR_KEYWORD for p in params)
+        _TAKES_LOGITS_TO_KEEP[cls] = takes
+    return {"logits_to_keep": keep} if takes else {}
+
+
 def response_logits(model: torch.nn.Module, batch: SequenceBatch) -> Tensor:
     """Logits [B, R, V] of the positions that predict the response tokens."""
     keep = batch.response_mask.shape[1] + 1
-    kwargs: dict[str, Tensor | bool] = dict(
+    logits = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
         use_cache=False,
-    )
-    try:
-        logits = model(**kwargs, logits_to_keep=keep).logits
-    except TypeError:  # a remote-code model without logits_to_keep: project everything, then cut
-        logits = model(**kwargs).logits
+        **_keep_kwargs(model, keep),
+    ).logits
     return logits[:, -keep:-1]
 
 
@@ -171,7 +200,7 @@ def final_hidden_states(model: torch.nn.Module, batch: SequenceBatch) -> Tensor:
             attention_mask=batch.attention_mask,
             position_ids=batch.position_ids,
             use_cache=False,
-            logits_to_keep=1,
+            **_keep_kwargs(model, 1),
         )
     finally:
         handle.remove()

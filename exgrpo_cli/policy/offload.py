@@ -48,33 +48,36 @@ class HostAdamW(torch.optim.AdamW):
 
     def __init__(self, params: Any, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
-        locals_ = [_local(p) for g in self.param_groups for p in g["params"]]
-        total = sum(t.numel() for t in locals_)
+        sizes = [[_local(p).numel() for p in g["params"]] for g in self.param_groups]
+        total = sum(map(sum, sizes))
         pool = torch.zeros(2 * total, dtype=torch.float32)
         if torch.cuda.is_available():
             pool = pool.pin_memory()  # faster, asynchronous copies to and from the GPU
-        self._views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # flat views by position in param_groups, shaped at the first step: FSDP2 may replace a
+        # parameter's local shard object after this (a module-wide `_apply` such as to_empty or
+        # .to() re-pads uneven shards), so neither its id() nor its tensor can serve as the key
+        self._views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         offset = 0
-        for t in locals_:
-            n = t.numel()
-            m, v = pool[offset : offset + n], pool[total + offset : total + offset + n]
-            self._views[id(t)] = (m.view(t.shape), v.view(t.shape))
-            offset += n
+        for gi, group_sizes in enumerate(sizes):
+            for pi, n in enumerate(group_sizes):
+                m, v = pool[offset : offset + n], pool[total + offset : total + offset + n]
+                self._views[(gi, pi)] = (m, v)
+                offset += n
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         if closure is not None:
             raise ValueError("HostAdamW does not take a closure")
-        for group in self.param_groups:
+        for gi, group in enumerate(self.param_groups):
             beta1, beta2 = group["betas"]
             lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-            for p in group["params"]:
+            for pi, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
                 state = self.state[p]
                 param, grad = _local(p), _local(p.grad)
                 if not state:
-                    m0, v0 = self._views[id(param)]
+                    m0, v0 = (flat.view(param.shape) for flat in self._views[(gi, pi)])
                     state["step"] = torch.tensor(0.0)
                     state["exp_avg"], state["exp_avg_sq"] = _as_state(p, m0), _as_state(p, v0)
                 host_m, host_v = _local(state["exp_avg"]), _local(state["exp_avg_sq"])

@@ -14,8 +14,8 @@ from typing import Literal
 
 import torch
 
-from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, all_reduce_dict
-from exgrpo_cli.policy.forward import forward_logprobs, micro_batches, pack
+from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, local_dist
+from exgrpo_cli.policy.forward import forward_logprobs, synced_micro_batches
 
 
 @torch.no_grad()
@@ -38,25 +38,18 @@ def score_candidates(
     rank runs as many (a rank out of rows repeats one row and drops its score)."""
     if not responses:
         return []
-    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+    dist = dist if dist is not None else local_dist(model)
+    rank, world = dist.rank, dist.world_size
     mine = list(range(rank, len(responses), world))
-    device = next(model.parameters()).device
-    lengths = [len(prompts[i]) + len(responses[i]) for i in mine]
-    passes = [
-        [mine[c] for c in chunk[start : start + max_rows]]
-        for chunk in micro_batches(lengths, token_budget)
-        for start in range(0, len(chunk), max_rows)
-    ]
-    if world > 1:
-        assert dist is not None
-        most = int(all_reduce_dict({"n": len(passes)}, dist, op="max")["n"])
-        passes += [[]] * (most - len(passes))
+    # the compute device: under CPU offload the parameters are in host memory
+    passes = synced_micro_batches(
+        prompts, responses, mine, token_budget, pad_id, dist.device, dist, max_rows=max_rows
+    )
     scores: dict[int, float] = {}
     was_training = model.training
     model.eval()
     try:
-        for rows in passes:
-            batch = pack(prompts, responses, rows or [0], pad_id, device)
+        for batch, idle in passes:
             if kind == "nll":
                 logp, _ = forward_logprobs(model, batch)
                 per_tok = -logp
@@ -64,12 +57,13 @@ def score_candidates(
                 _, ent = forward_logprobs(model, batch, temperature=temperature, with_entropy=True)
                 assert ent is not None
                 per_tok = ent
+            if idle:  # took part in the collective forwards; its row is another rank's
+                continue
             m = batch.response_mask
             mean = (per_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-            scores.update(zip(rows, mean.tolist()))
+            scores.update(zip(batch.rows, mean.tolist()))
     finally:
         model.train(was_training)
     if world > 1:
-        assert dist is not None
         scores = {i: v for part in all_gather_object(scores, dist) for i, v in part.items()}
     return [scores[i] for i in range(len(responses))]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict, is_sharded, module_device
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
 from exgrpo_cli.rollout.sampling import sample
 
@@ -80,7 +81,7 @@ class HFEngine:
         per_seq = max(spec.max_new_tokens, 1) * vocab * 4  # fp32 logits kept per sequence
         # an FSDP-sharded model (several ranks): every forward is a collective. A model each rank
         # holds whole (exgrpo eval's ranks) samples on its own, with exgrpo's loop
-        synced = _world_size() > 1 and _sharded(self.model)
+        synced = _world_size() > 1 and is_sharded(self.model)
         own_loop = not (self.hf_generate or synced)
         # only HF generate keeps every step's logits: the own loop needs no logits budget
         chunk_size = (
@@ -88,9 +89,7 @@ class HFEngine:
         )
         starts: list[int | None] = list(range(0, len(flat), chunk_size))
         if synced:  # ... so every rank makes as many generate calls (an idle rank feeds a dummy row)
-            from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
-
-            dist = DistInfo(world_size=_world_size(), device=next(self.model.parameters()).device)
+            dist = DistInfo(world_size=_world_size(), device=_device(self.model))
             calls = all_reduce_dict({"n": len(starts)}, dist, op="max")["n"]
             starts += [None] * (int(calls) - len(starts))
         try:
@@ -120,7 +119,7 @@ class HFEngine:
     def _sample_chunk(
         self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec, gen: torch.Generator
     ) -> list[Rollout]:
-        device = next(self.model.parameters()).device
+        device = _device(self.model)
         input_ids, attention = self._left_padded(chunk)
         # the draws use a generator on the model's device, seeded from the call's own generator
         seed = int(torch.randint(0, 2**62, (1,), generator=gen))
@@ -144,7 +143,7 @@ class HFEngine:
     def _generate_chunk(
         self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec, synced: bool = False
     ) -> list[Rollout]:
-        device = next(self.model.parameters()).device
+        device = _device(self.model)
         width = max(len(ids) for _, ids in chunk)
         input_ids, attention = self._left_padded(chunk)
         # AutoModelForCausalLM's classes mix GenerationMixin into PreTrainedModel; asked for a dict
@@ -196,7 +195,9 @@ class HFEngine:
 
 
 def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
+    """Where the trainer's module computes (the GPU under FSDP2's CPU offload, where its parameters
+    are in host memory): the inputs and the sampling generator must be there."""
+    return module_device(model)
 
 
 def slow_generation_warning(model: torch.nn.Module, max_new_tokens: int) -> str | None:
@@ -215,11 +216,6 @@ def slow_generation_warning(model: torch.nn.Module, max_new_tokens: int) -> str 
         f"model one token at a time through the trainer's module{sharded}: very slow; "
         "use rollout=vllm (pip install 'exgrpo[gpu]')"
     )
-
-
-def _sharded(model: torch.nn.Module) -> bool:
-    """Whether the model's parameters are FSDP2 shards (DTensors)."""
-    return any(hasattr(p, "device_mesh") for p in model.parameters())
 
 
 def _world_size() -> int:

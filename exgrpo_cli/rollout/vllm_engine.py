@@ -348,7 +348,7 @@ class VLLMEngine:
         """Copy the trainer's weights into vLLM; returns the seconds spent.
 
         `model` may be the HF module (its state_dict, lm_head included for tied models) or an
-        already gathered {name: tensor} dict (e.g. `distributed.full_state_dict` on rank 0).
+        already gathered {name: tensor} dict.
         The tensors go one at a time (a generator: never a second full copy), each cast to the
         engine's dtype first (for an FSDP2 DTensor before its gather, which then moves half the
         bytes in bf16), so every rank must call this in lockstep. A sleeping engine wakes its

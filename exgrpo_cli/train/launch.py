@@ -6,7 +6,8 @@ visible GPU, and one process on a CPU; a number starts that many ranks (gloo on 
 are started through torch's elastic launcher, the code path `torchrun` uses: each gets RANK,
 LOCAL_RANK, WORLD_SIZE and MASTER_* and runs `run_training` on the same, already resolved config
 (so they share one run directory). Under torchrun nothing more is spawned. The parent never
-initialises CUDA (it counts GPUs with nvidia-smi or a throwaway subprocess) and exits with the
+initialises CUDA: it counts the GPUs with torch (`visible_gpus`: NVML or the driver, no context),
+and the memory plan asks nvidia-smi or a throwaway subprocess for their size; it exits with the
 worst rank's exit code. Ctrl-C reaches every rank (the terminal signals the whole process group):
 each finishes its step, the checkpoint is written once, and the ranks exit.
 """
@@ -62,14 +63,6 @@ def resolve_nproc(cfg: ExgrpoConfig) -> int:
     return n
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _rank_logging(out: Path) -> None:
     """The rank's log file in the run dir, as Hydra sets it up for a one-process run."""
     rank = int(os.environ.get("RANK", "0"))
@@ -102,13 +95,15 @@ def launch(cfg: ExgrpoConfig, nproc: int, target: Callable[[ExgrpoConfig], Any] 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from exgrpo_cli.policy.distributed import free_port
+
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
         run_id=f"exgrpo-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
         max_restarts=0,
         monitor_interval=0.5,
         start_method="spawn",

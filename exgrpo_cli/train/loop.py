@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import Aggregation
@@ -27,7 +28,7 @@ from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.metrics.memory import PhaseMemory
-from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, broadcast_object
+from exgrpo_cli.policy.distributed import DistInfo, all_gather_object
 from exgrpo_cli.policy.forward import token_budget
 from exgrpo_cli.policy.scoring import score_candidates
 from exgrpo_cli.replay.buffer import Experience
@@ -97,7 +98,7 @@ class Trainer:
     # ------------------------------------------------------------------ the step
     def train_step(self, step: int) -> dict[str, float]:
         cfg, st, t = self.cfg, self.state, Timers()
-        mem = PhaseMemory(next(st.model.parameters()).device)
+        mem = PhaseMemory(self.device)
         t_step = time.perf_counter()
         mixed = self.replay_enabled and st.switch.active
         replayed: list[tuple[Question, Experience]] = []
@@ -132,13 +133,13 @@ class Trainer:
                 st.buffer.end_step()
                 self.maybe_readmit(step)
         st.step = step
-        st.skipped_in_a_row = st.skipped_in_a_row + 1 if result.skipped else 0
+        st.count_updates(result.applied)
         if self.dist.distributed:
             self.check_ranks_agree(step)
         metrics = {
             **reward_metrics,
             **rollout_metrics(groups, batch),
-            **loss_metrics(result, float(st.optimizer.param_groups[0]["lr"])),
+            **loss_metrics(result, float(st.optimizer.param_groups[0]["lr"]), self.dist),
             **t,
             **mem,
         }
@@ -146,14 +147,23 @@ class Trainer:
             metrics.update(st.buffer.metrics())
         metrics["replay/active"] = float(st.switch.active and self.replay_enabled)
         metrics["replay/replayed_questions"] = float(len(replayed))
+        # the chosen trajectories' mean score: their mean token entropy under the entropy rules,
+        # but their mean NLL under replay.trajectory_selection=lowest_nll (the name predates that
+        # rule and is kept for the logs' continuity); NaN for rules without a score
         metrics["replay/selected_entropy_mean"] = selected_score
         # the whole step's wall time (batch building and metrics included), not the stages' sum
         metrics["timing/step"] = time.perf_counter() - t_step
         return metrics
 
     @property
+    def device(self) -> torch.device:
+        """The run's compute device. Not the parameters' device: under FSDP2's CPU offload
+        (trainer.offload=all) they live in host memory while the model computes on the GPU."""
+        return self.dist.device
+
+    @property
     def token_budget(self) -> int:
-        return token_budget(self.cfg.algo.micro_batch_tokens, next(self.state.model.parameters()).device)
+        return token_budget(self.cfg.algo.micro_batch_tokens, self.device)
 
     @property
     def pad_id(self) -> int:
@@ -185,7 +195,8 @@ class Trainer:
         self, step: int, timers: Timers | None = None
     ) -> tuple[list[tuple[Question, Experience]], float]:
         """ALGORITHM.md 3: n_replay questions by bucket Gaussian, then one trajectory each; also
-        the mean score of the chosen trajectories (NaN for rules without a score). `timers` gets
+        the mean score of the chosen trajectories (mean token entropy, or mean NLL for
+        lowest_nll; NaN for rules without a score). `timers` gets
         the candidates' scoring forward as `select_scoring` (part of `select`)."""
         p, st, timers = self.cfg.replay, self.state, timers if timers is not None else Timers()
         rule = self.choices.trajectory
@@ -215,10 +226,10 @@ class Trainer:
             reshard = getattr(st.model, "reshard", None)
             if callable(reshard):  # FSDP2 keeps its root gathered after a forward: free it for the rollout
                 reshard()
+        # every rank picks alike with no broadcast: the same candidates (buffers agree, checked
+        # every step), the same scores (each computed by one rank, then all-gathered) and the
+        # same generator (seed, step)
         picks = [rule.choose(cands[u], np.asarray(scores[u], dtype=np.float64), rng) for u in uids]
-        # ranks score the same candidates, but float noise between their forwards (GPU kernels)
-        # could flip an argmin: rank 0's choice holds for all
-        picks = broadcast_object(picks, self.dist)
         chosen = [(self.questions[u], cands[u][i]) for u, i in zip(uids, picks)]
         picked = [scores[u][i] for u, i in zip(uids, picks) if scores[u]]
         return chosen, float(np.mean(picked)) if picked else float("nan")

@@ -1,12 +1,15 @@
 """The `rollout/` and `loss/` metrics of one step, from its groups and its update's result.
 
-Where it sits in the step: last, before logging. Pure functions of what the step produced.
+Where it sits in the step: last, before logging (train/run.py then averages every metric over the
+ranks). Functions of what the step produced; `loss_metrics` is a collective under torchrun: its
+per-token ratios are run-wide, from the ranks' summed tokens, so it is called on every rank.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
 from exgrpo_cli.replay.mixing import Group, MixedBatch
 from exgrpo_cli.train.update import UpdateResult
 
@@ -22,19 +25,35 @@ def rollout_metrics(groups: list[Group], batch: MixedBatch) -> dict[str, float]:
     }
 
 
-def loss_metrics(res: UpdateResult, lr: float) -> dict[str, float]:
+def loss_metrics(res: UpdateResult, lr: float, dist: DistInfo | None = None) -> dict[str, float]:
+    """The update's metrics. The per-token ones (clip fraction, importance weight, entropy, engine
+    log-prob gap) divide the ranks' summed numerators by their summed token counts: a mean of
+    per-rank ratios would weigh a rank's few tokens like another's many, and a rank without
+    replayed tokens would make the importance weight NaN for the run. On one rank the sums are
+    this rank's own, unchanged. The losses are per-rank shares of FSDP's rank-averaged objective
+    and stay per rank (averaged by the caller)."""
     s = res.stats
-    fresh_tokens = max(s.fresh_tokens, 1)
+    t = all_reduce_dict(
+        {
+            "clipped": s.clipped_tokens,
+            "fresh": s.fresh_tokens,
+            "replay": s.replay_tokens,
+            "replay_ratio": s.replay_ratio_sum,
+            "entropy": res.entropy_sum,
+            "logprob_diff": res.logprob_diff_sum,
+        },
+        dist or DistInfo(),
+        op="sum",
+    )
+    fresh_tokens = max(t["fresh"], 1)
     return {
         "loss/total": res.loss_total,
         "loss/on_policy": s.on_policy_loss,
         "loss/off_policy": s.off_policy_loss,
-        "loss/clip_fraction": s.clipped_tokens / fresh_tokens,
-        "loss/importance_weight_mean": s.replay_ratio_sum / s.replay_tokens
-        if s.replay_tokens
-        else float("nan"),
-        "loss/entropy": res.entropy_sum / max(s.fresh_tokens + s.replay_tokens, 1),
-        "rollout/logprob_diff_mean": res.logprob_diff_sum / fresh_tokens,
+        "loss/clip_fraction": t["clipped"] / fresh_tokens,
+        "loss/importance_weight_mean": t["replay_ratio"] / t["replay"] if t["replay"] else float("nan"),
+        "loss/entropy": t["entropy"] / max(t["fresh"] + t["replay"], 1),
+        "rollout/logprob_diff_mean": t["logprob_diff"] / fresh_tokens,
         "optim/grad_norm": float(np.mean(res.grad_norms)) if res.grad_norms else float("nan"),
         "optim/skipped_steps": float(res.skipped),
         "optim/lr": lr,

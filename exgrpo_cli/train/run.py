@@ -27,7 +27,6 @@ from exgrpo_cli.evaluation.validate import sample_and_grade
 from exgrpo_cli.metrics import MetricLogger
 from exgrpo_cli.metrics.logger import resume_point
 from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.model import pick_device
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.train import notices
 from exgrpo_cli.train.loop import Trainer
@@ -104,11 +103,7 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
 
 
 def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
-    if dist.distributed and cfg.algo.questions_per_step % dist.world_size:
-        raise UsageError(
-            f"algo.questions_per_step={cfg.algo.questions_per_step} must be a "
-            f"multiple of the {dist.world_size} ranks (each trains on an equal share)"
-        )
+    _refuse_before_start(cfg, dist)
     cfg = share_run_dir(cfg, dist)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +112,7 @@ def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
         log.warning(w)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    device = dist.device if dist.distributed else pick_device(cfg.trainer.device)
+    device = dist.device  # the compute device init_distributed picked from trainer.device
     if device.type == "cuda" and cfg.model.dtype != "float32" and dist.is_main:
         warn_low_precision_weights(cfg)
     logger = _start_logger(cfg, dist, out, resume_from)  # before the model: an outage costs seconds
@@ -154,22 +149,57 @@ def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
             trainer.engine.close()
 
 
+def _refuse_before_start(cfg: ExgrpoConfig, dist: D.DistInfo) -> None:
+    """Settings this run cannot honour, refused before any collective: an offload the trainer
+    would not apply, questions the ranks cannot share."""
+    a, world = cfg.algo, dist.world_size
+    if cfg.trainer.offload == "all" and not D.shards_alone(dist):
+        raise UsageError(
+            "trainer.offload=all is FSDP2's CPU offload, and a one-process CPU run is not sharded "
+            "(its whole state is in host memory already): use trainer.offload=none, or several "
+            "ranks (trainer.nproc)"
+        )
+    if not dist.distributed:
+        return  # config validation already asks for updates_per_step <= questions_per_step
+    if a.questions_per_step % world:
+        raise UsageError(
+            f"algo.questions_per_step={a.questions_per_step} must be a "
+            f"multiple of the {world} ranks (each trains on an equal share)"
+        )
+    # each rank cuts its own groups into the step's mini-batches: with fewer groups than updates
+    # some mini-batches would be empty and the step would silently make fewer updates
+    share = a.questions_per_step // world
+    if a.updates_per_step > share:
+        raise UsageError(
+            f"algo.updates_per_step={a.updates_per_step} is more than the {share} questions each of "
+            f"the {world} ranks trains on (algo.questions_per_step={a.questions_per_step}): every "
+            "update needs at least one question per rank; lower algo.updates_per_step or raise "
+            "algo.questions_per_step"
+        )
+
+
 def _start_logger(cfg: ExgrpoConfig, dist: D.DistInfo, out: Path, resume_from: Path | None) -> Logger:
     """Rank 0's metric logger (the tracker included), set up before anything loads: an unreachable
-    W&B server falls back or refuses within seconds. A refusal is every rank's."""
+    W&B server falls back or refuses within seconds. Rank 0's failure, whatever it is, is every
+    rank's: the others would otherwise wait in the broadcast until trainer.dist_timeout_s. Rank 0
+    raises its own exception; the others a UsageError for a refusal, else an ExgrpoError."""
     logger: Logger = _NoLogger()
-    refusal = None
+    failure: tuple[bool, str, str] | None = None  # (a refusal?, the exception's type, its message)
     if dist.is_main:
-        start, wandb_id = resume_point(resume_from)
         try:
+            start, wandb_id = resume_point(resume_from)
             logger = MetricLogger(
                 str(out), cfg.logger, dataclasses.asdict(cfg), cfg.trainer.steps, start, wandb_id
             )
-        except UsageError as err:
-            refusal = str(err)
-    refusal = D.broadcast_object(refusal, dist)
-    if refusal:
-        raise UsageError(refusal)
+        except Exception as err:
+            D.broadcast_object((isinstance(err, UsageError), type(err).__name__, str(err)), dist)
+            raise
+    failure = D.broadcast_object(failure, dist)
+    if failure is not None:
+        refused, kind, message = failure
+        if refused:
+            raise UsageError(message)
+        raise ExgrpoError(f"rank 0 could not start its metric logger: {kind}: {message}")
     return logger
 
 
@@ -206,8 +236,9 @@ def _loop(
                 st.save(out / "checkpoints", t.keep_checkpoints, trainer.tokenizer, dist)
             if give_up:
                 raise TrainingAborted(
-                    f"{st.skipped_in_a_row} updates in a row were skipped (non-finite loss or gradient); "
-                    "the last good state is saved"
+                    f"{st.skipped_in_a_row} optimizer updates in a row were skipped (non-finite loss "
+                    "or gradient, or a gradient norm above algo.skip_grad_norm_above; "
+                    f"trainer.max_skipped_steps={t.max_skipped_steps}); the last good state is saved"
                 )
             if stop.flag:
                 logger.print(f"stopped at step {step}; resume with the same command")

@@ -154,8 +154,9 @@ def build_trainer(
     resume_from: Path | None = None,
 ) -> tuple[Trainer, list[Question], LoadReport]:
     """The trainer of a run (resumed from `resume_from` when given), its held-out questions and
-    the report of skipped data rows. Seeds the global RNGs first, as a run does."""
-    dist = dist or D.DistInfo()
+    the report of skipped data rows. Seeds the global RNGs first, as a run does. Without `dist`:
+    one process computing on `device`."""
+    dist = dist if dist is not None else D.DistInfo(device=device)
     seed_everything(cfg.trainer.seed)
     # rank 0 first: a hub dataset or tokenizer is downloaded once, the other ranks read its copy
     train_qs, val_qs, report = rank0_first(dist, lambda: load_questions(cfg.data))
@@ -174,7 +175,7 @@ def build_trainer(
         return D.wrap_fsdp2(m, dist, mixed_precision=t.fsdp_mixed_precision or None, offload=t.offload)
 
     if dist.distributed:  # under torchrun rank 0 alone reads the weights; the others get their shards
-        model = load_sharded(model_cfg, dist, shard)
+        model = load_sharded(model_cfg, dist, shard, offload=cfg.trainer.offload)
     elif D.shards_alone(dist):  # one GPU: loaded in host memory, FSDP2 places (or offloads) it
         model = shard(load_model(model_cfg, torch.device("cpu")))
     else:
@@ -182,18 +183,28 @@ def build_trainer(
     # every rank, at this same point (vLLM's start-up all-reduces the ranks' free memory), and
     # before the optimizer state takes memory; a vLLM engine empties torch's cache first
     engine = build_engine(cfg, model, tokenizer)
-    state = RunState(
-        model=model,
-        optimizer=make_optimizer(cfg, model),
-        sampler=QuestionSampler(train_qs, cfg.trainer.seed),
-        buffer=ExperienceBuffer(cfg.rollout.n, cfg.replay.bucket_edges, cfg.replay.max_experiences),
-        switch=DelayedStart(cfg.replay.start_threshold),
-        seed=cfg.trainer.seed,
-    )
-    if resume_from is not None:
-        state.load(resume_from, dist)
-    scorer = RewardScorer(requires_think=template.requires_think, workers=1)
-    trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), dist=dist)
+    scorer: RewardScorer | None = None
+    try:
+        state = RunState(
+            model=model,
+            optimizer=make_optimizer(cfg, model),
+            sampler=QuestionSampler(train_qs, cfg.trainer.seed),
+            buffer=ExperienceBuffer(cfg.rollout.n, cfg.replay.bucket_edges, cfg.replay.max_experiences),
+            switch=DelayedStart(cfg.replay.start_threshold),
+            seed=cfg.trainer.seed,
+        )
+        if resume_from is not None:
+            state.load(resume_from, dist)
+        scorer = RewardScorer(requires_think=template.requires_think, workers=1)
+        trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), dist=dist)
+    except BaseException:
+        # the caller closes the engine and grader of the trainer it gets; without one (a checkpoint
+        # that does not load, ...) they are closed here: vLLM's workers and GPU memory, the
+        # grader's worker processes would outlive the failed start
+        if scorer is not None:
+            scorer.close()
+        engine.close()
+        raise
     return trainer, val_qs, report
 
 

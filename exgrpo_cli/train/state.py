@@ -13,6 +13,15 @@ Files of a checkpoint folder (written atomically by policy/checkpoint.py):
   replay/                 the experience buffer (arrays in safetensors + JSON index)
   rng.safetensors         torch's RNG state
   trainer_state.json      `state_dict()`: step, sampler, delayed start, counters, Python/NumPy RNGs
+
+RNG states. A resumed run repeats its steps exactly without them: every draw of a step comes from
+generators derived from (trainer.seed, step) (train/loop.py `step_rng`, the rollout seed) or from
+state saved here (the sampler's). The engines reseed from the rollout seed on every call: the HF
+engine's own loop samples with generators seeded from it, its `generate` path reseeds torch's
+global RNG per chunk from it, vLLM gets per-request seeds from it. Nothing in a step draws from
+the global Python, NumPy or torch RNGs (tests/train/test_rng.py), so saving rank 0's states only,
+and restoring them on every rank, loses nothing; they are kept for code that would draw from
+them, e.g. a model with dropout on a CPU (torch's CUDA generators are not saved).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
 
 # keys of `state_dict()` that may differ between ranks: everything else must agree on every rank
+# (the global RNG states: rank 0's are saved, and nothing in a step reads them; see above)
 LOCAL_KEYS = ("wandb_id", "python_random", "numpy_random")
 
 
@@ -48,8 +58,16 @@ class RunState:
     switch: DelayedStart
     seed: int
     step: int = 0  # the last finished step
-    skipped_in_a_row: int = 0  # updates skipped in a row (non-finite or huge gradient)
+    skipped_in_a_row: int = 0  # optimizer updates skipped in a row, across steps (`count_updates`)
     wandb_id: str | None = None
+
+    def count_updates(self, applied: list[bool]) -> None:
+        """Keep `skipped_in_a_row` for a step's updates in order (False: skipped, for a non-finite
+        loss or gradient or a huge norm): each skipped update adds one, an applied update resets
+        it. So the count is of updates, whatever algo.updates_per_step, and a step that skips one
+        mini-batch and applies the next breaks the run of skips."""
+        for ok in applied:
+            self.skipped_in_a_row = 0 if ok else self.skipped_in_a_row + 1
 
     # ------------------------------------------------------------------ plain state
     def state_dict(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from exgrpo_cli.algo.losses import (
     behaviour_logprobs,
     loss_stats,
 )
-from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
+from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict, local_dist
 from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows, synced_micro_batches
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
 
@@ -56,15 +56,18 @@ class UpdatePlan:
 @dataclass
 class UpdateResult:
     stats: LossStats = field(default_factory=LossStats)
-    per_update: list[LossStats] = field(default_factory=list)  # the stats of each update, in order
     entropy_sum: float = 0.0
     logprob_diff_sum: float = 0.0  # |trainer - rollout engine| log-prob over fresh tokens, before the update
     # row -> the trainer's log-probs of a fresh row's tokens under the policy before the step's first
     # update: what the replay buffer stores (the official code stores these, not the engine's)
     trainer_logp: dict[int, list[float]] = field(default_factory=dict)
     grad_norms: list[float] = field(default_factory=list)
-    skipped: int = 0
+    applied: list[bool] = field(default_factory=list)  # per update, in order: False when skipped
     loss_total: float = 0.0
+
+    @property
+    def skipped(self) -> int:
+        return self.applied.count(False)
 
 
 def _rows_of(batch: MixedBatch, groups: list[int]) -> list[int]:
@@ -81,7 +84,9 @@ def policy_update(
     pad_id: int,
     dist: DistInfo | None = None,
 ) -> UpdateResult:
-    dist = dist or DistInfo()
+    # the batches are packed on the run's compute device (`dist.device`), which under FSDP2's CPU
+    # offload is not where the parameters are
+    dist = dist if dist is not None else local_dist(model)
     num_groups = int(batch.group_index.max()) + 1
     minibatches = [_rows_of(batch, gs) for gs in split_groups(num_groups, plan.updates)]
     old: dict[int, list[float]] = {}
@@ -97,17 +102,17 @@ def policy_update(
             model, batch, advantages, rows, old if index else {}, plan, pad_id, dist, res
         )
         res.stats += stats
-        res.per_update.append(stats)
         res.loss_total += mb_loss
         norm = float(torch.nn.utils.clip_grad_norm_(params, plan.grad_clip))  # global under FSDP
         res.grad_norms.append(norm)
         # every rank must take the same decision, and a non-finite loss may be on one rank only;
         # judged per update: a non-finite earlier mini-batch must not condemn this one
         bad_loss = all_reduce_dict({"bad": float(not math.isfinite(mb_loss))}, dist, op="max")["bad"]
-        if not math.isfinite(norm) or norm > plan.skip_grad_norm_above or bad_loss:
-            res.skipped += 1  # skip-on-non-finite (and on huge norms, as the paper)
-        else:
+        # skip-on-non-finite (and on huge norms, as the paper)
+        skip = not math.isfinite(norm) or norm > plan.skip_grad_norm_above or bool(bad_loss)
+        if not skip:
             optimizer.step()
+        res.applied.append(not skip)
         optimizer.zero_grad(set_to_none=True)  # also frees the gradients' memory until the next step
     fresh = [i for i in res.trainer_logp if not bool(batch.replay_mask[i])]
     res.trainer_logp = {i: res.trainer_logp[i] for i in fresh}
@@ -130,7 +135,7 @@ def _accumulate(
     res: UpdateResult,
 ) -> tuple[LossStats, float]:
     """Back-propagate one update's objective, micro-batch by micro-batch; (its stats, its loss)."""
-    device = next(model.parameters()).device
+    device = dist.device
     rows_mean = all_reduce_dict({"rows": len(rows)}, dist)["rows"]
     shape = UpdateShape(
         response_lengths=[len(batch.response_ids[i]) for i in rows],
@@ -196,7 +201,7 @@ def _old_logprobs(
     model: torch.nn.Module, batch: MixedBatch, rows: list[int], plan: UpdatePlan, pad_id: int, dist: DistInfo
 ) -> dict[int, list[float]]:
     """pi_old's log-probs of `rows` (row -> per-token list), before any update of the step."""
-    device = next(model.parameters()).device
+    device = dist.device
     out: dict[int, list[float]] = {}
     passes = synced_micro_batches(
         batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, device, dist

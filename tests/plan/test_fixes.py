@@ -31,7 +31,6 @@ ONE_GPU = PlanInputs(
     vllm_max_len=9216,
     rollout_sequences=1024,
     attention="flash",
-    scoring_pass=True,
 )
 
 

@@ -48,7 +48,6 @@ def _planned(checkpointing: bool, phase: int) -> int:
         vllm_max_len=PROMPT + RESPONSE,
         rollout_sequences=1,
         attention="flash",
-        scoring_pass=False,
     )
     # the measured peaks hold the trainer's allocations only: no engine, no CUDA context
     terms = plan_memory(arch, x).terms

@@ -53,7 +53,6 @@ X = PlanInputs(
     vllm_max_len=48,
     rollout_sequences=8,
     attention="flash",
-    scoring_pass=True,
 )
 
 
@@ -84,7 +83,7 @@ def test_fsdp_plan_term_by_term() -> None:
         "gradients": (0, shard, shard, shard),
         "AdamW moments": (2 * shard,) * 4,
         "AdamW step temporaries": (0, 0, 0, shard),
-        "root unit gathered": (c_root, c_root, c_root, 0),
+        "root unit gathered": (0, c_root, c_root, 0),  # resharded after scoring, before the rollout
         "layers in flight": (0, 2 * 2 * 608, 0, 0),
         "layer gradient reduce": (0, 608 * (2 + 4), 0, 0),
         "root gradient reduce": (0, 0, 520 * (2 + 4) + 4 * 520 // 2, 0),
@@ -122,6 +121,15 @@ def test_one_cpu_process_trains_without_fsdp_in_the_weights_dtype() -> None:
     assert terms["weights"] == (4 * 1736,) * 4
     assert terms["head gradient"] == (0, 4 * 256, 4 * 256, 0)  # fp32 compute: c = w
     assert terms["activations"][1] == 64 * activation_bytes_per_token(TOY, 4, checkpointing=True)
+
+
+def test_one_cpu_process_is_never_sharded_whatever_the_offload() -> None:
+    """The trainer wraps one CPU process with nothing (it refuses offload=all there, and
+    offload=optimizer is HostAdamW on the plain model): the plan must not count FSDP's terms."""
+    for offload in ("optimizer", "all"):
+        one = dataclasses.replace(X, ranks=1, device="cpu", engine="hf", offload=offload)
+        assert not one.fsdp
+        assert not {"root unit gathered", "layers in flight"} & set(_terms(one))
 
 
 def test_one_gpu_shards_with_fsdp2_and_its_mixed_precision() -> None:

@@ -10,6 +10,7 @@ raises, so the job exits non-zero.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from typing import TYPE_CHECKING
@@ -51,6 +52,16 @@ def mean_token_nll(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
 
 def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def gathered_weights(model: torch.nn.Module, dist: D.DistInfo) -> dict[str, torch.Tensor]:
+    """The full weights as plain CPU tensors under the HF names, on rank 0 (`{}` elsewhere): a
+    collective under FSDP2."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    sd = get_model_state_dict(model, options=options)
+    return dict(sd) if dist.is_main else {}
 
 
 def token_objective(model: PreTrainedModel, rows: torch.Tensor, chunked: bool) -> torch.Tensor:
@@ -125,7 +136,7 @@ def main(out_path: str) -> None:
         report["weight_diff"].append(weight_diff)
         report["grad_norm"].append(norm)
         report["ref_grad_norm"].append(ref_norm)
-        report["loss"].append(D.all_reduce_mean(float(loss.detach()), dist))
+        report["loss"].append(D.all_reduce_dict({"loss": float(loss.detach())}, dist)["loss"])
         assert D.all_gather_object(float(loss.detach()), dist)[dist.rank] == float(loss.detach())
         assert grad_diff < 1e-5, f"FSDP grad differs from the single-process grad by {grad_diff}"
         assert abs(norm - ref_norm) < 1e-5 * max(1.0, ref_norm), (norm, ref_norm)
@@ -135,12 +146,17 @@ def main(out_path: str) -> None:
 
     report["chunked_grad_diff"] = chunked_head_under_fsdp(data, mine, dist)
 
-    sd = D.full_state_dict(model, dist)
-    osd = D.full_optimizer_state_dict(model, opt, dist)
+    sd = gathered_weights(model, dist)
     # what VLLMEngine.sync_weights streams from an FSDP2 module: one all-gather per parameter, on
     # every rank (so that each rank may feed its own colocated vLLM)
     streamed = dict(named_tensors(model))
     assert all(type(v) is torch.Tensor for v in streamed.values())
+    # the sharded AdamW state, gathered (a collective): it must be the one-process reference's
+    moments = {
+        (i, k): full(opt.state[p][k])
+        for i, p in enumerate(model.parameters())
+        for k in ("exp_avg", "exp_avg_sq")
+    }
     if dist.is_main:
         assert set(streamed) == set(sd) and all(torch.equal(streamed[k], sd[k]) for k in sd)
         plain = build()
@@ -153,31 +169,35 @@ def main(out_path: str) -> None:
             float((plain.state_dict()[k] - v).abs().max()) for k, v in ref.state_dict().items()
         )
         assert report["state_dict_diff"] < 1e-4
-        # same layout as a one-process optimizer: ids 0..P-1 in parameter order
-        ref_osd = ref_opt.state_dict()
-        assert sorted(osd["state"]) == sorted(ref_osd["state"])
+        ref_state = ref_opt.state_dict()["state"]
         report["optimizer_diff"] = max(
-            float((osd["state"][i][k] - ref_osd["state"][i][k]).abs().max())
-            for i in ref_osd["state"]
-            for k in ("exp_avg", "exp_avg_sq")
+            float((m - ref_state[i][k]).abs().max()) for (i, k), m in moments.items()
         )
         assert report["optimizer_diff"] < 1e-5
     else:
-        assert sd == {} and osd == {}, "only rank 0 receives the gathered state"
+        assert sd == {}, "only rank 0 receives the gathered weights"
 
-    # resume path: a fresh sharded model + optimizer loaded from rank 0's full dicts
+    # resume from a checkpoint written before the sharded format: rank 0 holds the full weights and
+    # the full optimizer state in the one-process layout (here the reference's own), which are
+    # broadcast into a fresh sharded model and optimizer
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     model2 = D.wrap_fsdp2(build(), dist)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=LR)
-    D.load_full_state_dict(model2, sd, dist)
-    D.load_full_optimizer_state_dict(model2, opt2, osd, dist)
-    sd2, osd2 = D.full_state_dict(model2, dist), D.full_optimizer_state_dict(model2, opt2, dist)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model2, dict(sd) if dist.is_main else {}, options=options)
+    legacy = copy.deepcopy(ref_opt.state_dict()) if dist.is_main else {}
+    D.load_full_optimizer_state_dict(model2, opt2, legacy, dist)
+    sd2 = gathered_weights(model2, dist)
+    ref_state = ref_opt.state_dict()["state"]
+    resumed_diff = max(
+        float((full(opt2.state[p][k]) - ref_state[i][k]).abs().max())
+        for i, p in enumerate(model2.parameters())
+        for k in ("exp_avg", "exp_avg_sq")
+    )
+    assert resumed_diff == 0.0, f"the resumed optimizer state differs by {resumed_diff}"
     if dist.is_main:
         assert all(torch.equal(sd2[k], sd[k]) for k in sd)
-        assert all(
-            torch.equal(osd2["state"][i][k], osd["state"][i][k])
-            for i in osd["state"]
-            for k in osd["state"][i]
-        )
         report["world_size"] = dist.world_size
         with open(out_path, "w") as fh:
             json.dump(report, fh)

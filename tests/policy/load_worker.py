@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fsdp_worker import build, full, mean_token_nll  # noqa: E402  (the tests folder is on sys.path)
+from fsdp_worker import build, full, gathered_weights, mean_token_nll  # noqa: E402  (the tests folder is on sys.path)
 from safetensors.torch import save_file
 
 from exgrpo_cli.config import ModelConfig
@@ -45,21 +45,21 @@ def main(out_dir: str) -> None:
     loss = mean_token_nll(model, ids)  # a collective forward: buffers (RoPE) and weights in place
     reference = float(mean_token_nll(build(), ids))
     assert abs(float(loss) - reference) < 1e-5, (float(loss), reference)
-    sd = D.full_state_dict(model, dist)
+    sd = gathered_weights(model, dist)
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss.backward()
     opt.step()
     D.save_optimizer(model, opt, out / "optimizer", dist)
-    full_osd = D.full_optimizer_state_dict(model, opt, dist)
+    # AdamW's full state by the one-process layout's parameter ids, gathered (a collective)
+    moments = {f"{i}.{k}": full(v) for i, p in enumerate(model.parameters()) for k, v in opt.state[p].items()}
     weights = {n: full(p.detach()).clone() for n, p in model.named_parameters()}
     if dist.is_main:
         saved = build().state_dict()
         assert set(sd) == set(saved) and all(torch.equal(sd[k], saved[k]) for k in saved)
         # what a one-rank resume must find: the weights after the step and AdamW's full state
         save_file({n: w.contiguous() for n, w in weights.items()}, str(out / "weights.safetensors"))
-        flat = {f"{i}.{k}": v for i, st in full_osd["state"].items() for k, v in st.items()}
-        save_file({k: v.contiguous() for k, v in flat.items()}, str(out / "optimizer_full.safetensors"))
+        save_file({k: v.contiguous() for k, v in moments.items()}, str(out / "optimizer_full.safetensors"))
         (out / "report.json").write_text(json.dumps({"loss": float(loss), "reference": reference}))
     D.barrier(dist)
     D.close_distributed()

@@ -12,7 +12,7 @@ import torch
 
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.model import load_model
+from exgrpo_cli.policy.model import load_model, materialize
 from exgrpo_cli.policy.offload import HostAdamW
 
 
@@ -87,3 +87,24 @@ def test_gradient_checkpointing_is_non_reentrant_and_exact() -> None:
         grads.append([p.grad for p in m.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_offload_all_materialises_the_shards_in_host_memory_and_the_buffers_on_the_device() -> None:
+    """load_sharded's to_empty: FSDP2's CPU offload refuses parameter shards off the host at the
+    first forward, while the buffers belong where the model computes (here `meta` stands in for
+    the GPU, the parameters being plain tensors)."""
+
+    class Rotary(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+            self.register_buffer("inv_freq", torch.ones(2), persistent=False)
+
+    gpu = torch.device("meta")
+    with torch.device("meta"):
+        offloaded, placed = Rotary(), Rotary()
+    materialize(offloaded, gpu, params_on_host=True)
+    assert {p.device.type for p in offloaded.parameters()} == {"cpu"}
+    assert offloaded.inv_freq.device == gpu and "inv_freq" in offloaded._non_persistent_buffers_set
+    materialize(placed, gpu, params_on_host=False)
+    assert {t.device for t in [*placed.parameters(), *placed.buffers()]} == {gpu}

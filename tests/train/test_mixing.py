@@ -8,7 +8,8 @@ import torch
 from exgrpo_cli.algo import group_advantages
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy.forward import micro_batches, pack
+from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.policy.forward import micro_batches, pack, synced_micro_batches
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, split_groups, update_order
 from exgrpo_cli.replay.schedule import DelayedStart
 
@@ -50,6 +51,9 @@ def test_updates_see_fresh_and_replayed_groups_alike():
     assert update_order(groups, 1, np.random.default_rng(0)) == groups
 
 
+CPU = torch.device("cpu")
+
+
 def test_split_groups_into_updates():
     assert split_groups(5, 1) == [[0, 1, 2, 3, 4]]
     assert split_groups(5, 2) == [[0, 1], [2, 3, 4]]
@@ -63,6 +67,17 @@ def test_micro_batches_respect_the_token_budget():
     for c in chunks:
         assert len(c) == 1 or len(c) * max(lengths[i] for i in c) <= 60
     assert micro_batches([100], 10) == [[0]]  # a row longer than the budget still goes alone
+
+
+def test_synced_micro_batches_cut_to_max_rows():
+    """The replay candidates' scoring caps the rows of a forward (replay.entropy_batch_size) on
+    top of the token budget: each budget chunk is cut into pieces of at most max_rows rows."""
+    prompts, responses = [[1]] * 5, [[2, 3]] * 5
+    rows = [4, 0, 3, 1, 2]  # the caller's indices, in any order
+    dist = DistInfo()
+    whole = [sb.rows for sb, _ in synced_micro_batches(prompts, responses, rows, 100, 0, CPU, dist)]
+    cut = [sb.rows for sb, _ in synced_micro_batches(prompts, responses, rows, 100, 0, CPU, dist, max_rows=2)]
+    assert whole == [rows] and cut == [rows[:2], rows[2:4], rows[4:]]
 
 
 def test_pack_left_pads_prompts_and_right_pads_responses():

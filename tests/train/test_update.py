@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -9,7 +10,7 @@ import torch
 
 from exgrpo_cli.algo import group_advantages
 from exgrpo_cli.algo.aggregation import drgrpo
-from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
+from exgrpo_cli.algo.losses import LossInputs, LossSettings, exgrpo_loss
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.forward import forward_logprobs, pack
@@ -88,6 +89,19 @@ def _two_question_batch(tok: PreTrainedTokenizerBase) -> MixedBatch:
     return build_mixed_batch(groups)
 
 
+def _recording(ratios: list[tuple[float, int]]) -> UpdatePlan:
+    """Two updates of exgrpo_loss that record, per call (one micro-batch each here), the sum of the
+    fresh tokens' ratios w = exp(logp - pi_old) and their count."""
+
+    def loss(x: LossInputs, s: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+        fresh = x.response_mask.bool() & ~x.replay_mask.bool().unsqueeze(-1)
+        w = (x.logp.detach() - x.behaviour_logp).exp()
+        ratios.append((float(w[fresh].sum()), int(fresh.sum())))
+        return exgrpo_loss(x, s)
+
+    return dataclasses.replace(_plan(clip_eps=0.2, beta=0.1, entropy_coef=0.0, updates=2), loss=loss)
+
+
 def test_two_updates_first_minibatch_ratio_is_exactly_one(tiny_model: Path):
     """ALGORITHM.md 4: with several updates per step, pi_old of every mini-batch is the policy
     before the step's first update. The first mini-batch's fresh tokens must see w == 1 exactly
@@ -99,13 +113,12 @@ def test_two_updates_first_minibatch_ratio_is_exactly_one(tiny_model: Path):
     batch = _two_question_batch(tok)
     adv = group_advantages(batch.rewards, batch.group_index)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
-    settings = _plan(clip_eps=0.2, beta=0.1, entropy_coef=0.0, updates=2)
-    res = policy_update(model, opt, batch, adv, settings, pad_id=tok.pad_token_id)
-    first, second = res.per_update
-    assert res.skipped == 0 and first.fresh_tokens > 0 and second.fresh_tokens > 0
-    assert first.clipped_tokens == 0
-    assert abs(first.fresh_ratio_sum - first.fresh_tokens) < 1e-6 * first.fresh_tokens
-    assert abs(second.fresh_ratio_sum - second.fresh_tokens) > 1e-3  # the first update moved the policy
+    ratios: list[tuple[float, int]] = []
+    res = policy_update(model, opt, batch, adv, _recording(ratios), pad_id=tok.pad_token_id)
+    (first, first_n), (second, second_n) = ratios
+    assert res.skipped == 0 and first_n > 0 and second_n > 0
+    assert first == first_n  # exactly: b is the very forward's detached log-probs
+    assert abs(second - second_n) > 1e-3  # the first update moved the policy
 
 
 def test_two_updates_without_learning_never_clip(tiny_model: Path):
@@ -115,10 +128,10 @@ def test_two_updates_without_learning_never_clip(tiny_model: Path):
     batch = _two_question_batch(tok)
     adv = group_advantages(batch.rewards, batch.group_index)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    settings = _plan(clip_eps=0.2, beta=0.1, entropy_coef=0.0, updates=2)
-    res = policy_update(model, opt, batch, adv, settings, pad_id=tok.pad_token_id)
-    assert res.stats.clipped_tokens == 0
-    assert abs(res.stats.fresh_ratio_sum - res.stats.fresh_tokens) < 1e-5 * res.stats.fresh_tokens
+    ratios: list[tuple[float, int]] = []
+    res = policy_update(model, opt, batch, adv, _recording(ratios), pad_id=tok.pad_token_id)
+    assert res.stats.clipped_tokens == 0 and len(ratios) == 2
+    assert all(abs(w - n) < 1e-5 * n for w, n in ratios)
 
 
 def test_trainer_logp_are_the_pre_update_logprobs_of_every_fresh_row(tiny_model: Path) -> None:
@@ -143,3 +156,18 @@ def test_trainer_logp_are_the_pre_update_logprobs_of_every_fresh_row(tiny_model:
     with torch.no_grad():
         after, _ = forward_logprobs(model, sb)
     assert not torch.allclose(after, before, atol=1e-3)  # the update did move the policy
+
+
+def test_skipped_updates_are_counted_in_order(tiny_model: Path) -> None:
+    """Every update whose gradient norm is above algo.skip_grad_norm_above is skipped, and the
+    result says which, in order (the run's count of skipped updates in a row needs the order)."""
+    cfg = ModelConfig(path=str(tiny_model))
+    tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
+    batch = _two_question_batch(tok)
+    adv = group_advantages(batch.rewards, batch.group_index)
+    before = [p.detach().clone() for p in model.parameters()]
+    plan = dataclasses.replace(_plan(0.2, 0.1, 0.0, updates=2), skip_grad_norm_above=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    res = policy_update(model, opt, batch, adv, plan, pad_id=tok.pad_token_id)
+    assert res.applied == [False, False] and res.skipped == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -1,0 +1,58 @@
+"""Optimizers over FSDP2 shards (gloo ranks on a CPU, see shard_worker.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from exgrpo_cli.policy.distributed import free_port
+
+WORKER = Path(__file__).resolve().parent / "shard_worker.py"
+
+
+def _run(mode: str, ranks: int, tmp_path: Path) -> dict:
+    if not torch.distributed.is_available():
+        pytest.skip("torch built without torch.distributed")
+    out = tmp_path / "report.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(ranks),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(WORKER),
+        mode,
+        str(out),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report: dict = json.loads(out.read_text())
+    assert report["world_size"] == ranks
+    return report
+
+
+def test_host_adamw_survives_fsdp2_replacing_uneven_local_shards(tmp_path: Path) -> None:
+    """trainer.offload=optimizer: HostAdamW found each parameter's moments by the id() of its
+    local shard, which FSDP2 replaces (a module-wide _apply re-pads uneven shards): KeyError."""
+    report = _run("host_adamw", 2, tmp_path)
+    assert report["replaced"] == 4
+    assert report["weight_diff"] < 1e-6 and report["moment_diff"] < 1e-6
+
+
+def test_one_rank_fsdp_loads_a_legacy_optimizer_state(tmp_path: Path) -> None:
+    """A one-GPU run is FSDP2 over one rank (DTensor parameters) with `dist.distributed` False:
+    a legacy checkpoint's full optimizer state was loaded as plain tensors, which AdamW cannot
+    step with DTensor parameters."""
+    report = _run("one_rank_fsdp", 1, tmp_path)
+    assert report["legacy_diff"] < 1e-6 and report["files_diff"] == 0.0

@@ -1,0 +1,72 @@
+"""The update's per-token metrics are run-wide token averages, not means of per-rank ratios.
+
+Two ranks are simulated by two threads summing their dicts through a barrier (the stand-in for
+`all_reduce_dict(op="sum")`), so `loss_metrics` runs as under torchrun without a process group.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+
+from exgrpo_cli.algo.losses import LossStats
+from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.train import metrics
+from exgrpo_cli.train.update import UpdateResult
+
+
+class SumOverRanks:
+    """all_reduce_dict(op="sum") for W threads."""
+
+    def __init__(self, world: int) -> None:
+        self.slots: list[dict[str, float]] = [{} for _ in range(world)]
+        self.barrier = threading.Barrier(world, timeout=30)
+
+    def __call__(self, values: dict[str, float], dist: DistInfo, op: str = "mean") -> dict[str, float]:
+        assert op == "sum"
+        self.slots[dist.rank] = dict(values)
+        self.barrier.wait()
+        out = {k: float(sum(s[k] for s in self.slots)) for k in values}
+        self.barrier.wait()
+        return out
+
+
+# rank 0 replays nothing; rank 1 has three times the fresh tokens, and replays
+RANKS = [
+    UpdateResult(stats=LossStats(fresh_tokens=10, clipped_tokens=1), entropy_sum=5.0, logprob_diff_sum=1.0),
+    UpdateResult(
+        stats=LossStats(fresh_tokens=30, replay_tokens=4, clipped_tokens=9, replay_ratio_sum=6.0),
+        entropy_sum=39.0,
+        logprob_diff_sum=3.0,
+    ),
+]
+
+
+def test_two_ranks_weigh_every_token_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "all_reduce_dict", SumOverRanks(2))
+    out: list[dict[str, float]] = [{}, {}]
+
+    def work(rank: int) -> None:
+        out[rank] = metrics.loss_metrics(RANKS[rank], 1e-6, DistInfo(rank=rank, world_size=2))
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    keys = ("loss/clip_fraction", "loss/importance_weight_mean", "loss/entropy", "rollout/logprob_diff_mean")
+    assert [out[0][k] for k in keys] == [out[1][k] for k in keys]  # every rank holds the run's values
+    m = out[0]
+    assert m["loss/clip_fraction"] == 10 / 40  # the per-rank mean would be (0.1 + 0.3) / 2
+    assert m["loss/importance_weight_mean"] == 6.0 / 4  # rank 0's alone would be NaN
+    assert m["loss/entropy"] == 44.0 / 44
+    assert m["rollout/logprob_diff_mean"] == 4.0 / 40
+
+
+def test_one_rank_keeps_its_own_ratios() -> None:
+    m = metrics.loss_metrics(RANKS[1], 1e-6)
+    assert m["loss/clip_fraction"] == 9 / 30 and m["loss/importance_weight_mean"] == 6.0 / 4
+    assert m["loss/entropy"] == 39.0 / 34 and m["rollout/logprob_diff_mean"] == 3.0 / 30
+    assert math.isnan(metrics.loss_metrics(RANKS[0], 1e-6)["loss/importance_weight_mean"])

@@ -1,0 +1,125 @@
+"""Start-up of a multi-rank run: refusals before any collective, and failures every rank shares.
+
+The ranks are simulated by threads exchanging objects (the stand-in for `broadcast_object`), so the
+code runs as under torchrun without a process group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.errors import ExgrpoError, UsageError
+from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.train import run
+
+
+def _cfg(questions: int, updates: int) -> ExgrpoConfig:
+    cfg = ExgrpoConfig()
+    algo = dataclasses.replace(cfg.algo, questions_per_step=questions, updates_per_step=updates)
+    return dataclasses.replace(cfg, algo=algo)
+
+
+class PastTheRefusals(Exception):
+    """Raised by the stand-in of the first step after the refusals: a run that was not refused
+    fails fast here instead of training (the default run, in the working directory)."""
+
+
+@pytest.fixture(autouse=True)
+def _stop_after_the_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
+    def past(*args: object) -> None:
+        raise PastTheRefusals
+
+    monkeypatch.setattr(run, "share_run_dir", past)
+
+
+def test_more_updates_than_a_ranks_questions_are_refused() -> None:
+    """4 questions over 2 ranks: 2 each, so at most 2 mini-batches per step; a third would be
+    empty on every rank and the step would make 2 updates instead of 3."""
+    with pytest.raises(UsageError, match=r"algo.updates_per_step=3 .*algo.questions_per_step=4") as err:
+        run._train(_cfg(4, 3), DistInfo(rank=0, world_size=2))
+    assert err.value.exit_code == 2
+    run._refuse_before_start(_cfg(4, 2), DistInfo(rank=0, world_size=2))  # one question per update
+    run._refuse_before_start(_cfg(4, 3), DistInfo())  # one process: config validation's business
+
+
+def test_questions_not_divisible_by_the_ranks_are_refused() -> None:
+    with pytest.raises(UsageError, match="multiple of the 3 ranks"):
+        run._train(_cfg(4, 1), DistInfo(rank=0, world_size=3))
+
+
+class Broadcast:
+    """broadcast_object for two threads: rank 0's object reaches rank 1 (which gives up after a
+    few seconds, where a real rank would wait until trainer.dist_timeout_s)."""
+
+    def __init__(self) -> None:
+        self.box: list[Any] = []
+        self.ready = threading.Event()
+
+    def __call__(self, obj: Any, dist: DistInfo, src: int = 0) -> Any:
+        if dist.rank == 0:
+            self.box.append(obj)
+            self.ready.set()
+            return obj
+        assert self.ready.wait(5), "rank 1 waits for a broadcast rank 0 never makes"
+        return self.box[0]
+
+
+def _start_on_two_ranks(tmp_path: Path) -> list[Any]:
+    out: list[Any] = [None, None]
+
+    def work(rank: int) -> None:
+        try:
+            out[rank] = run._start_logger(ExgrpoConfig(), DistInfo(rank=rank, world_size=2), tmp_path, None)
+        except BaseException as err:  # noqa: BLE001 - compared below
+            out[rank] = err
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    return out
+
+
+@pytest.mark.parametrize("error", [OSError("disk full"), UsageError("logger.wandb.mode=online: no login")])
+def test_rank0s_logger_failure_is_every_ranks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, error: Exception
+) -> None:
+    """Any exception of rank 0's logger start (not only a refusal) reaches the other ranks at
+    once: a refusal stays a UsageError (exit 2), anything else fails them with an ExgrpoError."""
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(D, "broadcast_object", Broadcast())
+    monkeypatch.setattr(run, "MetricLogger", failing)
+    r0, r1 = _start_on_two_ranks(tmp_path)
+    assert r0 is error
+    assert isinstance(r1, ExgrpoError) and str(error) in str(r1)
+    assert isinstance(r1, UsageError) == isinstance(error, UsageError)
+
+
+def test_a_started_logger_lets_every_rank_go_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(D, "broadcast_object", Broadcast())
+    monkeypatch.setattr(run, "MetricLogger", lambda *args, **kwargs: "rank 0's logger")
+    r0, r1 = _start_on_two_ranks(tmp_path)
+    assert r0 == "rank 0's logger" and isinstance(r1, run._NoLogger)
+
+
+def test_offload_all_on_one_cpu_process_is_refused() -> None:
+    """One CPU process is plain PyTorch (no FSDP2), so trainer.offload=all would be ignored."""
+    cfg = _cfg(4, 1)
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, offload="all"))
+    with pytest.raises(UsageError, match="trainer.offload=all") as err:
+        run._train(cfg, DistInfo())
+    assert err.value.exit_code == 2
+    run._refuse_before_start(cfg, DistInfo(device=torch.device("cuda", 0)))  # one GPU: FSDP2 applies it
+    run._refuse_before_start(cfg, DistInfo(rank=0, world_size=2))  # gloo ranks: FSDP2 applies it
