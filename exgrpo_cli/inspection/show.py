@@ -144,7 +144,7 @@ def _scores(
     replayed = None
     if not rule.draws:
         by = entropies if rule.score == "entropy" else scored(rule.score) if rule.score else []
-        replayed = rule.choose(exps, np.asarray(by, dtype=np.float64), np.random.default_rng(0))
+        replayed = rule.pick(exps, by, np.random.default_rng(0))
     return {"temperature": cfg.rollout.temperature, "rule": name, "replayed": replayed}
 
 

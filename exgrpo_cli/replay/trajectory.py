@@ -32,6 +32,21 @@ class TrajectoryRule:
     choose: Chooser  # (candidates, scores (empty when score is None), rng) -> index
     draws: bool = False  # the choice is random (inspect-buffer cannot say which one it replays)
 
+    def pick(
+        self, candidates: Sequence[Experience], scores: Sequence[float], rng: np.random.Generator
+    ) -> int:
+        """Index of the experience to replay among one question's candidates; `scores` are the
+        rule's scores of the candidates under the current policy, one per candidate (empty for a
+        rule without a score)."""
+        if not candidates:
+            raise ValueError("need at least one stored candidate")
+        s = np.asarray(scores, dtype=np.float64)
+        if self.score is not None and (s.ndim != 1 or s.size != len(candidates)):
+            raise ValueError(
+                f"a {self.score} rule needs one score per candidate ({len(candidates)}, got {s.shape})"
+            )
+        return self.choose(candidates, s, rng)
+
 
 def _lowest(candidates: Sequence[Experience], scores: np.ndarray, rng: np.random.Generator) -> int:
     # ties go to the lowest index (the oldest experience); a NaN score never wins
@@ -73,15 +88,6 @@ def trajectory_rule(mode: str) -> TrajectoryRule:
 def choose_trajectory(
     candidates: Sequence[Experience], scores: Sequence[float], mode: str, rng: np.random.Generator
 ) -> int:
-    """Index of the experience to replay among one question's candidates.
-
-    ``scores`` are the rule's scores of the candidates under the current policy (mean token
-    entropy, or mean NLL for lowest_nll), one per candidate; empty for rules without a score.
-    """
-    rule = trajectory_rule(mode)
-    if not candidates:
-        raise ValueError("need at least one stored candidate")
-    s = np.asarray(scores, dtype=np.float64)
-    if rule.score is not None and (s.ndim != 1 or s.size != len(candidates)):
-        raise ValueError(f"rule {mode!r} needs one score per candidate ({len(candidates)}, got {s.shape})")
-    return rule.choose(candidates, s, rng)
+    """Index of the experience to replay among one question's candidates, with the rule named
+    `mode` (``scores``: mean token entropy, or mean NLL for lowest_nll, one per candidate)."""
+    return trajectory_rule(mode).pick(candidates, scores, rng)

@@ -229,7 +229,7 @@ class Trainer:
         # every rank picks alike with no broadcast: the same candidates (buffers agree, checked
         # every step), the same scores (each computed by one rank, then all-gathered) and the
         # same generator (seed, step)
-        picks = [rule.choose(cands[u], np.asarray(scores[u], dtype=np.float64), rng) for u in uids]
+        picks = [rule.pick(cands[u], scores[u], rng) for u in uids]
         chosen = [(self.questions[u], cands[u][i]) for u, i in zip(uids, picks)]
         picked = [scores[u][i] for u, i in zip(uids, picks) if scores[u]]
         return chosen, float(np.mean(picked)) if picked else float("nan")
