@@ -195,6 +195,7 @@ def evaluate_model(
 ) -> ModelResult:
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
     from exgrpo_cli.evaluation.validate import sample_and_grade
+    from exgrpo_cli.policy.distributed import rank0_first
     from exgrpo_cli.policy.model import load_model, load_tokenizer, pick_device
     from exgrpo_cli.registry import pick
     from exgrpo_cli.rollout import ENGINES, build_engine
@@ -204,10 +205,13 @@ def evaluate_model(
     model_cfg = dataclasses.replace(cfg.model, path=path, gguf_file=cfg.model.gguf_file if same else "")
     run_cfg = dataclasses.replace(cfg, model=model_cfg)
     device = dist.device if dist is not None else pick_device(cfg.trainer.device)  # a rank: its own GPU
-    tokenizer = load_tokenizer(model_cfg)
+    # rank 0 first: a hub tokenizer or model is downloaded once, the other ranks read its copy
+    tokenizer = rank0_first(dist, lambda: load_tokenizer(model_cfg))
     # an engine that loads the weights itself (vLLM) gets no HF copy: it would only take memory
     engine_spec = pick(ENGINES, "rollout.engine", cfg.rollout.engine)
-    model = load_model(model_cfg, device) if engine_spec.needs_trainer_model else None
+    model = None
+    if engine_spec.needs_trainer_model:
+        model = rank0_first(dist, lambda: load_model(model_cfg, device))
     try:
         engine = build_engine(run_cfg, model, tokenizer)
     except BaseException:
@@ -316,13 +320,15 @@ class _Progress:
 def run_eval(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> dict[str, Any] | None:
     """The whole `exgrpo eval` run (or a regrade); returns the results.json content. Under several
     ranks (`dist`) each samples and grades its share; rank 0 alone writes and returns the results."""
+    from exgrpo_cli.policy.distributed import rank0_first
+
     main = dist is None or dist.is_main
     out = output_dir(cfg)
     console = Console(stderr=True, quiet=not main)
     if cfg.eval.regrade:
         return regrade(cfg, cfg.eval.regrade, out)
     check_one_engine_per_rank(cfg, dist.world_size if dist is not None else 1)
-    suite = load_suite(cfg)  # a missing file stops here, before any model is loaded
+    suite = rank0_first(dist, lambda: load_suite(cfg))  # a missing file stops here, before any model loads
     models = models_to_run(cfg)
     if cfg.trainer.threads:
         import torch

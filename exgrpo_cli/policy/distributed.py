@@ -21,12 +21,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+
+from exgrpo_cli.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +298,26 @@ def read_optimizer_tensors(folder: Path) -> dict[str, torch.Tensor]:
 def barrier(dist: DistInfo) -> None:
     if dist.distributed:
         torch.distributed.barrier()
+
+
+def rank0_first(dist: DistInfo | None, load: Callable[[], T]) -> T:
+    """`load()` on rank 0, then on the other ranks once rank 0 is done (a download lands in the
+    shared cache once). Rank 0's failure is every rank's: the others raise it too, without trying.
+    Without `dist` (one process): just `load()`."""
+    if dist is None or not dist.distributed:
+        return load()
+    if dist.is_main:
+        try:
+            result = load()
+        except Exception as err:
+            broadcast_object(f"{type(err).__name__}: {err}", dist)
+            raise
+        broadcast_object(None, dist)
+        return result
+    failed = broadcast_object(None, dist)
+    if failed:
+        raise UsageError(f"rank 0 could not load it: {failed}")
+    return load()
 
 
 def broadcast_object(obj: T, dist: DistInfo, src: int = 0) -> T:

@@ -17,7 +17,6 @@ import logging
 import random
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -100,25 +99,6 @@ def decide_resume(cfg: ExgrpoConfig, dist: D.DistInfo) -> tuple[Path | None, lis
     return path, warnings
 
 
-def rank0_first(dist: D.DistInfo, load: Callable[[], T]) -> T:
-    """`load()` on rank 0, then on the other ranks once rank 0 is done (a download lands in the
-    shared cache once). Rank 0's failure is every rank's: the others raise it too, without trying."""
-    if not dist.distributed:
-        return load()
-    if dist.is_main:
-        try:
-            result = load()
-        except Exception as err:
-            D.broadcast_object(f"{type(err).__name__}: {err}", dist)
-            raise
-        D.broadcast_object(None, dist)
-        return result
-    failed = D.broadcast_object(None, dist)
-    if failed:
-        raise UsageError(f"rank 0 could not load it: {failed}")
-    return load()
-
-
 def make_optimizer(cfg: ExgrpoConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     a = cfg.algo
     # trainer.offload=optimizer: the same AdamW with its moments in host memory
@@ -159,13 +139,13 @@ def build_trainer(
     dist = dist if dist is not None else D.DistInfo(device=device)
     seed_everything(cfg.trainer.seed)
     # rank 0 first: a hub dataset or tokenizer is downloaded once, the other ranks read its copy
-    train_qs, val_qs, report = rank0_first(dist, lambda: load_questions(cfg.data))
+    train_qs, val_qs, report = D.rank0_first(dist, lambda: load_questions(cfg.data))
     if cfg.trainer.val_questions:
         val_qs = val_qs[: cfg.trainer.val_questions]
     model_cfg = cfg.model
     if resume_from is not None:  # weights come from the checkpoint; everything else from the config
         model_cfg = dataclasses.replace(cfg.model, path=str(resume_from / "model"), gguf_file="")
-    tokenizer = rank0_first(dist, lambda: load_tokenizer(model_cfg))
+    tokenizer = D.rank0_first(dist, lambda: load_tokenizer(model_cfg))
     template = get_template(cfg.model.template)
     train_qs = filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
 

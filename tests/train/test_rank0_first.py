@@ -10,7 +10,6 @@ import pytest
 
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.train.setup import rank0_first
 
 
 class Broadcast:
@@ -34,7 +33,7 @@ def _two_ranks(load: Any) -> list[Any]:
 
     def work(rank: int) -> None:
         try:
-            out[rank] = rank0_first(D.DistInfo(rank=rank, world_size=2), lambda: load(rank))
+            out[rank] = D.rank0_first(D.DistInfo(rank=rank, world_size=2), lambda: load(rank))
         except Exception as err:  # noqa: BLE001 - compared below
             out[rank] = err
 
