@@ -55,3 +55,15 @@ def test_multirun_launches_each_job(tmp_path: Path):
     # both jobs are refused by validation: Hydra ran them in turn, the first one's exit stops the sweep
     assert res.returncode == 2 and "replay.ratio" in res.stderr
     assert (tmp_path / "multirun.yaml").is_file()
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_cuda_without_a_gpu_is_a_usage_error(tmp_path: Path, command: str):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    res = run_cli([command, "trainer.device=cuda", f"hydra.run.dir={tmp_path}", "logger.wandb.mode=disabled"])
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "invalid trainer.device=cuda: no CUDA device is visible" in res.stderr
+    assert "Traceback" not in res.stderr

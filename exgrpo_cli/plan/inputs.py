@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.config_checks import parse_plan_devices
+from exgrpo_cli.errors import UsageError
 from exgrpo_cli.plan.memory import AUTO_TOKEN_BUDGET, GiB, PlanInputs
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -67,7 +68,9 @@ def visible_devices(cfg: ExgrpoConfig, launching: int = 0) -> Devices:
         import torch
 
         if not torch.cuda.is_available():
-            raise RuntimeError("trainer.device=cuda, but no CUDA device is visible")
+            raise UsageError(
+                "invalid trainer.device=cuda: no CUDA device is visible (allowed here: auto or cpu)"
+            )
         if launching:
             name, total = _gpu_without_context()
         else:

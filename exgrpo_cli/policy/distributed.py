@@ -74,7 +74,7 @@ def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DistInf
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if use_cuda and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda, but no CUDA device is visible")
+        raise UsageError("invalid trainer.device=cuda: no CUDA device is visible (allowed here: auto or cpu)")
     if use_cuda:
         dev = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from exgrpo_cli.config import ModelConfig
+from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
 
@@ -48,7 +49,7 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda, but no CUDA device is visible")
+        raise UsageError("invalid trainer.device=cuda: no CUDA device is visible (allowed here: auto or cpu)")
     return torch.device(name)
 
 
