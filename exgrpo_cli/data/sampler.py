@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.errors import ExgrpoError
+from exgrpo_cli.errors import ExgrpoError, UsageError
 
 
 class QuestionSampler:
@@ -31,8 +31,13 @@ class QuestionSampler:
         self.position = 0
         rng = np.random.default_rng([self.seed, self.epoch])
         keep = [i for i, q in enumerate(self.questions) if q.uid not in retired]
+        # a smaller pool would put one question into a step twice
+        if len(self.questions) < n:
+            raise UsageError(
+                f"the training set has {len(self.questions)} usable questions, fewer than the {n} "
+                "fresh questions a step draws: lower algo.questions_per_step or use more data"
+            )
         if len(keep) < n:
-            # a smaller pool would put one question into a step twice
             raise ExgrpoError(
                 f"only {len(keep)} of the {len(self.questions)} training questions are not retired "
                 f"(solved K/K), fewer than the {n} fresh questions a step needs: use a larger "

@@ -55,3 +55,10 @@ def test_a_pool_retired_below_one_step_stops_the_run_with_a_message() -> None:
     with pytest.raises(ExgrpoError, match="only 3 of the 6 training questions are not retired"):
         sampler.draw(4, retired)
     assert [q.uid for q in sampler.draw(3, retired)]  # a step that fits still draws
+
+
+def test_a_pool_smaller_than_a_step_is_a_usage_error() -> None:
+    from exgrpo_cli.errors import UsageError
+
+    with pytest.raises(UsageError, match="has 2 usable questions, fewer than the 3"):
+        QuestionSampler([Question("a", "a", "1"), Question("b", "b", "1")], seed=0).draw(3)

@@ -98,7 +98,7 @@ def test_the_trainer_budgets_micro_batches_for_the_dist_device() -> None:
     state = RunState(
         torch.nn.Linear(2, 2),
         None,  # type: ignore[arg-type]
-        QuestionSampler([Question("p", "p", "1")], 0),
+        QuestionSampler([Question(f"p{i}", "p", "1") for i in range(8)], 0),
         ExperienceBuffer(4),
         DelayedStart(0.0),
         0,

@@ -18,9 +18,8 @@ from exgrpo_cli.train.state import RunState
 def _trainer(cfg: ExgrpoConfig) -> Trainer:
     switch = DelayedStart(0.0)
     switch.update(1, 1.0)
-    state = RunState(
-        None, None, QuestionSampler([Question("p", "p", "1")], 0), ExperienceBuffer(cfg.rollout.n), switch, 0
-    )  # type: ignore[arg-type]
+    sampler = QuestionSampler([Question(f"p{i}", "p", "1") for i in range(8)], 0)
+    state = RunState(None, None, sampler, ExperienceBuffer(cfg.rollout.n), switch, 0)  # type: ignore[arg-type]
     return Trainer(cfg, state, None, None, None, None, choices(cfg))  # type: ignore[arg-type]
 
 

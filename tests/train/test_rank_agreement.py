@@ -76,7 +76,7 @@ def _groups() -> list[Group]:
 
 
 def _state(buffer: ExperienceBuffer, switch: DelayedStart, position: int = 0) -> RunState:
-    sampler = QuestionSampler([Question("p", "p", "1")], seed=0)
+    sampler = QuestionSampler([Question(f"p{i}", "p", "1") for i in range(8)], seed=0)
     sampler.draw(position)
     return RunState(None, None, sampler, buffer, switch, seed=0)  # type: ignore[arg-type]
 

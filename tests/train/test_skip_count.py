@@ -10,7 +10,7 @@ from exgrpo_cli.train.state import RunState
 
 
 def _state() -> RunState:
-    sampler = QuestionSampler([Question("p", "p", "1")], seed=0)
+    sampler = QuestionSampler([Question(f"p{i}", "p", "1") for i in range(8)], seed=0)
     return RunState(None, None, sampler, ExperienceBuffer(4), DelayedStart(0.0), seed=0)  # type: ignore[arg-type]
 
 
