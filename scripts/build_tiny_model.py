@@ -446,6 +446,9 @@ def build(
         "sft_seconds": round(sft_s, 1),
         "wall_seconds": round(time.time() - t0, 1),
         "torch": torch.__version__,
+        # the CPU kernels torch picked: another instruction set rounds differently, and 1500 SFT
+        # steps turn that into other weights (byte-for-byte rebuilds need the same one)
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
     (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"wrote {out} in {info['wall_seconds']:.0f}s", flush=True)
