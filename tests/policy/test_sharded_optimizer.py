@@ -21,6 +21,7 @@ def _run(mode: str, ranks: int, tmp_path: Path) -> dict:
         pytest.skip("torch built without torch.distributed")
     out = tmp_path / "report.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env["PYTHONFAULTHANDLER"] = "1"  # a rank that aborts prints every thread's Python stack
     cmd = [
         sys.executable,
         "-m",
