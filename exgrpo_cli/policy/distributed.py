@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -240,6 +242,16 @@ def load_full_optimizer_state_dict(
 # ------------------------------------------------------------------ sharded optimizer files
 
 
+@contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """torch.distributed.checkpoint warns on every one-process save or load that it assumes one
+    process, although `no_dist=True` asks for exactly that: the default run would print it at each
+    checkpoint. Only that message is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+        yield
+
+
 def save_optimizer(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, dist: DistInfo
 ) -> None:
@@ -251,7 +263,8 @@ def save_optimizer(
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     osd = get_optimizer_state_dict(model, optimizer)
-    dcp.save({"state": osd["state"]}, checkpoint_id=str(folder), no_dist=not dist.distributed)
+    with _quiet_single_process():
+        dcp.save({"state": osd["state"]}, checkpoint_id=str(folder), no_dist=not dist.distributed)
     if dist.is_main:
         (folder / PARAM_GROUPS).write_text(json.dumps(osd["param_groups"], indent=1))
 
@@ -266,7 +279,8 @@ def load_optimizer(
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     osd = get_optimizer_state_dict(model, optimizer)  # the optimizer's own state tensors, by name
-    dcp.load({"state": osd["state"]}, checkpoint_id=str(folder), no_dist=not dist.distributed)
+    with _quiet_single_process():
+        dcp.load({"state": osd["state"]}, checkpoint_id=str(folder), no_dist=not dist.distributed)
     saved = json.loads((folder / PARAM_GROUPS).read_text())
     if len(saved) != len(optimizer.param_groups):
         raise ValueError(
@@ -288,7 +302,8 @@ def read_optimizer_tensors(folder: Path) -> dict[str, torch.Tensor]:
         for k, m in meta.state_dict_metadata.items()
         if isinstance(m, TensorStorageMetadata)
     }
-    dcp.load(template, checkpoint_id=str(folder), no_dist=True)
+    with _quiet_single_process():
+        dcp.load(template, checkpoint_id=str(folder), no_dist=True)
     return template
 
 
