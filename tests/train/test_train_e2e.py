@@ -96,6 +96,24 @@ def test_exgrpo_replays_from_the_second_step(tiny_model: Path, tmp_path: Path):
 
 
 @pytest.mark.slow
+def test_a_run_whose_delayed_start_never_fires_says_so(tiny_model: Path, tmp_path: Path) -> None:
+    """No fresh accuracy reaches 1.0 on the tiny model: the run is on-policy GRPO, and the console
+    says so while it waits and at the end, not only replay/active in metrics.jsonl."""
+    out = tmp_path / "run"
+    args = ["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=2", "replay.start_threshold=1.0"]
+    res = run_cli(args, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    console = res.stdout + res.stderr
+    assert "replay waits: acc " in console and " < 1" in console
+    assert (
+        "replay never started: the fresh accuracy stayed below replay.start_threshold=1 in all 2 "
+        "steps, so this run was on-policy GRPO" in console
+    ), console[-2000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("replay/active") for r in rows[1:]] == [0.0, 0.0]
+
+
+@pytest.mark.slow
 def test_ratio_zero_is_exactly_on_policy(tiny_model: Path, tmp_path: Path):
     """With replay.ratio=0 no replay setting may change anything: the run is plain Dr.GRPO."""
     a = tmp_path / "a"
