@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exgrpo_cli.plan.arch import Arch
-from exgrpo_cli.plan.memory import Plan, PlanInputs, plan_memory, with_changes
+from exgrpo_cli.plan.memory import Plan, PlanInputs, engine_memory, plan_memory, with_changes
 
 VLLM_SHARES = (0.4, 0.3, 0.2)  # smaller vLLM shares tried (a smaller KV cache: slower rollouts)
 MAX_RANKS = 128
@@ -43,7 +43,8 @@ def knobs(x: PlanInputs, offload: bool = True) -> list[list[Option]]:
     """For each runtime setting that can still lower the memory, its options, cheapest first
     (`offload=False`: leave trainer.offload out)."""
     found: list[list[Option]] = []
-    if x.engine == "vllm" and x.device == "cuda" and not x.vllm_sleep:
+    own_share = not engine_memory(x).samples_with_trainer  # vLLM: its share of the GPU
+    if own_share and x.device == "cuda" and not x.vllm_sleep:
         found.append([Option("rollout.sleep_mode=true", {"vllm_sleep": True}, 1)])
     if not x.checkpointing:
         found.append([Option("model.gradient_checkpointing=true", {"checkpointing": True}, 1)])
@@ -64,7 +65,7 @@ def knobs(x: PlanInputs, offload: bool = True) -> list[list[Option]]:
     offloads = {"none": ["optimizer", "all"], "optimizer": ["all"]}.get(x.offload, []) if offload else []
     if offloads:
         found.append([Option(f"trainer.offload={o}", {"offload": o}, 4 + i) for i, o in enumerate(offloads)])
-    if x.engine == "vllm" and x.device == "cuda":
+    if own_share and x.device == "cuda":
         shares = [s for s in VLLM_SHARES if s < x.vllm_share - 1e-9]
         if shares:
             found.append(

@@ -31,6 +31,7 @@ the chunked log-prob head.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from exgrpo_cli.plan.arch import Arch
@@ -64,7 +65,7 @@ class PlanInputs:
     checkpointing: bool  # model.gradient_checkpointing
     token_budget: int  # algo.micro_batch_tokens, 0 resolved to the device's default
     seq_tokens: int  # S: model.max_prompt_tokens + model.max_response_tokens
-    engine: str  # rollout.engine: vllm | hf
+    engine: str  # rollout.engine: a name of ROLLOUT_MEMORY (one per rollout.ENGINES name)
     vllm_share: float  # u: rollout.gpu_memory_utilization
     vllm_sleep: bool  # rollout.sleep_mode: vLLM frees its weights and KV cache for the update
     vllm_max_len: int  # vLLM's max_model_len: prompt + max(response, eval.max_new_tokens)
@@ -257,7 +258,7 @@ def gathered_terms(arch: Arch, x: PlanInputs) -> list[Term]:
         return []
     c, r = x.compute_bytes, x.reduce_bytes
     root, layer = arch.root_params, arch.layer_params
-    hf = x.engine == "hf"
+    hf = engine_memory(x).samples_with_trainer
     root_rollout = c * root if hf else 0  # the HF engine's forwards gather the root
     return [
         Term("root unit gathered", _phases(root_rollout, c * root, c * root)),
@@ -333,17 +334,42 @@ def vllm_terms(arch: Arch, x: PlanInputs) -> tuple[list[Term], list[str], list[s
     )
 
 
-def hf_rollout_terms(arch: Arch, x: PlanInputs) -> list[Term]:
+def hf_rollout_terms(arch: Arch, x: PlanInputs) -> tuple[list[Term], list[str], list[str]]:
     """The HF engine samples with the trainer's model: B = min(HF_MAX_BATCH, sequences of a rank)
     sequences at once, a KV cache of B S 2 L kv c, and per decoding step B V 4 x 2 (logits and
     probabilities); under FSDP it runs HF generate, which keeps up to HF_LOGITS_BUDGET of logits."""
     batch = min(HF_MAX_BATCH, max(x.rollout_sequences, 1))
     kv = batch * x.seq_tokens * kv_bytes_per_token(arch, x.compute_bytes)
     logits = batch * arch.vocab_size * 4 * 2 + (HF_LOGITS_BUDGET if x.fsdp else 0)
-    return [
+    terms = [
         Term(f"HF KV cache ({batch} sequences)", _phases(rollout=kv)),
         Term("HF logits", _phases(rollout=logits)),
     ]
+    return terms, [], []
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """How the plan counts a rollout engine: its terms (terms, problems, notes) and what it is."""
+
+    terms: Callable[[Arch, PlanInputs], tuple[list[Term], list[str], list[str]]]
+    label: str  # its name in the plan's table and notes
+    # generates with the trainer's own (FSDP) module: the root and layers are gathered in the
+    # rollout; otherwise it holds its own weights and KV cache in a share of the device
+    # (rollout.gpu_memory_utilization), frees them under rollout.sleep_mode on a GPU, and its
+    # sequences reach vllm_max_len (eval.max_new_tokens included)
+    samples_with_trainer: bool
+
+
+# `rollout.engine` -> its memory model; a test keeps the names equal to rollout.ENGINES'
+ROLLOUT_MEMORY: dict[str, EngineMemory] = {
+    "hf": EngineMemory(hf_rollout_terms, "HF-engine", samples_with_trainer=True),
+    "vllm": EngineMemory(vllm_terms, "vLLM", samples_with_trainer=False),
+}
+
+
+def engine_memory(x: PlanInputs) -> EngineMemory:
+    return ROLLOUT_MEMORY[x.engine]
 
 
 def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
@@ -351,14 +377,12 @@ def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
     terms = state_terms(arch, x) + gathered_terms(arch, x) + compute_terms(arch, x)
     problems: list[str] = []
     notes: list[str] = []
-    if x.engine == "vllm":
-        more, problems, notes = vllm_terms(arch, x)
-        terms += more
-    else:
-        terms += hf_rollout_terms(arch, x)
+    engine = engine_memory(x)
+    more, problems, notes = engine.terms(arch, x)
+    terms += more
     if x.device == "cuda":
         terms.append(Term("CUDA context, NCCL (assumed)", _phases(*[RUNTIME_BYTES] * 4)))
-    longest = max(x.seq_tokens, x.vllm_max_len if x.engine == "vllm" else 0)
+    longest = max(x.seq_tokens, 0 if engine.samples_with_trainer else x.vllm_max_len)
     if arch.max_positions and longest > arch.max_positions:
         problems.append(
             f"sequences of {longest} tokens (prompt + response) exceed the model's "

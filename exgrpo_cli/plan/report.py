@@ -23,6 +23,7 @@ from exgrpo_cli.plan.memory import (
     GiB,
     Plan,
     PlanInputs,
+    engine_memory,
     plan_memory,
 )
 
@@ -55,11 +56,12 @@ def settings_line(x: PlanInputs) -> str:
         f"micro-batches of {x.micro_batch_tokens} tokens (sequences of {x.seq_tokens})",
         ATTENTION.get(x.attention, x.attention),
     ]
-    if x.engine == "vllm":
-        sleep = "asleep" if x.vllm_sleep else "awake"
-        parts.append(f"vLLM rollouts (u={x.vllm_share:g}, {sleep} during the update)")
+    engine = engine_memory(x)
+    if engine.samples_with_trainer:
+        parts.append(f"{engine.label} rollouts")
     else:
-        parts.append("HF-engine rollouts")
+        sleep = "asleep" if x.vllm_sleep else "awake"
+        parts.append(f"{engine.label} rollouts (u={x.vllm_share:g}, {sleep} during the update)")
     return "; ".join(parts)
 
 
@@ -83,13 +85,14 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
     notes = list(plan.notes)
     if plan.host_bytes:
         notes.append(f"host memory: {_g(plan.host_bytes)} GiB per rank of offloaded state (pinned)")
+    engine = engine_memory(x)
     if x.device == "cuda":
         notes.append(
             f"assumed, not measured: {RUNTIME_BYTES / GiB:g} GiB of CUDA context and NCCL per process"
-            + (f", {VLLM_WORKSPACE / GiB:g} GiB of vLLM workspace" if x.engine == "vllm" else "")
+            + ("" if engine.samples_with_trainer else f", {VLLM_WORKSPACE / GiB:g} GiB of vLLM workspace")
             + "; the backward's working set is derived; the saved activations and the state are exact"
         )
-        if x.engine == "vllm" and x.vllm_sleep:
+        if not engine.samples_with_trainer and x.vllm_sleep:
             notes.append(
                 "with vLLM asleep the trainer must empty torch's cache (torch.cuda.empty_cache) "
                 "before vLLM wakes, or the update's peak stays reserved through the rollout"

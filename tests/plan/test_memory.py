@@ -161,6 +161,16 @@ def test_hf_engine_rollout() -> None:
     assert hf["layers in flight"][0] == 2 * 2 * 608
 
 
+def test_every_rollout_engine_has_a_memory_model() -> None:
+    """A new rollout.ENGINES entry must say how the plan counts it, and agree with its capability."""
+    from exgrpo_cli.plan.memory import ROLLOUT_MEMORY
+    from exgrpo_cli.rollout import ENGINES
+
+    assert set(ROLLOUT_MEMORY) == set(ENGINES)
+    for name, spec in ENGINES.items():
+        assert ROLLOUT_MEMORY[name].samples_with_trainer == spec.needs_trainer_model, name
+
+
 def test_problems_stop_the_plan() -> None:
     too_long = plan_memory(TOY, dataclasses.replace(X, seq_tokens=200, vllm_max_len=200))
     assert not too_long.fits and "128 positions" in too_long.problems[0]
