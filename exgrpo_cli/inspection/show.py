@@ -18,7 +18,8 @@ import numpy as np
 
 from exgrpo_cli.config import ExgrpoConfig, ModelConfig
 from exgrpo_cli.inspection.report import run_dir_of
-from exgrpo_cli.replay.buffer import Experience, ExperienceBuffer
+from exgrpo_cli.replay.buffer import ExperienceBuffer
+from exgrpo_cli.replay.experience import Experience
 
 if TYPE_CHECKING:
     from rich.console import Console

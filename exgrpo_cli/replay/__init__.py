@@ -1,7 +1,8 @@
 """Experience replay: the buffer (observe / retire / persist) and the pure selection rules."""
 
 from exgrpo_cli.replay.buckets import default_bucket_edges
-from exgrpo_cli.replay.buffer import Experience, ExperienceBuffer
+from exgrpo_cli.replay.buffer import ExperienceBuffer
+from exgrpo_cli.replay.experience import Experience
 from exgrpo_cli.replay.selection import (
     QUESTION_SELECTION,
     bucket_probabilities,

@@ -7,12 +7,10 @@ questions to replay, and ``experiences(uid)`` hands over the stored candidates t
 trajectory selection scores. Buffer, buckets and retired set go into every checkpoint
 (``state_dict`` / ``save``), so a resumed run replays exactly what the uninterrupted one would.
 
-Storage. A question owns three numpy arrays: its responses' token ids concatenated (int32),
-their behaviour log-probs (float32) and one int64 row of meta per experience
-(length, collection step, content hash, insertion number). That is 8 bytes per token plus
-32 bytes per experience of array payload, plus a few hundred bytes of Python objects per
-question. Retiring a question frees its memory at once (no compaction pass), and selection
-never touches token data: it reads only the per-bucket question lists.
+Storage. A question owns three numpy arrays (its ``StoredQuestion``, replay/experience.py, which
+also holds the hashes and the duplicate check). Retiring a question frees its memory at once (no
+compaction pass), and selection never touches token data: it reads only the per-bucket question
+lists.
 
 Buckets are ranges of accuracy k/K (replay/buckets.py). A question sits in the bucket of its
 latest accuracy; each bucket keeps its questions in an ``IndexedSet`` (O(1) add, remove and access
@@ -22,55 +20,19 @@ and with it seeded selection, survives a save/load round trip.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from exgrpo_cli.replay.buckets import BucketScheme
+from exgrpo_cli.replay.experience import META_BYTES, Experience, StoredQuestion, new_responses, value_hash
 from exgrpo_cli.replay.indexed_set import IndexedSet
 from exgrpo_cli.replay.persistence import FORMAT_VERSION, checked_arrays, load_buffer, save_buffer
-from exgrpo_cli.replay.persistence import META_HASH as _HASH
 from exgrpo_cli.replay.persistence import META_LEN as _LEN
 from exgrpo_cli.replay.persistence import META_SEQ as _SEQ
-from exgrpo_cli.replay.persistence import META_STEP as _STEP
-
-META_BYTES = 4 * 8  # int64 meta row per experience
-
-
-@dataclass(frozen=True)
-class Experience:
-    """One stored correct response. The arrays are read-only views into the buffer."""
-
-    response_ids: np.ndarray  # int32 [T]
-    behavior_logp: np.ndarray  # float32 [T], log-probs under pi_old of the collection step
-    step: int  # train step that collected it
-
-
-class _Question:
-    __slots__ = ("bucket", "ids", "logp", "meta")
-
-    def __init__(self, bucket: int, ids: np.ndarray, logp: np.ndarray, meta: np.ndarray) -> None:
-        self.bucket = bucket
-        self.ids = ids
-        self.logp = logp
-        self.meta = meta
-
-
-def _value_hash(ids: np.ndarray, logp: np.ndarray) -> int:
-    """64-bit hash of one experience's tokens and stored log-probs, for the buffer's checksum."""
-    digest = hashlib.blake2b(ids.tobytes() + logp.tobytes(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
-
-
-def _content_hash(ids: np.ndarray) -> int:
-    # blake2b, not hash(): it must be stable across processes for the saved index to stay valid.
-    digest = hashlib.blake2b(ids.tobytes(), digest_size=8).digest()
-    return int(np.frombuffer(digest, dtype="<i8")[0])
 
 
 class ExperienceBuffer:
@@ -87,7 +49,7 @@ class ExperienceBuffer:
         self._clear()
 
     def _clear(self) -> None:
-        self._questions: dict[str, _Question] = {}
+        self._questions: dict[str, StoredQuestion] = {}
         self._buckets: list[IndexedSet] = [IndexedSet() for _ in range(self.num_buckets)]
         self._retired: dict[str, None] = {}  # insertion-ordered so readmission is reproducible
         self._pending: dict[str, None] = {}  # reached k == K this step; retired by end_step
@@ -151,11 +113,11 @@ class ExperienceBuffer:
             return  # k == 0 keeps the last informative accuracy; before the start nothing is stored
         b = self._scheme.bucket_of_count(k)
         q = self._questions.get(uid)
-        ids, logps, hashes = self._new_responses(q, correct)
+        ids, logps, hashes = new_responses(q, correct)
         if q is None:
             if not ids:
                 return  # a question with nothing stored could be selected but not replayed
-            q = _Question(b, np.empty(0, np.int32), np.empty(0, np.float32), np.empty((0, 4), np.int64))
+            q = StoredQuestion(b, np.empty(0, np.int32), np.empty(0, np.float32), np.empty((0, 4), np.int64))
             self._questions[uid] = q
             self._buckets[b].add(uid)
             if self.max_experiences:
@@ -174,42 +136,8 @@ class ExperienceBuffer:
             q.meta = np.concatenate([q.meta, meta])
             self._num_experiences += len(ids)
             self._tokens += int(meta[:, _LEN].sum())
-            self._add_to_checksum(sum(_value_hash(a, lp) for a, lp in zip(ids, logps)))
+            self._add_to_checksum(sum(value_hash(a, lp) for a, lp in zip(ids, logps)))
             self._enforce_cap()
-
-    def _new_responses(
-        self, q: _Question | None, correct: Sequence[tuple[np.ndarray, np.ndarray]]
-    ) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
-        """Validated responses not already stored for this question (nor repeated within the group)."""
-        ids_out: list[np.ndarray] = []
-        logp_out: list[np.ndarray] = []
-        hashes: list[int] = []
-        for raw_ids, raw_logp in correct:
-            ids = np.ascontiguousarray(raw_ids, dtype=np.int32)
-            logp = np.ascontiguousarray(raw_logp, dtype=np.float32)
-            if ids.ndim != 1 or ids.shape != logp.shape or ids.size == 0:
-                raise ValueError(
-                    f"a response needs 1-D non-empty ids and log-probs of equal length "
-                    f"(got {ids.shape} and {logp.shape})"
-                )
-            h = _content_hash(ids)
-            if any(h == h2 and np.array_equal(ids, a) for a, h2 in zip(ids_out, hashes)):
-                continue
-            if q is not None and self._stored_in(q, ids, h):
-                continue
-            ids_out.append(ids)
-            logp_out.append(logp)
-            hashes.append(h)
-        return ids_out, logp_out, hashes
-
-    @staticmethod
-    def _stored_in(q: _Question, ids: np.ndarray, h: int) -> bool:
-        hits = np.flatnonzero(q.meta[:, _HASH] == h)
-        if hits.size == 0:
-            return False
-        starts = np.concatenate([[0], np.cumsum(q.meta[:, _LEN])])
-        # Compare the bytes too: a 64-bit hash collision must not drop a distinct response.
-        return any(np.array_equal(q.ids[starts[i] : starts[i + 1]], ids) for i in hits)
 
     def end_step(self) -> list[str]:
         """Retire the questions that reached k == K this step; returns them."""
@@ -240,15 +168,8 @@ class ExperienceBuffer:
     def _add_to_checksum(self, value: int) -> None:
         self._checksum = (self._checksum + value) % 2**64
 
-    @staticmethod
-    def _hashes(q: _Question, n: int | None = None) -> int:
-        """Sum of the value hashes of `q`'s first n experiences (all when None)."""
-        ends = np.cumsum(q.meta[:, _LEN]).tolist()[:n]
-        starts = [0, *ends[:-1]]
-        return sum(_value_hash(q.ids[a:b], q.logp[a:b]) for a, b in zip(starts, ends))
-
     def _remove(self, uid: str) -> None:
-        self._add_to_checksum(-self._hashes(self._questions[uid]))
+        self._add_to_checksum(-self._questions[uid].value_hashes())
         q = self._questions.pop(uid)
         self._buckets[q.bucket].remove(uid)
         self._num_experiences -= len(q.meta)
@@ -282,7 +203,7 @@ class ExperienceBuffer:
                 self._remove(uid)
                 continue
             t = int(q.meta[:n, _LEN].sum())
-            self._add_to_checksum(-self._hashes(q, n))
+            self._add_to_checksum(-q.value_hashes(n))
             # copy(): a slice would keep the evicted tokens alive in the old array.
             q.ids, q.logp, q.meta = q.ids[t:].copy(), q.logp[t:].copy(), q.meta[n:].copy()
             self._num_experiences -= n
@@ -328,15 +249,7 @@ class ExperienceBuffer:
 
     def experiences(self, uid: str) -> list[Experience]:
         """Stored experiences of ``uid``, oldest first (KeyError if it is not buffered)."""
-        q = self._questions[uid]
-        starts = np.concatenate([[0], np.cumsum(q.meta[:, _LEN])]).tolist()
-        out = []
-        for i in range(len(q.meta)):
-            ids, logp = q.ids[starts[i] : starts[i + 1]], q.logp[starts[i] : starts[i + 1]]
-            ids.flags.writeable = False
-            logp.flags.writeable = False
-            out.append(Experience(ids, logp, int(q.meta[i, _STEP])))
-        return out
+        return self._questions[uid].experiences()
 
     def metrics(self) -> dict[str, float]:
         """``replay/bucket/<b>`` counts questions in bucket b, numbered from 1 (= success count b
@@ -389,7 +302,7 @@ class ExperienceBuffer:
         for uid, b, e1 in zip(uids, qbuckets, exp_ends):
             t1 = tok_ends[e1 - 1]
             # copy(): each question must own its memory so retiring it frees it.
-            q = _Question(int(b), ids[t0:t1].copy(), logp[t0:t1].copy(), meta[e0:e1].copy())
+            q = StoredQuestion(int(b), ids[t0:t1].copy(), logp[t0:t1].copy(), meta[e0:e1].copy())
             self._questions[uid] = q
             e0, t0 = e1, t1
         members = [uid for bucket in index["buckets"] for uid in bucket]
@@ -404,7 +317,7 @@ class ExperienceBuffer:
         self._tokens = len(ids)
         self._next_seq = int(index["next_seq"])
         for q in self._questions.values():
-            self._add_to_checksum(self._hashes(q))
+            self._add_to_checksum(q.value_hashes())
         if self.max_experiences:
             self._rebuild_heap()
             self._enforce_cap()

@@ -18,7 +18,7 @@ from typing import Literal
 
 import numpy as np
 
-from exgrpo_cli.replay.buffer import Experience
+from exgrpo_cli.replay.experience import Experience
 
 # what the current policy computes per candidate: the mean full-vocabulary token entropy at the
 # rollout temperature, or the mean negative log-likelihood of the response tokens

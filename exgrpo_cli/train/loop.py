@@ -31,7 +31,7 @@ from exgrpo_cli.metrics.memory import PhaseMemory
 from exgrpo_cli.policy.distributed import DistInfo, all_gather_object
 from exgrpo_cli.policy.forward import token_budget
 from exgrpo_cli.policy.scoring import score_candidates
-from exgrpo_cli.replay.buffer import Experience
+from exgrpo_cli.replay.experience import Experience
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, update_order
 from exgrpo_cli.replay.selection import n_replay, select_questions
 from exgrpo_cli.replay.trajectory import TrajectoryRule
