@@ -2,9 +2,10 @@
 
 `arch` finds the model's architecture without its weights (config.json, the Hugging Face cache,
 or the numbers a preset carries); `inputs` turns the config and the devices (planned with
-`trainer.plan_devices`, or visible) into the plan's inputs; `memory` holds the arithmetic, one
-documented term at a time; `fixes` searches the runtime settings that make a plan fit; `report`
-prints the table and refuses a run that would not fit (exit 2). `commands/train.py` calls it.
+`trainer.plan_devices`, or visible) into the plan's inputs; `activations` gives what a token costs
+(activations, the log-prob chunk, the KV cache); `memory` holds the arithmetic, one documented
+term at a time; `fixes` searches the runtime settings that make a plan fit; `report` prints the
+table and refuses a run that would not fit (exit 2). `commands/train.py` calls it.
 """
 
 from __future__ import annotations

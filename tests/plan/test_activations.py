@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from exgrpo_cli.plan.activations import layer_activation_bytes, top_activation_bytes
 from exgrpo_cli.plan.arch import arch_from_config_json
-from exgrpo_cli.plan.memory import layer_activation_bytes, top_activation_bytes
 from exgrpo_cli.policy.forward import forward_logprobs, pack
 
 CONFIG = dict(

@@ -12,17 +12,19 @@ import inspect
 
 import pytest
 
+from exgrpo_cli.plan.activations import (
+    LOGIT_TEMPS,
+    activation_bytes_per_token,
+    chunk_tokens,
+    layer_activation_bytes,
+)
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.memory import (
     CPU_VLLM_KV_BYTES,
-    LOGIT_TEMPS,
     RUNTIME_BYTES,
     VLLM_WORKSPACE,
     GiB,
     PlanInputs,
-    activation_bytes_per_token,
-    chunk_tokens,
-    layer_activation_bytes,
     plan_memory,
 )
 
@@ -183,12 +185,13 @@ def test_the_limit_keeps_a_tenth_free() -> None:
 
 
 def test_constants_equal_the_trainers() -> None:
+    from exgrpo_cli.plan import activations
     from exgrpo_cli.plan import memory as M
     from exgrpo_cli.policy import forward
     from exgrpo_cli.rollout.hf import HFEngine
 
     assert M.AUTO_TOKEN_BUDGET == forward.AUTO_TOKEN_BUDGET
-    assert M.LOGIT_CHUNK_BYTES == forward.LOGIT_CHUNK_BYTES
+    assert activations.LOGIT_CHUNK_BYTES == forward.LOGIT_CHUNK_BYTES
     for vocab in (364, 49152, 152064, 10**7):
         assert chunk_tokens(vocab) == forward.chunk_tokens(vocab)
     defaults = inspect.signature(HFEngine.__init__).parameters
