@@ -16,9 +16,7 @@ from typing import Any
 import numpy as np
 
 from exgrpo_cli.replay.buffer import ExperienceBuffer
-
-# Columns of the buffer's meta array (see replay/buffer.py: length, collection step, hash, seq).
-_LEN, _STEP = 0, 1
+from exgrpo_cli.replay.persistence import META_LEN, META_STEP
 
 
 class TargetError(ValueError):
@@ -122,7 +120,7 @@ def buffer_report(
     state = buf.state_dict()
     arrays, index = state["arrays"], state["index"]
     meta = arrays["meta"]
-    lengths = meta[:, _LEN]
+    lengths = meta[:, META_LEN]
     counts = arrays["experience_counts"]
     qbuckets = np.asarray(index["question_buckets"], dtype=np.int64)
     exp_per_bucket = (
@@ -174,6 +172,6 @@ def buffer_report(
         "buckets": buckets,
         "response_length": distribution(lengths, bins, integer=True),
         "behavior_logp_mean": distribution(logp_means, bins),
-        "collected_at_step": distribution(meta[:, _STEP], bins, integer=True),
+        "collected_at_step": distribution(meta[:, META_STEP], bins, integer=True),
         "top_questions": top_questions,
     }
