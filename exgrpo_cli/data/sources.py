@@ -232,6 +232,18 @@ def _text_problem(text: str, what: str) -> BadRow | None:
     return None
 
 
+def _text_field(value: Any, what: str, key: str, expected: str) -> str | BadRow:
+    """`value` as the row's `what` (question or answer, read from `key`), or why it cannot be:
+    absent or null, not a string (`expected` says what would do), blank, or `_text_problem`."""
+    if value is None:
+        return BadRow(MISSING, f"no {what} ({key} is absent or null)")
+    if not isinstance(value, str):
+        return BadRow(WRONG_TYPE, f"{what} ({key}) is a {_json_type(value)}, not {expected}")
+    if not value.strip():
+        return BadRow(MISSING, f"empty {what} ({key})")
+    return _text_problem(value, f"{what} ({key})") or value
+
+
 def parse_row(row: dict[str, Any], idx: int, cfg: DataConfig, prefix: str) -> Question | BadRow:
     """The question of one row, or why it is not one. `idx` (from 0) is the id of a row with none."""
     if "__error__" in row:  # read_rows' mark of an unreadable row
@@ -255,31 +267,23 @@ def parse_row(row: dict[str, Any], idx: int, cfg: DataConfig, prefix: str) -> Qu
         if not users:
             return BadRow(MISSING, f"{qkey} has no user turn")
         raw_q = users[-1]
-    if raw_q is None:
-        return BadRow(MISSING, f"no question ({qkey} is absent or null)")
-    if not isinstance(raw_q, str):
-        return BadRow(WRONG_TYPE, f"question ({qkey}) is a {_json_type(raw_q)}, not a string or chat list")
-    if not raw_q.strip():
-        return BadRow(MISSING, f"empty question ({qkey})")
-    if bad := _text_problem(raw_q, f"question ({qkey})"):
-        return bad
+    question = _text_field(raw_q, "question", qkey, "a string or chat list")
+    if isinstance(question, BadRow):
+        return question
     if isinstance(raw_a, list) and len(raw_a) == 1:
         raw_a = raw_a[0]
     if isinstance(raw_a, float) and not math.isfinite(raw_a):
         return BadRow(WRONG_TYPE, f"answer ({akey}) is {raw_a}, not a value")
     if isinstance(raw_a, int | float) and not isinstance(raw_a, bool):
         raw_a = str(raw_a)
-    if raw_a is None:
-        return BadRow(MISSING, f"no answer ({akey} is absent or null)")
-    if not isinstance(raw_a, str):
-        return BadRow(WRONG_TYPE, f"answer ({akey}) is a {_json_type(raw_a)}, not a string or number")
-    if not raw_a.strip():
-        return BadRow(MISSING, f"empty answer ({akey})")
-    if bad := _text_problem(raw_a, f"answer ({akey})"):
-        return bad
+    answer = _text_field(raw_a, "answer", akey, "a string or number")
+    if isinstance(answer, BadRow):
+        return answer
     uid = str(row.get("id") or dig(row, "extra_info.index") or idx)
     meta: dict[str, Any] = {k: row[k] for k in ("data_source", "difficulty", "source") if k in row}
-    return Question(uid=f"{prefix}-{uid}", question=raw_q, answer=raw_a.strip(), messages=messages, meta=meta)
+    return Question(
+        uid=f"{prefix}-{uid}", question=question, answer=answer.strip(), messages=messages, meta=meta
+    )
 
 
 def row_to_question(
