@@ -155,7 +155,11 @@ def load_sharded(
     from exgrpo_cli.policy.distributed import broadcast_object
 
     full = load_model(cfg, torch.device("cpu")) if dist.is_main else None
-    hf_config = broadcast_object(full.config if full is not None else None, dist)
+    # the generation config too: from_config derives one from config.json alone, and the engines
+    # read their stop ids from it (rollout/base.eos_token_ids), so every rank must hold rank 0's
+    configs = broadcast_object((full.config, full.generation_config) if full is not None else None, dist)
+    assert configs is not None  # rank 0 always sends them
+    hf_config, generation_config = configs
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(
             hf_config,
@@ -163,8 +167,7 @@ def load_sharded(
             attn_implementation=attn_implementation(cfg.attn_implementation, dist.device),
             trust_remote_code=cfg.trust_remote_code,
         )
-    if full is not None:
-        model.generation_config = full.generation_config
+    model.generation_config = generation_config
     enable_checkpointing(model, cfg.gradient_checkpointing)
     model = shard(model)
     materialize(model, dist.device, params_on_host=offload == "all")

@@ -18,6 +18,8 @@ from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_sharded
 
+STOP_IDS = [2, 7]
+
 
 def main(out_dir: str) -> None:
     torch.set_num_threads(1)
@@ -25,7 +27,10 @@ def main(out_dir: str) -> None:
     dist = D.init_distributed(timeout_s=60)
     folder = out / "model"
     if dist.is_main:
-        build().save_pretrained(folder)  # the weights every rank must end with
+        saved_model = build()
+        # a stop id that only generation_config.json holds (as a chat model's <|im_end|>)
+        saved_model.generation_config.eos_token_id = STOP_IDS
+        saved_model.save_pretrained(folder)  # the weights every rank must end with
     D.barrier(dist)
 
     opened: list[str] = []
@@ -39,6 +44,8 @@ def main(out_dir: str) -> None:
         transformers.AutoModelForCausalLM.from_pretrained = refuse  # type: ignore[method-assign]
     model = load_sharded(ModelConfig(path=str(folder)), dist, lambda m: D.wrap_fsdp2(m, dist))
     assert not [p for p in opened if p.startswith(str(folder))], opened
+    got = model.generation_config.eos_token_id
+    assert got == STOP_IDS, f"rank {dist.rank} stops on {got}, not generation_config.json's {STOP_IDS}"
 
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 512, (2, 16), generator=gen)
