@@ -122,13 +122,6 @@ def attention_kind(cfg: ExgrpoConfig, devices: Devices) -> str:
     return "sdpa"
 
 
-def sleep_enabled(value: object) -> bool:
-    """`rollout.sleep_mode` as on/off, whether it is a bool, a sleep level or a word."""
-    if isinstance(value, str):
-        return value.strip().lower() not in ("", "0", "false", "off", "none", "no")
-    return bool(value)
-
-
 def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
     m, r, a = cfg.model, cfg.rollout, cfg.algo
     return PlanInputs(
@@ -143,7 +136,7 @@ def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
         seq_tokens=m.max_prompt_tokens + m.max_response_tokens,
         engine=r.engine,
         vllm_share=r.gpu_memory_utilization,
-        vllm_sleep=sleep_enabled(r.sleep_mode) and devices.kind == "cuda",
+        vllm_sleep=r.sleep_mode and devices.kind == "cuda",
         vllm_max_len=m.max_prompt_tokens + max(m.max_response_tokens, cfg.eval.max_new_tokens),
         rollout_sequences=-(-a.questions_per_step * r.n // devices.count),
         attention=attention_kind(cfg, devices),

@@ -302,8 +302,6 @@ def engine_memory(x: PlanInputs) -> EngineMemory:
 def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
     """The plan for `arch` trained with settings `x` on devices of `x.device_bytes`."""
     terms = state_terms(arch, x) + gathered_terms(arch, x) + compute_terms(arch, x)
-    problems: list[str] = []
-    notes: list[str] = []
     engine = engine_memory(x)
     more, problems, notes = engine.terms(arch, x)
     terms += more

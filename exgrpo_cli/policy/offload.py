@@ -50,9 +50,9 @@ class HostAdamW(torch.optim.AdamW):
         super().__init__(params, **kwargs)
         sizes = [[_local(p).numel() for p in g["params"]] for g in self.param_groups]
         total = sum(map(sum, sizes))
-        pool = torch.zeros(2 * total, dtype=torch.float32)
-        if torch.cuda.is_available():
-            pool = pool.pin_memory()  # faster, asynchronous copies to and from the GPU
+        # pinned where a GPU is (faster, asynchronous copies), allocated pinned at once: pinning an
+        # ordinary buffer afterwards copies it, holding the moments twice in host memory meanwhile
+        pool = torch.zeros(2 * total, dtype=torch.float32, pin_memory=torch.cuda.is_available())
         # flat views by position in param_groups, shaped at the first step: FSDP2 may replace a
         # parameter's local shard object after this (a module-wide `_apply` such as to_empty or
         # .to() re-pads uneven shards), so neither its id() nor its tensor can serve as the key

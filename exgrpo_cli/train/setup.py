@@ -18,7 +18,7 @@ import random
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,8 +26,9 @@ import torch
 from exgrpo_cli.algo.aggregation import AGGREGATIONS, AggregationSettings
 from exgrpo_cli.algo.losses import POLICY_LOSSES
 from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.data.bad_rows import PROMPT_TOO_LONG, DataError, LoadReport
 from exgrpo_cli.data.sampler import QuestionSampler
-from exgrpo_cli.data.sources import PROMPT_TOO_LONG, DataError, LoadReport, load_questions
+from exgrpo_cli.data.sources import load_questions
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class ResumeRefused(UsageError):
