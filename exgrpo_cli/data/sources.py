@@ -1,15 +1,10 @@
 """Where questions come from: the built-in synthetic task, local jsonl/parquet files, HF datasets.
 
-A row needs a question (a string, or a chat list of {role, content} whose last user turn is the
-question) and a gold answer (`data.answer_key`, a dotted path such as reward_model.ground_truth).
-A bad row is skipped and counted under `data.on_bad_row=skip` (the default), or refused with a
-DataError naming the file and the line (jsonl) or row (parquet, from 1) under `error`: bytes that
-are not UTF-8, a line that is not JSON or not a JSON object, a question or answer that is absent,
-null, empty, of the wrong type, or longer than MAX_FIELD_CHARS. A prompt longer than
-`model.max_prompt_tokens` is skipped later, once the tokenizer is loaded (train/setup.py
-filter_long), and counted in the same report. `skipped_rows_lines` says what was skipped, one line
-per file, for the trainer's start-up output. A file that cannot be read at all (absent, not
-parquet) is a DataError.
+Loading the data is the start of a run, before the first train step: `load_questions` gives the
+training pool the sampler draws from and the held-out set. A row (read by rows.py) needs a
+question (a string, or a chat list of {role, content} whose last user turn is the question) and a
+gold answer (`data.answer_key`, a dotted path such as reward_model.ground_truth); a row without
+them is a bad row, skipped and counted or refused as `data.on_bad_row` says (bad_rows.py).
 """
 
 from __future__ import annotations
@@ -17,15 +12,27 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from exgrpo_cli.config import DataConfig
 from exgrpo_cli.data import synthetic
+from exgrpo_cli.data.bad_rows import (
+    INVALID_UTF8,
+    MISSING,
+    OTHER,
+    TOO_LONG,
+    WRONG_TYPE,
+    BadRow,
+    DataError,
+    LoadReport,
+    json_type,
+    skipped_rows_lines,
+)
+from exgrpo_cli.data.rows import hf_rows, located_rows
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.errors import UsageError
 from exgrpo_cli.registry import pick
 
 log = logging.getLogger(__name__)
@@ -36,173 +43,6 @@ log = logging.getLogger(__name__)
 # field here saves tokenizing it (a 5 MB prompt takes seconds) only for the length filter to drop
 # it, and keeps megabytes of garbage out of the grader.
 MAX_FIELD_CHARS = 100_000
-
-# the kinds of bad rows, as the start-up line names them
-INVALID_UTF8 = "invalid UTF-8"
-INVALID_JSON = "invalid JSON"
-NOT_OBJECT = "not an object"
-MISSING = "missing or empty field"
-WRONG_TYPE = "wrong type"
-TOO_LONG = "over-long field"
-PROMPT_TOO_LONG = "prompt too long"  # train/setup.py filter_long, against model.max_prompt_tokens
-OTHER = "other"
-
-FIRST_REASONS = 5  # reasons kept per report
-
-
-class DataError(UsageError, ValueError):
-    """The data cannot be used; the message says which file and why."""
-
-
-@dataclass(frozen=True)
-class BadRow:
-    """A row that cannot be a question: its kind (one of the constants above) and why."""
-
-    kind: str
-    reason: str
-
-
-@dataclass
-class SourceCounts:
-    """What one file gave: rows read, rows skipped by kind, and the first reason."""
-
-    rows: int = 0
-    skipped: int = 0
-    kinds: dict[str, int] = field(default_factory=dict)
-    first: str = ""
-
-
-@dataclass
-class LoadReport:
-    rows: int = 0
-    skipped: int = 0
-    reasons: list[str] = field(default_factory=list)  # the first FIRST_REASONS reasons
-    kinds: dict[str, int] = field(default_factory=dict)  # skipped rows per kind, all files
-    sources: dict[str, SourceCounts] = field(default_factory=dict)  # per file, in reading order
-    source: str = ""  # the file being read: rows and skips are counted under it
-
-    def _current(self) -> SourceCounts:
-        return self.sources.setdefault(self.source, SourceCounts())
-
-    def count_row(self) -> None:
-        self.rows += 1
-        self._current().rows += 1
-
-    def skip(self, reason: str, strict: bool, kind: str = OTHER) -> None:
-        """Count a skipped row, or raise DataError (naming the file) when `strict`."""
-        if strict:
-            where = f"{self.source}: " if self.source else ""
-            raise DataError(
-                f"{where}{reason} (data.on_bad_row=error; data.on_bad_row=skip skips and counts such rows)"
-            )
-        self.skipped += 1
-        self.kinds[kind] = self.kinds.get(kind, 0) + 1
-        if len(self.reasons) < FIRST_REASONS:
-            self.reasons.append(reason)
-        counts = self._current()
-        counts.skipped += 1
-        counts.kinds[kind] = counts.kinds.get(kind, 0) + 1
-        counts.first = counts.first or reason
-
-
-def skipped_rows_lines(report: LoadReport) -> list[str]:
-    """One line per file with skipped rows, e.g. `skipped 6 of 120 rows of data.jsonl: 3 invalid
-    UTF-8, 2 invalid JSON, 1 wrong type (first: line 7: invalid UTF-8 (byte 0xff at column 12))`;
-    the kinds by count, most first. Empty when nothing was skipped."""
-    lines = []
-    for source, c in report.sources.items():
-        if not c.skipped:
-            continue
-        kinds = sorted(c.kinds.items(), key=lambda kv: -kv[1])  # stable: ties keep first-seen order
-        what = ", ".join(f"{n} {kind}" for kind, n in kinds)
-        name = source or "the data"
-        lines.append(f"skipped {c.skipped} of {c.rows} rows of {name}: {what} (first: {c.first})")
-    return lines
-
-
-# ----------------------------------------------------------------------------- reading rows
-
-
-def located_rows(path: str, fmt: str | None = None) -> Iterator[tuple[str, dict[str, Any] | BadRow]]:
-    """(where, row) for each row of a jsonl or parquet file: where is `line N` (jsonl, blank lines
-    left out) or `row N` (parquet, from 1); a row that cannot be read is a BadRow. A file that
-    cannot be read at all raises DataError."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise DataError(f"data file not found: {p}")
-    fmt = fmt or ("parquet" if p.suffix == ".parquet" else "jsonl")
-    if fmt == "parquet":
-        yield from _parquet_rows(p)
-        return
-    with p.open("rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            yield f"line {n}", _jsonl_row(raw, first=n == 1)
-
-
-def _jsonl_row(raw: bytes, first: bool) -> dict[str, Any] | BadRow:
-    if first and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark
-        raw = raw[3:]
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        column = len(raw[: err.start].decode("utf-8", errors="replace")) + 1  # as an editor counts
-        return BadRow(INVALID_UTF8, f"{INVALID_UTF8} (byte 0x{raw[err.start]:02x} at column {column})")
-    if not text.strip():
-        return BadRow("", "")  # a blank line: not a row
-    try:
-        value = json.loads(text.rstrip())  # without the newline: the error's column is on this line
-    except json.JSONDecodeError as err:
-        return BadRow(INVALID_JSON, f"{INVALID_JSON} ({err.msg} at column {err.colno})")
-    if not isinstance(value, dict):
-        return BadRow(NOT_OBJECT, f"a JSON {_json_type(value)}, not an object")
-    return value
-
-
-def _parquet_rows(p: Path) -> Iterator[tuple[str, dict[str, Any] | BadRow]]:
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(p)
-    except Exception as err:  # ArrowInvalid, OSError ...: a file that is not (or no longer) parquet
-        raise DataError(f"{p} is not a readable parquet file ({type(err).__name__}: {err})") from None
-    n = 0
-    for batch in table.to_batches(max_chunksize=4096):
-        rows: list[dict[str, Any] | BadRow]
-        try:
-            rows = batch.to_pylist()
-        except UnicodeDecodeError:  # a string cell that is not UTF-8: find it, row by row
-            rows = [_parquet_row(batch.slice(j, 1)) for j in range(batch.num_rows)]
-        for row in rows:
-            n += 1
-            yield f"row {n}", row
-
-
-def _parquet_row(one: Any) -> dict[str, Any] | BadRow:
-    try:
-        row: dict[str, Any] = one.to_pylist()[0]
-        return row
-    except UnicodeDecodeError as err:
-        bad = next(
-            (name for name, col in zip(one.schema.names, one.columns) if not _decodes(col)), "a column"
-        )
-        return BadRow(INVALID_UTF8, f"{INVALID_UTF8} in {bad} ({err.reason})")
-
-
-def _decodes(column: Any) -> bool:
-    try:
-        column.to_pylist()
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def read_rows(path: str, fmt: str | None = None) -> list[dict[str, Any]]:
-    """Every row of a jsonl/parquet file; a row that cannot be read is {"__error__": why}."""
-    return [
-        row if isinstance(row, dict) else {"__error__": f"{where}: {row.reason}", "__kind__": row.kind}
-        for where, row in located_rows(path, fmt)
-        if not (isinstance(row, BadRow) and not row.kind)  # blank lines
-    ]
 
 
 # ----------------------------------------------------------------------------- rows to questions
@@ -215,11 +55,6 @@ def dig(row: dict[str, Any], dotted: str) -> Any:
             return None
         cur = cur[part]
     return cur
-
-
-def _json_type(value: Any) -> str:
-    names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number", dict: "object"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def _text_problem(text: str, what: str) -> BadRow | None:
@@ -238,7 +73,7 @@ def _text_field(value: Any, what: str, key: str, expected: str) -> str | BadRow:
     if value is None:
         return BadRow(MISSING, f"no {what} ({key} is absent or null)")
     if not isinstance(value, str):
-        return BadRow(WRONG_TYPE, f"{what} ({key}) is a {_json_type(value)}, not {expected}")
+        return BadRow(WRONG_TYPE, f"{what} ({key}) is a {json_type(value)}, not {expected}")
     if not value.strip():
         return BadRow(MISSING, f"empty {what} ({key})")
     return _text_problem(value, f"{what} ({key})") or value
@@ -380,7 +215,7 @@ SOURCES: dict[str, DataSource] = {
     "synthetic": DataSource(_load_synthetic, path_kind=None),
     "jsonl": DataSource(_from_rows(lambda c: located_rows(c.path, "jsonl")), path_kind="file"),
     "parquet": DataSource(_from_rows(lambda c: located_rows(c.path, "parquet")), path_kind="file"),
-    "hf": DataSource(_from_rows(lambda c: _hf_rows(c.path, c.split)), path_kind="dataset"),
+    "hf": DataSource(_from_rows(lambda c: hf_rows(c.path, c.split)), path_kind="dataset"),
 }
 
 
@@ -396,14 +231,3 @@ def load_questions(cfg: DataConfig) -> tuple[list[Question], list[Question], Loa
             f"{'; '.join(report.reasons) or 'empty file'})"
         )
     return questions, val, report
-
-
-def _hf_rows(name: str, split: str) -> list[tuple[str, dict[str, Any] | BadRow]]:
-    try:
-        import datasets
-    except ImportError as err:
-        raise DataError(
-            f"data.source=hf needs the `datasets` package (pip install datasets) "
-            f"to load {name!r}; or download it and point data.path at a parquet file"
-        ) from err
-    return [(f"row {n}", dict(row)) for n, row in enumerate(datasets.load_dataset(name, split=split), 1)]

@@ -25,7 +25,9 @@ from typing import Any
 
 from exgrpo_cli.config import DataConfig, ExgrpoConfig
 from exgrpo_cli.data import synthetic
-from exgrpo_cli.data.sources import DataError, dig, read_rows, row_to_question
+from exgrpo_cli.data.bad_rows import DataError
+from exgrpo_cli.data.rows import read_rows
+from exgrpo_cli.data.sources import dig, row_to_question
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.data.sources import skipped_rows_lines
+from exgrpo_cli.data.bad_rows import skipped_rows_lines
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import ExgrpoError, UsageError
 from exgrpo_cli.evaluation.validate import sample_and_grade

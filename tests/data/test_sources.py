@@ -11,21 +11,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from exgrpo_cli.config import DataConfig
-from exgrpo_cli.data.sources import (
+from exgrpo_cli.data.bad_rows import (
     INVALID_JSON,
     INVALID_UTF8,
-    MAX_FIELD_CHARS,
     MISSING,
     NOT_OBJECT,
     PROMPT_TOO_LONG,
     TOO_LONG,
     WRONG_TYPE,
     DataError,
-    load_questions,
-    read_rows,
-    row_to_question,
     skipped_rows_lines,
 )
+from exgrpo_cli.data.rows import read_rows
+from exgrpo_cli.data.sources import MAX_FIELD_CHARS, load_questions, row_to_question
 
 
 def _line(obj: object) -> bytes:
