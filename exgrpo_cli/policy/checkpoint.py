@@ -217,13 +217,22 @@ def complete_checkpoints(ckpt_root: Path) -> list[Path]:
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
     """The checkpoint `latest` names if complete, else the newest complete one, else None
     (not verified: see `latest_verified`)."""
+    candidates = resume_candidates(ckpt_root)
+    return candidates[0] if candidates else None
+
+
+def resume_candidates(ckpt_root: Path) -> list[Path]:
+    """The complete checkpoints a resume may take, best first: the one `latest` names, then the
+    older ones, newest first. Newer ones than `latest` are left out: a run rolled back with
+    trainer.resume=<older step> abandoned them (they are pruned later, never resumed). Without a
+    usable pointer, every complete checkpoint, newest first."""
+    done = sorted(complete_checkpoints(ckpt_root), key=_step_of, reverse=True)
     pointer = ckpt_root / LATEST
     if pointer.is_file():
-        cand = ckpt_root / pointer.read_text().strip()
-        if (cand / COMPLETE).is_file():
-            return cand
-    done = complete_checkpoints(ckpt_root)
-    return max(done, key=_step_of) if done else None
+        named = ckpt_root / pointer.read_text().strip()
+        if named in done:
+            return [named] + [p for p in done if _step_of(p) < _step_of(named)]
+    return done
 
 
 def verify(folder: Path, prefix: str = "", dist: DistInfo | None = None) -> str | None:
@@ -265,24 +274,24 @@ def quarantine(folder: Path, reason: str) -> Path:
 
 
 def latest_verified(ckpt_root: Path, dist: DistInfo | None = None) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint of `ckpt_root` that verifies, quarantining the newer ones that do not
+    """The best checkpoint of `ckpt_root` that verifies (in `resume_candidates`' order: `latest`'s
+    first), quarantining the ones before it that do not
     (rank 0 renames; a collective under torchrun). Returns (checkpoint or None, warnings). Raises
     CheckpointError when there are checkpoints and none verifies."""
     main = dist is None or dist.is_main
     warnings: list[str] = []
-    quarantined = []
-    for folder in sorted(complete_checkpoints(ckpt_root), key=_step_of, reverse=True):
+    for folder in resume_candidates(ckpt_root):
         reason = verify(folder, dist=dist)
         if reason is None:
             return folder, warnings
         if main:
-            quarantined.append(quarantine(folder, reason))
+            quarantine(folder, reason)
         _barrier(dist)
         warnings.append(
             f"checkpoint {folder.name} failed verification ({reason}); quarantined as "
             f"{QUARANTINE_PREFIX}{folder.name}, resuming from an older one if any verifies"
         )
-    if quarantined or warnings:
+    if warnings:
         raise CheckpointError(
             f"no checkpoint in {ckpt_root} verifies ({'; '.join(warnings)}); nothing was deleted. "
             "Start over with trainer.resume=never, or point trainer.resume at a good copy"

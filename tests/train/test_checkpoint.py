@@ -81,6 +81,22 @@ def test_manifest_verification_quarantine_and_fallback(tmp_path: Path):
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["corrupt-step_4", "step_6", "step_8"]
 
 
+def test_resume_follows_latest_not_an_abandoned_newer_checkpoint(tmp_path: Path) -> None:
+    """A run rolled back with trainer.resume=<step_2> writes step_3 while its abandoned step_4 is
+    still on disk: auto-resume takes step_3, as `latest` (and eval, inspect-buffer) say."""
+    root = tmp_path / "checkpoints"
+    for step in (2, 4):
+        ckpt.save_checkpoint(root, step, _write(str(step)), keep=3)
+    ckpt.save_checkpoint(root, 3, _write("3 after the rollback"), keep=3)
+    assert (root / ckpt.LATEST).read_text().strip() == "step_3" and (root / "step_4").is_dir()
+    assert ckpt.latest_checkpoint(root) == root / "step_3"
+    assert ckpt.latest_verified(root) == (root / "step_3", [])
+    # step_3 rotten: the fallback goes back to step_2, never forward to the abandoned step_4
+    (root / "step_3" / "payload.txt").write_text("x" * len("3 after the rollback"))
+    found, warnings = ckpt.latest_verified(root)
+    assert found == root / "step_2" and "step_3 failed verification" in warnings[0]
+
+
 def test_none_verifies_refuses_and_deletes_nothing(tmp_path: Path):
     root = tmp_path / "checkpoints"
     ckpt.save_checkpoint(root, 1, _write("one"), keep=2)
