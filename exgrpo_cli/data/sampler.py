@@ -16,6 +16,17 @@ from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import ExgrpoError, UsageError
 
 
+def check_pool_size(usable: int, per_step: int) -> None:
+    """Refuse a training set smaller than one step's fresh questions (a usage error): a smaller
+    pool would put one question into a step twice. The trainer calls it before any weights load;
+    the sampler again at each epoch."""
+    if usable < per_step:
+        raise UsageError(
+            f"the training set has {usable} usable questions, fewer than the {per_step} "
+            "fresh questions a step draws: lower algo.questions_per_step or use more data"
+        )
+
+
 class QuestionSampler:
     def __init__(self, questions: list[Question], seed: int) -> None:
         if not questions:
@@ -31,12 +42,7 @@ class QuestionSampler:
         self.position = 0
         rng = np.random.default_rng([self.seed, self.epoch])
         keep = [i for i, q in enumerate(self.questions) if q.uid not in retired]
-        # a smaller pool would put one question into a step twice
-        if len(self.questions) < n:
-            raise UsageError(
-                f"the training set has {len(self.questions)} usable questions, fewer than the {n} "
-                "fresh questions a step draws: lower algo.questions_per_step or use more data"
-            )
+        check_pool_size(len(self.questions), n)
         if len(keep) < n:
             raise ExgrpoError(
                 f"only {len(keep)} of the {len(self.questions)} training questions are not retired "

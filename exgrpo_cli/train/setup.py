@@ -27,7 +27,7 @@ from exgrpo_cli.algo.aggregation import AGGREGATIONS, AggregationSettings
 from exgrpo_cli.algo.losses import POLICY_LOSSES
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.bad_rows import PROMPT_TOO_LONG, DataError, LoadReport
-from exgrpo_cli.data.sampler import QuestionSampler
+from exgrpo_cli.data.sampler import QuestionSampler, check_pool_size
 from exgrpo_cli.data.sources import load_questions
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
@@ -148,6 +148,7 @@ def build_trainer(
     tokenizer = D.rank0_first(dist, lambda: load_tokenizer(model_cfg))
     template = get_template(cfg.model.template)
     train_qs = filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
+    check_pool_size(len(train_qs), cfg.algo.questions_per_step)  # the first step draws that many
 
     # shard before the optimizer is built: fully_shard swaps the parameters for DTensors
     def shard(m: PreTrainedModel) -> PreTrainedModel:

@@ -123,3 +123,20 @@ def test_offload_all_on_one_cpu_process_is_refused() -> None:
     assert err.value.exit_code == 2
     run._refuse_before_start(cfg, DistInfo(device=torch.device("cuda", 0)))  # one GPU: FSDP2 applies it
     run._refuse_before_start(cfg, DistInfo(rank=0, world_size=2))  # gloo ranks: FSDP2 applies it
+
+
+def test_a_training_set_smaller_than_a_step_is_refused_before_the_model_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from exgrpo_cli.train import setup
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(setup, "load_model", no_model)
+    cfg = _cfg(8, 1)
+    synthetic = dataclasses.replace(cfg.data.synthetic, num_train=5, num_val=4)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, synthetic=synthetic))
+    with pytest.raises(UsageError, match="has 5 usable questions, fewer than the 8") as err:
+        setup.build_trainer(cfg, torch.device("cpu"))
+    assert err.value.exit_code == 2
