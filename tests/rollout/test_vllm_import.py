@@ -12,15 +12,17 @@ import pytest
 def test_import_does_not_need_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
     mod = importlib.import_module("exgrpo_cli.rollout.vllm_engine")
+    launch = importlib.import_module("exgrpo_cli.rollout.vllm_launch")
     ext = importlib.import_module("exgrpo_cli.rollout.vllm_ext")
-    assert mod.EXTENSION == f"{ext.__name__}.WeightSyncExtension"
+    assert launch.EXTENSION == f"{ext.__name__}.WeightSyncExtension"
     with pytest.raises(ImportError, match=r"make install-vllm-cpu.*exgrpo\[gpu\]"):
         mod.VLLMEngine("some/model", [2])
 
 
 def test_importing_the_engine_module_stays_light() -> None:
     code = (
-        "import sys, exgrpo_cli.rollout.vllm_engine, exgrpo_cli.rollout.vllm_ext; "
+        "import sys, exgrpo_cli.rollout.vllm_engine, exgrpo_cli.rollout.vllm_launch, "
+        "exgrpo_cli.rollout.vllm_ext; "
         "print(sorted(m for m in ('vllm', 'transformers', 'safetensors') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

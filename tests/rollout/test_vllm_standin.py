@@ -24,7 +24,8 @@ import torch
 
 from exgrpo_cli.rollout import vllm_engine
 from exgrpo_cli.rollout.base import SamplingSpec
-from exgrpo_cli.rollout.vllm_engine import MP_ENV, VLLMEngine
+from exgrpo_cli.rollout.vllm_engine import VLLMEngine
+from exgrpo_cli.rollout.vllm_launch import MP_ENV
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm"
 SPEC = SamplingSpec(1.0, 1.0, 8, seed=3)
