@@ -68,10 +68,11 @@ def output_dir(cfg: ExgrpoConfig) -> Path:
     return Path(cfg.eval.output_dir or cfg.trainer.output_dir)
 
 
-def resolve_model_path(path: str) -> str:
+def resolve_model_path(path: str, dist: DistInfo | None = None) -> str:
     """A model folder, a training checkpoint (its model/ folder), a run dir (its latest
     checkpoint), a HF id or builtin:tiny. Raises ConfigError for a local path that holds no model,
-    or whose checkpoint's model files fail their checksums."""
+    or whose checkpoint's model files fail their checksums. Collective under several ranks
+    (`dist`): they hash the files together."""
     if path.startswith("builtin:"):
         return path
     p = Path(path).expanduser()
@@ -90,7 +91,7 @@ def resolve_model_path(path: str) -> str:
                 "checkpoint (model/) or run (checkpoints/)"
             )
         if (folder.parent / ckpt.COMPLETE).is_file():  # a checkpoint's weights: check what is read
-            reason = ckpt.verify(folder.parent, prefix="model/")
+            reason = ckpt.verify(folder.parent, prefix="model/", dist=dist)  # ranks share the hashing
             if reason:
                 raise ConfigError(f"invalid model path {path!r}: the checkpoint does not verify: {reason}")
         return str(folder)
@@ -99,7 +100,7 @@ def resolve_model_path(path: str) -> str:
     return path  # a Hugging Face id
 
 
-def models_to_run(cfg: ExgrpoConfig) -> list[tuple[str, str]]:
+def models_to_run(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> list[tuple[str, str]]:
     """(label, resolved path) per model: eval.compare when given, else model.path. Labels key the
     results and the generation rows, so a repeated entry gets a #2, #3 suffix."""
     names = list(cfg.eval.compare) or [cfg.model.path]
@@ -110,7 +111,7 @@ def models_to_run(cfg: ExgrpoConfig) -> list[tuple[str, str]]:
             i += 1
             label = f"{name}#{i}"
         seen.add(label)
-        out.append((label, resolve_model_path(name)))
+        out.append((label, resolve_model_path(name, dist)))
     return out
 
 
@@ -329,7 +330,7 @@ def run_eval(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> dict[str, Any] 
         return regrade(cfg, cfg.eval.regrade, out)
     check_one_engine_per_rank(cfg, dist.world_size if dist is not None else 1)
     suite = rank0_first(dist, lambda: load_suite(cfg))  # a missing file stops here, before any model loads
-    models = models_to_run(cfg)
+    models = models_to_run(cfg, dist)
     if cfg.trainer.threads:
         import torch
 
