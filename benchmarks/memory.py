@@ -90,21 +90,13 @@ def full_logits_path(on: bool) -> Iterator[None]:
 
 
 # ----------------------------------------------------------------------------- memory worker
-def _status_kib(*keys: str) -> dict[str, int]:
-    """Fields of /proc/self/status in KiB (VmRSS: resident now, VmHWM: its high-water mark)."""
-    out: dict[str, int] = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name in keys:
-                out[name] = int(rest.split()[0])
-    return out
+def _kib(field: str) -> int:
+    """VmRSS (resident now) or VmHWM (its high-water mark) of this process, in KiB."""
+    from exgrpo_cli.metrics.memory import host_status_bytes
 
-
-def reset_peak_rss() -> None:
-    """Set VmHWM back to the current RSS (Linux >= 4.0: writing 5 to clear_refs)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    found = host_status_bytes(field)
+    assert found is not None, f"/proc/self/status has no {field}"
+    return found // 1024
 
 
 def tiny_body(vocab: int = VOCAB) -> torch.nn.Module:
@@ -170,6 +162,7 @@ def memory_plan(micro_batch_tokens: int) -> UpdatePlan:
 def memory_worker(path: str, tokens: int, threads: int) -> dict[str, Any]:
     import torch
 
+    from exgrpo_cli.metrics.memory import reset_host_peak
     from exgrpo_cli.policy.forward import chunk_tokens
     from exgrpo_cli.train.update import policy_update
 
@@ -183,12 +176,12 @@ def memory_worker(path: str, tokens: int, threads: int) -> dict[str, Any]:
         warm, warm_adv = one_row_batch(16, VOCAB, seed=1)
         policy_update(model, opt, warm, warm_adv, plan, pad_id=0)
         batch, adv = one_row_batch(tokens, VOCAB, seed=2)
-        reset_peak_rss()
-        before = _status_kib("VmRSS")["VmRSS"]
+        assert reset_host_peak(), "cannot reset VmHWM (Linux >= 4.0 only)"
+        before = _kib("VmRSS")
         t0 = time.perf_counter()
         res = policy_update(model, opt, batch, adv, plan, pad_id=0)
         took = time.perf_counter() - t0
-        peak = _status_kib("VmHWM")["VmHWM"]
+        peak = _kib("VmHWM")
     return {
         "path": path,
         "tokens": tokens,

@@ -222,24 +222,23 @@ class Meter:
     def reset(self) -> None:
         import torch
 
+        from exgrpo_cli.metrics.memory import reset_host_peak
+
         self.sync()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
-        else:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
+        elif not reset_host_peak():
+            raise OSError("cannot reset the resident high-water mark (/proc/self/clear_refs)")
 
     def peak(self) -> int:
         import torch
 
+        from exgrpo_cli.metrics.memory import host_status_bytes
+
         self.sync()
         if self.cuda:
             return int(torch.cuda.max_memory_allocated())
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        return 0
+        return host_status_bytes("VmHWM") or 0
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

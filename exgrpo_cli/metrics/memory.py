@@ -19,19 +19,23 @@ GB = 2**30
 _STATUS, _CLEAR = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 
 
-def _host_peak_bytes() -> int | None:
+def host_status_bytes(field: str = "VmHWM") -> int | None:
+    """A memory field of /proc/self/status in bytes (VmHWM: the resident peak since the last
+    `reset_host_peak`; VmRSS: resident now); None where it cannot be read (not Linux)."""
     try:
         for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
+            name, _, rest = line.partition(":")
+            if name == field:
+                return int(rest.split()[0]) * 1024
     except OSError:
         return None
     return None
 
 
-def _reset_host_peak() -> bool:
+def reset_host_peak() -> bool:
+    """Set VmHWM back to the current resident size (Linux >= 4.0); False where that is refused."""
     try:
-        _CLEAR.write_text("5")  # resets VmHWM to the current resident size
+        _CLEAR.write_text("5")
         return True
     except OSError:
         return False
@@ -52,9 +56,9 @@ class PhaseMemory(dict[str, float]):
             yield
             peak: int | None = torch.cuda.max_memory_allocated(self.device)
         else:
-            resettable = _reset_host_peak()
+            resettable = reset_host_peak()
             yield
-            peak = _host_peak_bytes() if resettable else None
+            peak = host_status_bytes() if resettable else None
         if peak is not None:
             key = f"memory/{phase}_peak_gb"
             self[key] = max(self.get(key, 0.0), peak / GB)
