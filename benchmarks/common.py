@@ -215,18 +215,9 @@ def run_measured(
 def compose_config(overrides: list[str]) -> ExgrpoConfig:
     """The typed exgrpo config of `exgrpo train <overrides>` (set trainer.output_dir: the Hydra
     run dir is not resolved outside a Hydra run)."""
-    from hydra import compose, initialize_config_dir
+    from exgrpo_cli.commands.compose import compose_train
 
-    from exgrpo_cli.commands import to_typed
-    from exgrpo_cli.config import register_configs
-    from exgrpo_cli.config_checks import validate
-    from exgrpo_cli.paths import config_dir
-
-    register_configs()
-    with initialize_config_dir(config_dir=config_dir(), version_base=None):
-        cfg = to_typed(compose("config", overrides=overrides))
-    validate(cfg, "train")
-    return cfg
+    return compose_train(overrides)
 
 
 def exgrpo_train(overrides: list[str], out: Path, threads: int = 0) -> tuple[list[dict], ProcResult]:

@@ -12,7 +12,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpu_check_context import BF16_LOGP_TOL, TINY, Context, local, sampling_prompts
 from gpu_check_sections import update_plan
@@ -71,23 +71,6 @@ def small_model_folder(ctx: Context, folder: Path, tok: PreTrainedTokenizerBase)
     tok.save_pretrained(folder)
 
 
-def compose(overrides: list[str]) -> Any:
-    """The typed config of `exgrpo train <overrides>`."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from exgrpo_cli.commands import to_typed
-    from exgrpo_cli.config import register_configs
-    from exgrpo_cli.config_checks import validate
-    from exgrpo_cli.paths import config_dir
-
-    register_configs()
-    with initialize_config_dir(config_dir=config_dir(), version_base=None):
-        cfg = to_typed(hydra_compose("config", overrides=overrides))
-    validate(cfg, "train")
-    return cfg
-
-
 def section_vllm(ctx: Context) -> None:
     if importlib.util.find_spec("vllm") is None:
         ctx.skip("vllm is not importable here: the vLLM part did not run")
@@ -95,6 +78,7 @@ def section_vllm(ctx: Context) -> None:
     import torch
     from transformers import AutoTokenizer
 
+    from exgrpo_cli.commands.compose import compose_train
     from exgrpo_cli.plan.memory import VLLM_WORKSPACE
     from exgrpo_cli.policy.distributed import wrap_fsdp2
     from exgrpo_cli.policy.model import load_model, load_tokenizer
@@ -108,7 +92,7 @@ def section_vllm(ctx: Context) -> None:
     work = Path(tempfile.mkdtemp(prefix="gpu-check-vllm-"))
     ctx.stage("model folder")
     small_model_folder(ctx, work / "model", AutoTokenizer.from_pretrained(TINY))
-    cfg = compose(
+    cfg = compose_train(
         [
             "rollout=vllm",
             f"model.path={work / 'model'}",

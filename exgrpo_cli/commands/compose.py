@@ -37,3 +37,19 @@ def with_preset_name(cfg: ExgrpoConfig, choices: dict[str, str]) -> ExgrpoConfig
     if not chosen or cfg.model.preset:
         return cfg
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, preset=chosen))
+
+
+def compose_train(overrides: list[str]) -> ExgrpoConfig:
+    """The typed, validated config of `exgrpo train <overrides>`, composed outside a Hydra run
+    (make bench, the GPU check). Give trainer.output_dir: the Hydra run dir is not resolved there."""
+    from hydra import compose, initialize_config_dir
+
+    from exgrpo_cli.config import register_configs
+    from exgrpo_cli.config_checks import validate
+    from exgrpo_cli.paths import config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir(), version_base=None):
+        cfg = to_typed(compose("config", overrides=overrides))
+    validate(cfg, "train")
+    return cfg
