@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 class Scorer(Protocol):
     """What `sample_and_grade` needs of a scorer (`RewardScorer`): a `ScoreResult` per call.
-    `rules` is passed only when the caller gives `rule_for_prompt`."""
+    `rules` is None unless the caller gives `rule_for_prompt` (then: the scorer's own rule)."""
 
     def score(
         self,
@@ -155,11 +155,9 @@ def _grade(
     flat_kind = None if kinds is None else [kinds[i] for i in idx for _ in range(n)]
     if not flat_resp:
         return _Graded({}, {})
-    if rules:
-        flat_rules = [rules[i] for i in idx for _ in range(n)]
-        graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind, rules=flat_rules)
-    else:  # training's validation: the scorer's own rule
-        graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind)
+    # no rules (training's validation): the scorer's own rule
+    flat_rules = [rules[i] for i in idx for _ in range(n)] if rules else None
+    graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind, rules=flat_rules)
     correct = {i: list(graded.rewards[k * n : (k + 1) * n]) for k, i in enumerate(idx)}
     extracted = {i: list(graded.extracted[k * n : (k + 1) * n]) for k, i in enumerate(idx)}
     return _Graded(correct, extracted, graded.timeouts, graded.errors)

@@ -1,5 +1,5 @@
-"""`sample_and_grade`, shared by training's validation and `exgrpo eval`: the original call still
-works (a scorer that returns only rewards), and the eval's extra outputs line up per sample."""
+"""`sample_and_grade`, shared by training's validation and `exgrpo eval`: training's call (no
+answer rules: the scorer's own) and the eval's, whose extra outputs line up per sample."""
 
 from typing import Any
 
@@ -38,7 +38,14 @@ class EchoEngine:
 
 
 class LastSampleRight:
-    def score(self, responses: list[str], answers: list[str], kinds: list[str] | None = None) -> ScoreResult:
+    def score(
+        self,
+        responses: list[str],
+        answers: list[str],
+        kinds: list[str] | None = None,
+        rules: list[Any] | None = None,
+    ) -> ScoreResult:
+        assert rules is None, "training's validation passes no answer rules"
         rewards = [1.0 if r == f"\\boxed{{{a}}}" else 0.0 for r, a in zip(responses, answers)]
         return ScoreResult(rewards, [None] * len(responses))
 
