@@ -17,8 +17,6 @@ from typing import Any
 
 import torch
 
-OFFLOAD_MODES = ("none", "optimizer", "all")
-
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (FSDP2), or the tensor itself."""

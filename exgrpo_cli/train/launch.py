@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.errors import ExgrpoError, UsageError
+from exgrpo_cli.errors import ExgrpoError
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +54,7 @@ def resolve_nproc(cfg: ExgrpoConfig) -> int:
         if cfg.trainer.device == "cpu":
             return 1
         return max(visible_gpus(), 1)
-    try:
-        n = int(value)
-    except ValueError:
-        raise UsageError(f"invalid trainer.nproc={value!r}: allowed auto or a number >= 1") from None
-    if n < 1:
-        raise UsageError(f"invalid trainer.nproc={value!r}: allowed auto or a number >= 1")
-    return n
+    return int(value)  # config_checks.validate admitted only auto or a number >= 1
 
 
 def _rank_logging(out: Path) -> None:
