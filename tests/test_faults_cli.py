@@ -63,6 +63,7 @@ def test_training_goes_on_with_the_bad_rows_counted(tiny_model: Path, tmp_path: 
         f"skipped 5 of 45 rows of {data}: 1 invalid UTF-8, 1 invalid JSON, 1 not an object, 1 wrong type, "
         "1 missing or empty field (first: line 5: invalid UTF-8 (byte 0xd7 at column 24))"
     ) in log
+    assert log.count(f"skipped 5 of 45 rows of {data}") == 1  # said once, not by the loader too
 
 
 def test_on_bad_row_error_stops_before_the_model_with_file_and_line(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ them is a bad row, skipped and counted or refused as `data.on_bad_row` says (bad
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -29,13 +28,10 @@ from exgrpo_cli.data.bad_rows import (
     DataError,
     LoadReport,
     json_type,
-    skipped_rows_lines,
 )
 from exgrpo_cli.data.rows import hf_rows, located_rows
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.registry import pick
-
-log = logging.getLogger(__name__)
 
 # A question or gold answer longer than this (in characters) is a bad row. Math questions run to a
 # few thousand characters and answers to a few dozen; 100k characters is ~25k tokens, above any
@@ -220,11 +216,10 @@ SOURCES: dict[str, DataSource] = {
 
 
 def load_questions(cfg: DataConfig) -> tuple[list[Question], list[Question], LoadReport]:
-    """(training pool, held-out set, report of skipped rows)."""
+    """(training pool, held-out set, report of skipped rows). The caller says what was skipped
+    (`bad_rows.skipped_rows_lines`: train/run.py prints it once, to the console and train.log)."""
     report = LoadReport()
     questions, val = pick(SOURCES, "data.source", cfg.source).load(cfg, report)
-    for line in skipped_rows_lines(report):
-        log.warning(line)
     if not questions:
         raise DataError(
             f"no usable rows in {cfg.path} ({report.skipped} skipped: "
