@@ -172,6 +172,8 @@ def _busy_buffer(max_experiences: int = 0) -> ExperienceBuffer:
 
 def _assert_same(a: ExperienceBuffer, b: ExperienceBuffer) -> None:
     assert a.metrics() == b.metrics() and a.retired == b.retired
+    # the running checksum (kept through partial cap evictions) equals the one recomputed at load
+    assert a.checksum == b.checksum
     assert [a.questions_in_bucket(i) for i in range(a.num_buckets)] == [
         b.questions_in_bucket(i) for i in range(b.num_buckets)
     ]
