@@ -16,7 +16,6 @@ from exgrpo_cli.data.bad_rows import (
     INVALID_UTF8,
     MISSING,
     NOT_OBJECT,
-    PROMPT_TOO_LONG,
     TOO_LONG,
     WRONG_TYPE,
     DataError,
@@ -239,8 +238,15 @@ def test_skips_are_counted_per_file_and_later_ones_go_to_the_training_file(tmp_p
     val_path.write_bytes(GOOD[4] + b"[]\n[]\n")
     train, val, report = load_questions(_cfg(train_path, val_path=str(val_path)))
     assert (len(train), len(val)) == (4, 1)
-    # what train/setup.py's prompt length filter does once the tokenizer is there
-    report.skip("q-0: prompt of 300 tokens > model.max_prompt_tokens=128", False, PROMPT_TOO_LONG)
+    # train/setup.py's prompt length filter, once the tokenizer is there: the first question's
+    # prompt counts 300 tokens here, the others 10
+    from exgrpo_cli.data.templates import get_template
+    from exgrpo_cli.train.setup import filter_long
+
+    def tokenizer(text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [0] * (300 if train[0].question in text else 10)}
+
+    assert filter_long(train, get_template("plain"), tokenizer, 128, report) == train[1:]
     assert skipped_rows_lines(report) == [
         f"skipped 2 of 5 rows of {train_path}: 1 invalid UTF-8, 1 prompt too long "
         "(first: line 5: invalid UTF-8 (byte 0xff at column 1))",
