@@ -1,4 +1,5 @@
-"""Shared test helpers: the repo root, ../shared/data, the shipped tiny model, CLI subprocesses."""
+"""Shared test helpers: the repo root, ../shared/data, the shipped tiny model, CLI subprocesses,
+torchrun launches."""
 
 from __future__ import annotations
 
@@ -60,3 +61,21 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def torchrun(*args: str, nproc: int = 2) -> list[str]:
+    """`python -m torch.distributed.run` with `nproc` ranks meeting on a free local port, then
+    `args` (a script and its arguments, or `-m module ...`)."""
+    from exgrpo_cli.policy.distributed import free_port
+
+    launch = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+    return [sys.executable, *launch, "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *args]
+
+
+def worker_env(*pythonpath: Path) -> dict[str, str]:
+    """The environment of worker scripts under torchrun: one thread, offline, `pythonpath` first
+    on PYTHONPATH."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), env.get("PYTHONPATH", "")])
+    return env

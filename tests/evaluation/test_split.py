@@ -5,8 +5,6 @@ process's (2 gloo ranks, the shipped tiny model held whole by each rank)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,15 +15,11 @@ import torch
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.policy.model import load_model, load_tokenizer
 
+from conftest import torchrun, worker_env
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from split_common import run_both  # noqa: E402  (beside this file, as the ranks import it)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow
@@ -34,18 +28,8 @@ def test_two_ranks_give_one_process_answers(tmp_path: Path, tiny_model: Path) ->
     cfg = ModelConfig()
     alone = run_both(load_model(cfg, torch.device("cpu")), load_tokenizer(cfg), None)
     out = tmp_path / "split.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    launch = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    cmd = [
-        sys.executable,
-        *launch,
-        "--master_port",
-        str(_free_port()),
-        str(HERE / "split_worker.py"),
-        str(out),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    cmd = torchrun(str(HERE / "split_worker.py"), str(out))
+    proc = subprocess.run(cmd, env=worker_env(HERE), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     shared = json.loads(out.read_text())
     assert shared["responses"] == alone["responses"]  # the same samples, drawn with the same seeds

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,13 +13,9 @@ import torch
 
 from exgrpo_cli.policy import distributed as D
 
+from conftest import torchrun, worker_env
+
 WORKER = Path(__file__).resolve().parent / "fsdp_worker.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -30,21 +23,8 @@ def test_fsdp2_two_ranks_match_single_process(tmp_path: Path) -> None:
     if not torch.distributed.is_available():
         pytest.skip("torch built without torch.distributed")
     out = tmp_path / "report.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_free_port()),
-        str(WORKER),
-        str(out),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    cmd = torchrun(str(WORKER), str(out))
+    proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["world_size"] == 2
@@ -88,22 +68,8 @@ def test_rank0_reads_the_weights_and_a_two_rank_optimizer_resumes_on_one(tmp_pat
     one-process run (torch.distributed.checkpoint reshards it)."""
     if not torch.distributed.is_available():
         pytest.skip("torch built without torch.distributed")
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(WORKER.parent), env.get("PYTHONPATH", "")])
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_free_port()),
-        str(WORKER.parent / "load_worker.py"),
-        str(tmp_path),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    cmd = torchrun(str(WORKER.parent / "load_worker.py"), str(tmp_path))
+    proc = subprocess.run(cmd, env=worker_env(WORKER.parent), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert abs(report["loss"] - report["reference"]) < 1e-5

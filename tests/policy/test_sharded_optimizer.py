@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from exgrpo_cli.policy.distributed import free_port
+from conftest import torchrun, worker_env
 
 WORKER = Path(__file__).resolve().parent / "shard_worker.py"
 
@@ -20,22 +18,9 @@ def _run(mode: str, ranks: int, tmp_path: Path) -> dict:
     if not torch.distributed.is_available():
         pytest.skip("torch built without torch.distributed")
     out = tmp_path / "report.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env = worker_env()
     env["PYTHONFAULTHANDLER"] = "1"  # a rank that aborts prints every thread's Python stack
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(ranks),
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(WORKER),
-        mode,
-        str(out),
-    ]
+    cmd = torchrun(str(WORKER), mode, str(out), nproc=ranks)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report: dict = json.loads(out.read_text())

@@ -14,17 +14,14 @@ that follows it.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, torchrun, worker_env
 
 WORKER = Path(__file__).resolve().parent / "vllm_rank_worker.py"
 EL = "external_launcher"
@@ -33,17 +30,12 @@ EL = "external_launcher"
 def run_ranks(tmp_path: Path, mode: str, tp: int) -> list[dict[str, Any]]:
     if not torch.distributed.is_available():
         pytest.skip("torch built without torch.distributed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / f"{mode}-tp{tp}"
     out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])  # this checkout first
+    env = worker_env(REPO)  # this checkout first
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    cmd += ["--master_addr", "127.0.0.1", "--master_port", str(port), str(WORKER), str(out), mode, str(tp)]
+    cmd = torchrun(str(WORKER), str(out), mode, str(tp))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -9,37 +9,33 @@ from the FSDP2-sharded model, gathering one parameter at a time.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, cli_env, run_cli
+from conftest import REPO, cli_env, run_cli, torchrun
 
 pytest.importorskip("vllm")
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
+ARGS = [
+    "algo.questions_per_step=4",
+    "rollout.n=4",
+    "trainer.val_questions=4",
+    "trainer.val_samples=1",
+    "trainer.threads=1",
+    "logger.wandb.mode=disabled",
+    "logger.console=false",
+    "algo.lr=1e-3",
+]
+
 
 def test_train_with_vllm_rollouts_keeps_the_engine_in_sync(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     res = run_cli(
-        [
-            "train",
-            "rollout=vllm",
-            "trainer.steps=3",
-            "algo.questions_per_step=4",
-            "rollout.n=4",
-            "trainer.val_questions=4",
-            "trainer.val_samples=1",
-            "trainer.threads=1",
-            "logger.wandb.mode=disabled",
-            "logger.console=false",
-            "algo.lr=1e-3",
-            f"hydra.run.dir={out}",
-        ],
+        ["train", "rollout=vllm", "trainer.steps=3", *ARGS, f"hydra.run.dir={out}"],
         timeout=900,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
@@ -56,34 +52,8 @@ def test_train_with_vllm_rollouts_keeps_the_engine_in_sync(tiny_model: Path, tmp
 
 def test_torchrun_ranks_each_sync_their_own_engine(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(port),
-        "-m",
-        "exgrpo_cli",
-        "train",
-        "rollout=vllm",
-        "trainer.steps=2",
-        "algo.questions_per_step=4",
-        "rollout.n=4",
-        "trainer.val_questions=4",
-        "trainer.val_samples=1",
-        "trainer.threads=1",
-        "logger.wandb.mode=disabled",
-        "logger.console=false",
-        "algo.lr=1e-3",
-        f"hydra.run.dir={out}",
-    ]
+    train = ["train", "rollout=vllm", "trainer.steps=2", *ARGS, f"hydra.run.dir={out}"]
+    cmd = torchrun("-m", "exgrpo_cli", *train)
     res = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}

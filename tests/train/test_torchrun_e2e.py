@@ -10,7 +10,6 @@ the uninterrupted one: weights, optimizer, buffer and metrics.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from safetensors.torch import load_file
 
 from exgrpo_cli.policy.distributed import read_optimizer_tensors
 
-from conftest import REPO, TINY, cli_env
+from conftest import REPO, TINY, cli_env, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -39,30 +38,13 @@ ARGS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(cwd: Path, *overrides: str, skew_rank1_s: float = 0.0) -> subprocess.CompletedProcess:
-    launch = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_free_port()),
-    ]
-    train = [sys.executable, "-m", "exgrpo_cli", "train", *ARGS, *overrides]
+    train = ["-m", "exgrpo_cli", "train", *ARGS, *overrides]
     if skew_rank1_s:  # rank 1 starts later: its Hydra run dir gets another timestamp
         script = f'[ "$RANK" = 1 ] && sleep {skew_rank1_s}; exec "$@"'
-        cmd = [*launch, "--no-python", "bash", "-c", script, "skew", *train]
+        cmd = torchrun("--no-python", "bash", "-c", script, "skew", sys.executable, *train)
     else:
-        cmd = [*launch, "-m", "exgrpo_cli", "train", *ARGS, *overrides]
+        cmd = torchrun(*train)
     env = cli_env()
     env["PYTHONPATH"] = str(REPO)  # the ranks run from `cwd`, outside the repo
     res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
