@@ -14,6 +14,17 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 TINY = REPO / "exgrpo_cli" / "assets" / "tiny"
 
+# a short CPU training run of the tiny model through the CLI: 4 questions x 4 responses a step,
+# 8 validation questions answered once, one thread, no wandb
+SMALL_RUN = [
+    "algo.questions_per_step=4",
+    "rollout.n=4",
+    "trainer.val_questions=8",
+    "trainer.val_samples=1",
+    "logger.wandb.mode=disabled",
+    "trainer.threads=1",
+]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch

@@ -11,20 +11,11 @@ import pytest
 
 from exgrpo_cli.policy import checkpoint as ckpt
 
-from conftest import run_cli
+from conftest import SMALL_RUN, run_cli
 
 pytestmark = pytest.mark.slow
 
-SMALL = [
-    "algo.questions_per_step=4",
-    "rollout.n=4",
-    "trainer.val_questions=8",
-    "trainer.val_samples=1",
-    "logger.wandb.mode=disabled",
-    "trainer.threads=1",
-    "trainer.save_every=2",
-    "trainer.keep_checkpoints=2",
-]
+SMALL = [*SMALL_RUN, "trainer.save_every=2", "trainer.keep_checkpoints=2"]
 
 
 def _steps(out: Path) -> list[int]:

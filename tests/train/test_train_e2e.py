@@ -9,20 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TINY, run_cli
-
-SMALL = [
-    "algo.questions_per_step=4",
-    "rollout.n=4",
-    "trainer.val_questions=8",
-    "trainer.val_samples=1",
-    "logger.wandb.mode=disabled",
-    "trainer.threads=1",
-]
+from conftest import SMALL_RUN, TINY, run_cli
 
 
 def _train(out: Path, *extra: str) -> list[dict]:
-    res = run_cli(["train", f"hydra.run.dir={out}", *SMALL, *extra], timeout=600)
+    res = run_cli(["train", f"hydra.run.dir={out}", *SMALL_RUN, *extra], timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -100,7 +91,7 @@ def test_a_run_whose_delayed_start_never_fires_says_so(tiny_model: Path, tmp_pat
     """No fresh accuracy reaches 1.0 on the tiny model: the run is on-policy GRPO, and the console
     says so while it waits and at the end, not only replay/active in metrics.jsonl."""
     out = tmp_path / "run"
-    args = ["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=2", "replay.start_threshold=1.0"]
+    args = ["train", f"hydra.run.dir={out}", *SMALL_RUN, "trainer.steps=2", "replay.start_threshold=1.0"]
     res = run_cli(args, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     console = res.stdout + res.stderr
