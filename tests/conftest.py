@@ -1,5 +1,5 @@
 """Shared test helpers: the repo root, ../shared/data, the shipped tiny model, CLI subprocesses,
-torchrun launches."""
+torchrun launches and a tiny random Qwen2 model."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from transformers import Qwen2ForCausalLM
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -90,3 +94,26 @@ def worker_env(*pythonpath: Path) -> dict[str, str]:
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), env.get("PYTHONPATH", "")])
     return env
+
+
+def tiny_qwen2(
+    *, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, positions: int = 128, **config: Any
+) -> Qwen2ForCausalLM:
+    """A random float32 Qwen2ForCausalLM with tied embeddings and an intermediate size of twice
+    `hidden`, its weights drawn after torch.manual_seed(0); `config`: more Qwen2Config fields."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=positions,
+        tie_word_embeddings=True,
+        **config,
+    )
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(cfg).float()

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import (
@@ -22,6 +21,8 @@ from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
 from exgrpo_cli.train.update import UpdatePlan, policy_update
+
+from conftest import tiny_qwen2
 
 L = 16  # max response tokens: the constant of both aggregations
 BETA, COEF = 0.1, 0.05
@@ -39,18 +40,7 @@ class Capture(torch.optim.Optimizer):
 
 
 def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg).float()
+    return tiny_qwen2(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2)
 
 
 def _batch() -> MixedBatch:

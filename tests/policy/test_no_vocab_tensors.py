@@ -7,9 +7,11 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from exgrpo_cli.policy.forward import chunk_tokens, forward_logprobs, pack, response_logits
+
+from conftest import tiny_qwen2
 
 VOCAB = 4096
 CHUNK_BYTES = 64 * 4 * VOCAB  # 64 tokens a chunk
@@ -33,18 +35,7 @@ class Shapes(TorchDispatchMode):
 
 
 def _model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg).float()
+    return tiny_qwen2(vocab=VOCAB, hidden=32, layers=1, heads=2, kv_heads=1, positions=512)
 
 
 def _largest_vocab_tensor(chunked: bool) -> tuple[int, int]:

@@ -12,6 +12,8 @@ import torch
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.rollout.hf import HFEngine
 
+from conftest import tiny_qwen2
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -24,22 +26,7 @@ class Tok:
 
 @pytest.fixture(scope="module")
 def model() -> PreTrainedModel:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        eos_token_id=EOS,
-        pad_token_id=0,
-    )
-    m = Qwen2ForCausalLM(cfg).float()
+    m = tiny_qwen2(vocab=VOCAB, hidden=64, layers=2, heads=4, kv_heads=2, eos_token_id=EOS, pad_token_id=0)
     with torch.no_grad():
         m.model.embed_tokens.weight.mul_(3)  # peakier than the near-uniform init: EOS shows up
     return m

@@ -23,6 +23,8 @@ from exgrpo_cli.config import ExgrpoConfig  # noqa: E402
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec  # noqa: E402
 from exgrpo_cli.rollout.vllm_engine import VLLMEngine  # noqa: E402
 
+from conftest import tiny_qwen2  # noqa: E402
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -34,23 +36,17 @@ COUNTS = [2, 3, 1]
 
 
 def build_model() -> PreTrainedModel:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=CTX,
-        tie_word_embeddings=True,
+    model = tiny_qwen2(
+        vocab=VOCAB,
+        hidden=128,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        positions=CTX,
         eos_token_id=EOS,
         bos_token_id=1,
         pad_token_id=0,
     )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg).float()
     with torch.no_grad():  # entropy ~3 nats per token (the 0.02-std init is near uniform, x5 near one-hot)
         model.model.embed_tokens.weight.mul_(3)
     return model.eval()
