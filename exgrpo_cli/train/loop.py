@@ -223,9 +223,6 @@ class Trainer:
                 )
             for u, s in zip(owners, flat):
                 scores[u].append(s)
-            reshard = getattr(st.model, "reshard", None)
-            if callable(reshard):  # FSDP2 keeps its root gathered after a forward: free it for the rollout
-                reshard()
         # every rank picks alike with no broadcast: the same candidates (buffers agree, checked
         # every step), the same scores (each computed by one rank, then all-gathered) and the
         # same generator (seed, step)
@@ -307,16 +304,29 @@ class Trainer:
             out["reward/replayed_accuracy"] = float(np.mean(replayed))
         return out
 
+    def collected_groups(self, groups: list[Group]) -> set[int]:
+        """The groups whose correct fresh responses the buffer stores this step: after the delayed
+        start, lbound < k <= rbound (ALGORITHM.md 2). The same on every rank."""
+        low, high = self.cfg.replay.experience_bounds(self.cfg.rollout.n)
+        if not self.state.switch.active:
+            return set()
+        return {gi for gi, g in enumerate(groups) if low < g.num_correct <= high}
+
     def trainer_logprobs(
         self, groups: list[Group], mine: list[int], result: UpdateResult
     ) -> dict[tuple[int, int], np.ndarray]:
-        """(group, response) -> the trainer's pre-update log-probs of every correct fresh response,
-        from every rank (each computed them for its own groups only): all ranks store the same."""
+        """(group, response) -> the trainer's pre-update log-probs of the correct fresh responses
+        the buffer stores this step, from every rank (each computed them for its own groups
+        only): all ranks store the same. Empty, and no collective, when none is stored or the
+        buffer stores the engine's log-probs (every rank decides alike)."""
+        wanted = self.collected_groups(groups) if self.cfg.replay.store_trainer_logprobs else set()
+        if not wanted:
+            return {}
         local: dict[tuple[int, int], np.ndarray] = {}
         row = 0
         for gi in mine:  # build_mixed_batch's row order: group by group, responses in order
             for ri, r in enumerate(groups[gi].responses):
-                if r.reward > 0.5 and not r.replayed:
+                if gi in wanted and r.reward > 0.5 and not r.replayed:
                     local[(gi, ri)] = np.asarray(result.trainer_logp[row], dtype=np.float32)
                 row += 1
         if not self.dist.distributed:
@@ -330,14 +340,12 @@ class Trainer:
         when lbound < k <= rbound). The stored log-probs are the trainer's (`trainer_logp`), or the
         rollout engine's with `replay.store_trainer_logprobs=false`."""
         p = self.cfg.replay
-        low, high = p.experience_bounds(self.cfg.rollout.n)
+        collected = self.collected_groups(groups)
         for gi, g in enumerate(groups):
-            k = g.num_correct
-            collect = self.state.switch.active and low < k <= high
             correct = []
             for ri, r in enumerate(g.responses):
-                if r.reward <= 0.5 or r.replayed:
-                    continue
+                if gi not in collected or r.reward <= 0.5 or r.replayed:
+                    continue  # the buffer reads responses only of the groups it collects
                 if p.store_trainer_logprobs:
                     logp = trainer_logp[(gi, ri)]
                 elif r.behavior_logp:
@@ -345,7 +353,9 @@ class Trainer:
                 else:
                     continue  # an engine that gives no log-probs: nothing to weight a replay with
                 correct.append((np.asarray(r.ids, dtype=np.int32), logp))
-            self.state.buffer.observe_group(g.question.uid, k, correct, step=step, collect=collect)
+            self.state.buffer.observe_group(
+                g.question.uid, g.num_correct, correct, step=step, collect=gi in collected
+            )
 
     def check_ranks_agree(self, step: int) -> None:
         """Every rank must hold the same buffer, switch and sampler position: they pick the same

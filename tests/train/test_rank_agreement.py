@@ -191,12 +191,35 @@ def test_stored_logprobs_are_gathered_from_the_rank_that_trained_them(
         mine = [r, r + 2]  # groups r, r+W
         # this rank's batch rows: 4 responses per group, in order; log-prob marks (rank, row)
         result = UpdateResult(trainer_logp={row: [float(10 * r + row)] * 2 for row in range(8)})
-        return _trainer(r, 2, FlakyGrader(False)).trainer_logprobs(groups, mine, result)
+        trainer = _trainer(r, 2, FlakyGrader(False))
+        trainer.state.switch.update(1, 0.5)  # after the delayed start: the buffer stores them
+        return trainer.trainer_logprobs(groups, mine, result)
 
     got0, got1 = _run_ranks(2, rank)
     assert {k: v.tolist() for k, v in got0.items()} == {k: v.tolist() for k, v in got1.items()}
     assert sorted(got0) == [(g, j) for g in range(4) for j in (0, 2)]  # every correct response, once
     assert got0[(1, 2)].tolist() == [12.0, 12.0]  # group 1 is rank 1's first group: its row 2
+
+
+def test_no_gather_when_the_buffer_stores_no_trainer_logprobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the delayed start (the buffer collects nothing) and with the engine's log-probs
+    stored, no rank gathers anything: every rank decides alike from the same groups and switch."""
+    from exgrpo_cli.train.update import UpdateResult
+
+    def no_gather(*args: object) -> None:
+        raise AssertionError("gathered log-probs nobody stores")
+
+    monkeypatch.setattr(loop, "all_gather_object", no_gather)
+    groups = _groups()
+    for g in groups:
+        for k, resp in enumerate(g.responses):
+            resp.reward = float(k % 2 == 0)
+    result = UpdateResult(trainer_logp={row: [0.0] * 2 for row in range(8)})
+    trainer = _trainer(0, 2, FlakyGrader(False))
+    assert trainer.trainer_logprobs(groups, [0, 2], result) == {}  # the delayed start has not fired
+    trainer.state.switch.update(1, 0.5)
+    trainer.cfg.replay.store_trainer_logprobs = False
+    assert trainer.trainer_logprobs(groups, [0, 2], result) == {}
 
 
 def test_digest_covers_the_stored_logprobs() -> None:
