@@ -64,6 +64,11 @@ def score_candidates(
             scores.update(zip(batch.rows, mean.tolist()))
     finally:
         model.train(was_training)
+        # FSDP2 keeps its root unit gathered after a forward (a backward would reshard it): these
+        # no-grad passes free it themselves, before the rollout needs the memory
+        reshard = getattr(model, "reshard", None)
+        if callable(reshard):
+            reshard()
     if world > 1:
         scores = {i: v for part in all_gather_object(scores, dist) for i, v in part.items()}
     return [scores[i] for i in range(len(responses))]
