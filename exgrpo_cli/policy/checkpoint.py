@@ -224,8 +224,8 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
 def resume_candidates(ckpt_root: Path) -> list[Path]:
     """The complete checkpoints a resume may take, best first: the one `latest` names, then the
     older ones, newest first. Newer ones than `latest` are left out: a run rolled back with
-    trainer.resume=<older step> abandoned them (they are pruned later, never resumed). Without a
-    usable pointer, every complete checkpoint, newest first."""
+    trainer.resume=<older step> abandoned them (it replaces each as it saves that step again).
+    Without a usable pointer, every complete checkpoint, newest first."""
     done = sorted(complete_checkpoints(ckpt_root), key=_step_of, reverse=True)
     pointer = ckpt_root / LATEST
     if pointer.is_file():
@@ -274,10 +274,10 @@ def quarantine(folder: Path, reason: str) -> Path:
 
 
 def latest_verified(ckpt_root: Path, dist: DistInfo | None = None) -> tuple[Path | None, list[str]]:
-    """The best checkpoint of `ckpt_root` that verifies (in `resume_candidates`' order: `latest`'s
-    first), quarantining the ones before it that do not
-    (rank 0 renames; a collective under torchrun). Returns (checkpoint or None, warnings). Raises
-    CheckpointError when there are checkpoints and none verifies."""
+    """The first checkpoint of `resume_candidates` (`latest`'s, then older ones) that verifies,
+    quarantining those before it that do not (rank 0 renames; a collective under torchrun).
+    Returns (checkpoint or None, warnings). Raises CheckpointError when there are checkpoints and
+    none verifies."""
     main = dist is None or dist.is_main
     warnings: list[str] = []
     for folder in resume_candidates(ckpt_root):
