@@ -307,9 +307,10 @@ class Trainer:
     def collected_groups(self, groups: list[Group]) -> set[int]:
         """The groups whose correct fresh responses the buffer stores this step: after the delayed
         start, lbound < k <= rbound (ALGORITHM.md 2). The same on every rank."""
-        low, high = self.cfg.replay.experience_bounds(self.cfg.rollout.n)
         if not self.state.switch.active:
             return set()
+        replay = self.cfg.replay  # the bounds are a method of the replay config, not a key
+        low, high = replay.experience_bounds(self.cfg.rollout.n)
         return {gi for gi, g in enumerate(groups) if low < g.num_correct <= high}
 
     def trainer_logprobs(
