@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 LATEST = "latest"
 COMPLETE = "COMPLETE"
+OPTIMIZER = "optimizer/"  # the sharded optimizer state's folder in a checkpoint
 FORMAT = 2
 QUARANTINE_PREFIX = "corrupt-"
 # Fault injection for the tests: set to a step number, the process SIGKILLs itself midway through
@@ -239,7 +240,9 @@ def verify(folder: Path, prefix: str = "", dist: DistInfo | None = None) -> str 
     """None when every file of checkpoint `folder` under `prefix` ("" = all, "model/", "replay/")
     has the size and SHA-256 its COMPLETE manifest records, else the first problem, naming the
     file. A checkpoint written before manifests existed passes with a warning (nothing to check).
-    Collective when `dist` is distributed (the ranks share the hashing)."""
+    When the optimizer state is covered, its metadata must also be data (else the reason says it
+    holds something other than data). Collective when `dist` is distributed (the ranks share
+    the hashing)."""
     marker = folder / COMPLETE
     if not marker.is_file():
         return f"{folder}: no {COMPLETE} marker (a torn or foreign folder)"
@@ -247,6 +250,19 @@ def verify(folder: Path, prefix: str = "", dist: DistInfo | None = None) -> str 
         manifest = read_json(marker).get("files")
     except (json.JSONDecodeError, OSError, AttributeError) as err:
         return f"{marker}: unreadable ({err})"
+    reason = _manifest_problem(folder, manifest, prefix, dist)
+    if reason is None and OPTIMIZER.startswith(prefix):
+        # the checksums say the file is as written, not that what was written is data: the
+        # metadata torch would unpickle is parsed as data first (policy/metadata_guard.py)
+        from exgrpo_cli.policy.metadata_guard import refusal
+
+        reason = refusal(folder / OPTIMIZER)
+    return reason
+
+
+def _manifest_problem(
+    folder: Path, manifest: dict[str, Any] | None, prefix: str, dist: DistInfo | None
+) -> str | None:
     if manifest is None:
         log.warning("%s predates checkpoint checksums: its files cannot be verified", folder)
         return None

@@ -288,9 +288,15 @@ def load_optimizer(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+    from exgrpo_cli.policy.metadata_guard import METADATA_FILE, data_only_reader, read_metadata
+
+    # torch's own reader would pickle.load the metadata: a checkpoint is data, never code. Checked
+    # here first (NotDataError, not torch's wrapped error), then read by a reader that parses it so
+    read_metadata(folder / METADATA_FILE)
+    reader = data_only_reader(folder)
     osd = get_optimizer_state_dict(model, optimizer)  # the optimizer's own state tensors, by name
     with _quiet_single_process():
-        dcp.load({"state": osd["state"]}, checkpoint_id=str(folder), no_dist=not dist.distributed)
+        dcp.load({"state": osd["state"]}, storage_reader=reader, no_dist=not dist.distributed)
     saved = json.loads((folder / PARAM_GROUPS).read_text())
     if len(saved) != len(optimizer.param_groups):
         raise ValueError(
@@ -306,14 +312,16 @@ def read_optimizer_tensors(folder: Path) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    meta = dcp.FileSystemReader(str(folder)).read_metadata()
+    from exgrpo_cli.policy.metadata_guard import METADATA_FILE, data_only_reader, read_metadata
+
+    meta = read_metadata(folder / METADATA_FILE)
     template: dict[str, torch.Tensor] = {
         k: torch.empty(m.size, dtype=m.properties.dtype)
         for k, m in meta.state_dict_metadata.items()
         if isinstance(m, TensorStorageMetadata)
     }
     with _quiet_single_process():
-        dcp.load(template, checkpoint_id=str(folder), no_dist=True)
+        dcp.load(template, storage_reader=data_only_reader(folder), no_dist=True)
     return template
 
 

@@ -4,6 +4,8 @@ full disk while a checkpoint is written loses nothing (issue #13 points 1 and 2)
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -72,3 +74,49 @@ def test_a_full_disk_while_checkpointing_stops_cleanly_and_the_rerun_resumes(
     log = (out / "train.log").read_text()
     assert "removed .tmp-step_4" in log and f"resumed from {root / 'step_2'}" in log
     assert not (root / ".tmp-step_4").exists() and ckpt.verify(root / "step_4") is None
+
+
+class _Touch:
+    """An attacker's pickle: unpickling it runs `touch <target>`."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (os.system, (f"touch {self.target}",))
+
+
+def _poison_optimizer_metadata(folder: Path, marker: Path) -> None:
+    """Replace the checkpoint's optimizer/.metadata with a pickle that runs a command, and update
+    its size and checksum in COMPLETE as someone who can write the folder would."""
+    meta = folder / "optimizer" / ".metadata"
+    meta.write_bytes(pickle.dumps(_Touch(marker)))
+    record = json.loads((folder / ckpt.COMPLETE).read_text())
+    record["files"]["optimizer/.metadata"] = {"bytes": meta.stat().st_size, "sha256": ckpt.file_sha256(meta)}
+    (folder / ckpt.COMPLETE).write_text(json.dumps(record))
+
+
+def test_a_checkpoint_whose_optimizer_metadata_is_code_runs_nothing(tiny_model: Path, tmp_path: Path) -> None:
+    """The issue's scenario: an explicit resume from the crafted checkpoint exits 2 with one
+    message and runs nothing; an automatic resume quarantines it and falls back to the older one."""
+    out = tmp_path / "run"
+    first = run_cli(["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=4"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    root = out / "checkpoints"
+    marker = tmp_path / "pwned"
+    _poison_optimizer_metadata(root / "step_4", marker)
+
+    refused = run_cli(
+        ["train", f"hydra.run.dir={tmp_path / 'other'}", *SMALL, f"trainer.resume={root / 'step_4'}"]
+    )
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "holds something other than data" in refused.stderr and "Traceback" not in refused.stderr
+    assert not marker.exists()
+
+    again = run_cli(["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=5"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert not marker.exists()
+    log = (out / "train.log").read_text()
+    assert "step_4 failed verification" in log and "something other than data" in log
+    assert f"resumed from {root / 'step_2'} (step 2)" in log
+    assert "something other than data" in (root / "corrupt-step_4" / "QUARANTINED.txt").read_text()
