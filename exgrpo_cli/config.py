@@ -105,6 +105,8 @@ class OfficialBatchConfig:
     ppo_mini_batch_size: int = 64  # questions per optimizer update
     ppo_micro_batch_size: int = 64  # gradient_accumulation = mini / micro
     ppo_max_token_len_per_gpu: int = 32768  # token budget of the official dynamic micro-batches
+    # the official run's GPUs (8): the objective is theirs on any number of ranks (docs/algorithm.md)
+    gpus: int = 8
 
 
 @dataclass

@@ -117,7 +117,7 @@ class Trainer:
         # this rank trains on groups r, r+W, ... (group-relative advantages: a slice by group is exact)
         mine = list(range(self.dist.rank, len(groups), self.dist.world_size))
         mine = update_order(mine, cfg.algo.updates_per_step, step_rng(cfg.trainer.seed, step, 4))
-        batch = build_mixed_batch([groups[i] for i in mine])
+        batch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
         with t("update"), mem("update"):
             result = policy_update(

@@ -32,7 +32,7 @@ from exgrpo_cli.algo.losses import (
     behaviour_logprobs,
     loss_stats,
 )
-from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict, local_dist
+from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, all_reduce_dict, local_dist
 from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows, synced_micro_batches
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
 
@@ -73,6 +73,16 @@ class UpdateResult:
 def _rows_of(batch: MixedBatch, groups: list[int]) -> list[int]:
     wanted = set(groups)
     return [i for i, g in enumerate(batch.group_index.tolist()) if g in wanted]
+
+
+def _row_keys(batch: MixedBatch, rows: list[int]) -> list[tuple[int, int]]:
+    """(the row's group among the step's groups, its place in the group): a rank-free identity."""
+    index = batch.group_index.tolist()
+    first: dict[int, int] = {}
+    for i, g in enumerate(index):
+        first.setdefault(g, i)
+    step = batch.step_groups or list(range(max(index, default=-1) + 1))
+    return [(step[index[i]], i - first[index[i]]) for i in rows]
 
 
 def policy_update(
@@ -142,8 +152,9 @@ def _accumulate(
         sequence_lengths=[len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows],
         rows_mean=rows_mean,
         max_response_tokens=plan.max_response_tokens,
+        row_keys=_row_keys(batch, rows),
     )
-    norms = plan.aggregation(shape, lambda n: int(all_reduce_dict({"n": n}, dist, op="max")["n"]))
+    norms = plan.aggregation(shape, lambda obj: all_gather_object(obj, dist))
     position = {row: k for k, row in enumerate(rows)}
     stats, total = LossStats(), 0.0
     with_entropy = plan.entropy_coef > 0
