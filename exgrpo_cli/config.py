@@ -76,6 +76,9 @@ class DataConfig:
     val_path: str = ""  # optional held-out file in the same format
     val_size: int = 256  # held-out questions taken from the end of the data when no val_path
     on_bad_row: str = "skip"  # skip | error
+    # a name of data.FRESH_DRAWS: `needed` draws only the fresh questions a step uses; `batch` (the
+    # official trainer, the paper recipes) draws the step's full count and drops what replay displaces
+    draw: str = "needed"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 

@@ -25,6 +25,7 @@ from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import Aggregation
 from exgrpo_cli.algo.losses import LossSettings, PolicyLoss
 from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.data.sampler import FreshDraw
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.metrics.memory import PhaseMemory
@@ -62,6 +63,7 @@ class Choices:
     loss: PolicyLoss
     aggregation: Aggregation
     trajectory: TrajectoryRule
+    draw: FreshDraw  # how the step's fresh questions come from the sampler (`data.draw`)
 
 
 @dataclass
@@ -107,7 +109,8 @@ class Trainer:
             if mixed:
                 replayed, selected_score = self.select_replay(step, t)
         retired = st.buffer.retired if self.replay_enabled else ()
-        fresh = st.sampler.draw(cfg.algo.questions_per_step - len(replayed), retired=retired)
+        per_step = cfg.algo.questions_per_step
+        fresh = self.choices.draw(st.sampler, per_step - len(replayed), per_step, retired)
         with t("rollout"), mem("rollout"):
             groups = self.rollout(fresh, replayed, step)
         with t("reward"):
@@ -145,6 +148,8 @@ class Trainer:
         }
         if self.replay_enabled:
             metrics.update(st.buffer.metrics())
+        metrics["data/epoch"] = float(st.sampler.epoch + 1)  # the pass over the pool, from 1
+        metrics["data/epoch_questions"] = float(st.sampler.epoch_questions)  # less retired at its start
         metrics["replay/active"] = float(st.switch.active and self.replay_enabled)
         metrics["replay/replayed_questions"] = float(len(replayed))
         # the chosen trajectories' mean score: their mean token entropy under the entropy rules,
