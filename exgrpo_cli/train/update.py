@@ -10,8 +10,8 @@ log-probs and entropies, and how they add up (`AGGREGATIONS`, `objective`).
 pi_old (ALGORITHM.md 4): the policy before the step's first update. On the first mini-batch that
 is the current policy itself, so its log-probs are the detached ones of the very forward that
 builds the loss; the later mini-batches' are computed once, in a no-grad pass before the first
-update. Replayed rows use their stored log-probs (IS correction) unless
-`replay.importance_correction=false`.
+update. Replayed rows use their stored log-probs (IS correction), or pi_old too with
+`replay.importance_correction=false` (the official "w/o IS" ablation).
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def _loss_inputs(
     stored = fresh_old
     if importance_correction and bool(replay_mask.any()):
         stored = pad_rows([v if v is not None else [] for v in batch.behavior_logp], sb).to(device)
-    behaviour = behaviour_logprobs(logp, fresh_old, stored, replay_mask, importance_correction)
+    behaviour = behaviour_logprobs(fresh_old, stored, replay_mask, importance_correction)
     return LossInputs(logp, behaviour, advantages[sb.rows].to(device), sb.response_mask, replay_mask)
 
 

@@ -171,3 +171,39 @@ def test_skipped_updates_are_counted_in_order(tiny_model: Path) -> None:
     res = policy_update(model, opt, batch, adv, plan, pad_id=tok.pad_token_id)
     assert res.applied == [False, False] and res.skipped == 2
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_without_is_correction_replayed_rows_are_weighed_against_the_steps_pi_old(tiny_model: Path) -> None:
+    """The "w/o IS correction" ablation (replay.importance_correction=false): b of a replayed row is
+    the step's pi_old, as the official code has it, not the current policy. The first mini-batch's
+    replayed ratios are exactly 1; the second's, after a real first update, are not."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(path=str(tiny_model))
+    tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
+    batch = _two_question_batch(tok)
+    groups = []
+    for g in range(int(batch.group_index.max()) + 1):
+        rows = [i for i in range(len(batch)) if int(batch.group_index[i]) == g]
+        responses = [Response(batch.response_ids[i], None, float(batch.rewards[i])) for i in rows]
+        good = batch.response_ids[rows[0]]
+        responses.append(Response(good, [-1.0] * len(good), 1.0, replayed=True))  # stored: ignored here
+        groups.append(Group(Question(str(g), str(g), "1"), batch.prompt_ids[rows[0]], responses))
+    batch = build_mixed_batch(groups)
+    adv = group_advantages(batch.rewards, batch.group_index)
+    replayed: list[tuple[float, int]] = []
+
+    def loss(x: LossInputs, s: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+        rep = x.response_mask.bool() & x.replay_mask.bool().unsqueeze(-1)
+        w = (x.logp.detach() - x.behaviour_logp).exp()
+        replayed.append((float(w[rep].sum()), int(rep.sum())))
+        return exgrpo_loss(x, s)
+
+    plan = dataclasses.replace(
+        _plan(clip_eps=0.2, beta=0.1, entropy_coef=0.0, updates=2), loss=loss, importance_correction=False
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    res = policy_update(model, opt, batch, adv, plan, pad_id=tok.pad_token_id)
+    (first, first_n), (second, second_n) = replayed
+    assert res.skipped == 0 and first_n > 0 and second_n > 0
+    assert first == first_n  # the first mini-batch: pi_old is the current policy
+    assert abs(second - second_n) > 1e-3  # the second: pi_old is the policy before the first update
