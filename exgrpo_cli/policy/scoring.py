@@ -1,4 +1,4 @@
-"""Scores of replay candidates under the *current* policy, for trajectory selection (ALGORITHM.md 3).
+"""Scores of replay candidates under the *current* policy, for trajectory selection (docs/algorithm.md §3).
 
 Where it sits in the step: between question selection and the choice of the trajectory, for the
 rules whose `score` asks for it (replay/trajectory.py). Under torchrun the ranks share the work.

@@ -1,4 +1,4 @@
-"""Experience buffer: what ExGRPO remembers between steps (ALGORITHM.md section 2).
+"""Experience buffer: what ExGRPO remembers between steps (docs/algorithm.md §2).
 
 Place in the train step: after the rollouts of a step are scored, the loop calls
 ``observe_group`` once per group (fresh and replayed questions alike) and then ``end_step``.
@@ -93,7 +93,7 @@ class ExperienceBuffer:
         step: int,
         collect: bool,
     ) -> None:
-        """Apply one scored group (ALGORITHM.md section 2).
+        """Apply one scored group (docs/algorithm.md §2).
 
         ``num_correct`` is k out of K (for a replayed question it counts the replayed
         response); ``correct`` holds (token ids, behaviour log-probs) of the group's new

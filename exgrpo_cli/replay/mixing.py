@@ -1,4 +1,4 @@
-"""Building the mixed batch (ALGORITHM.md 4): fresh groups and replayed-question groups as rows.
+"""Building the mixed batch (docs/algorithm.md §4): fresh groups and replayed-question groups as rows.
 
 A fresh question contributes K fresh responses; a replayed question K-1 fresh responses plus the
 replayed experience. Each question is one group, so its advantages are relative to its own K

@@ -1,4 +1,4 @@
-"""One ExGRPO train step, in the order of the paper's algorithm box (ALGORITHM.md 2-5):
+"""One ExGRPO train step, in the order of the paper's algorithm box (docs/algorithm.md §2-5):
 
   select replay questions and their trajectory -> draw fresh questions -> generate rollouts ->
   score -> delayed-start switch -> build the mixed batch -> advantages -> loss and optimizer
@@ -199,7 +199,7 @@ class Trainer:
     def select_replay(
         self, step: int, timers: Timers | None = None
     ) -> tuple[list[tuple[Question, Experience]], float]:
-        """ALGORITHM.md 3: n_replay questions by bucket Gaussian, then one trajectory each; also
+        """docs/algorithm.md §3: n_replay questions by bucket Gaussian, then one trajectory each; also
         the mean score of the chosen trajectories (mean token entropy, or mean NLL for
         lowest_nll; NaN for rules without a score). `timers` gets
         the candidates' scoring forward as `select_scoring` (part of `select`)."""
@@ -273,7 +273,7 @@ class Trainer:
         return groups
 
     def score(self, groups: list[Group]) -> dict[str, float]:
-        """Rewards for every response, the replayed ones included (ALGORITHM.md 4).
+        """Rewards for every response, the replayed ones included (docs/algorithm.md §4).
 
         Under torchrun each rank grades its own groups (r, r+W, ...) and the rewards are
         all-gathered. Grading has a wall-clock timeout per answer, so if every rank graded every
@@ -311,7 +311,7 @@ class Trainer:
 
     def collected_groups(self, groups: list[Group]) -> set[int]:
         """The groups whose correct fresh responses the buffer stores this step: after the delayed
-        start, lbound < k <= rbound (ALGORITHM.md 2). The same on every rank."""
+        start, lbound < k <= rbound (docs/algorithm.md §2). The same on every rank."""
         if not self.state.switch.active:
             return set()
         replay = self.cfg.replay  # the bounds are a method of the replay config, not a key
@@ -342,7 +342,7 @@ class Trainer:
     def observe(
         self, groups: list[Group], step: int, trainer_logp: dict[tuple[int, int], np.ndarray]
     ) -> None:
-        """ALGORITHM.md 2: retire K/K questions, bucket and store the rest (after the delayed start,
+        """docs/algorithm.md §2: retire K/K questions, bucket and store the rest (after the delayed start,
         when lbound < k <= rbound). The stored log-probs are the trainer's (`trainer_logp`), or the
         rollout engine's with `replay.store_trainer_logprobs=false`."""
         p = self.cfg.replay

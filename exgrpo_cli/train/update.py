@@ -7,7 +7,7 @@ update skipped when its norm is not finite or too large. The maths is algo/'s: t
 log-probs (`behaviour_logprobs`), the per-token loss the trainer chose (`POLICY_LOSSES`), per-token
 log-probs and entropies, and how they add up (`AGGREGATIONS`, `objective`).
 
-pi_old (ALGORITHM.md 4): the policy before the step's first update. On the first mini-batch that
+pi_old (docs/algorithm.md §4): the policy before the step's first update. On the first mini-batch that
 is the current policy itself, so its log-probs are the detached ones of the very forward that
 builds the loss; the later mini-batches' are computed once, in a no-grad pass before the first
 update. Replayed rows use their stored log-probs (IS correction), or pi_old too with

@@ -1,4 +1,4 @@
-"""Fresh-question sampling across epochs with retirement and re-admission (ALGORITHM.md 2, 6):
+"""Fresh-question sampling across epochs with retirement and re-admission (docs/algorithm.md §2, 6):
 what makes the `retired` ablation measure something."""
 
 from __future__ import annotations

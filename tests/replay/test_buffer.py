@@ -1,4 +1,4 @@
-"""The experience buffer's rules (ALGORITHM.md section 2), driven step by step as the loop drives it."""
+"""The experience buffer's rules (docs/algorithm.md §2), driven step by step as the loop drives it."""
 
 import json
 import os

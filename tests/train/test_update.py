@@ -103,7 +103,7 @@ def _recording(ratios: list[tuple[float, int]]) -> UpdatePlan:
 
 
 def test_two_updates_first_minibatch_ratio_is_exactly_one(tiny_model: Path):
-    """ALGORITHM.md 4: with several updates per step, pi_old of every mini-batch is the policy
+    """docs/algorithm.md §4: with several updates per step, pi_old of every mini-batch is the policy
     before the step's first update. The first mini-batch's fresh tokens must see w == 1 exactly
     (and so clip nothing); the second's pi_old is the pre-update pass, so after a real first
     update its ratios move away from 1."""
@@ -135,7 +135,7 @@ def test_two_updates_without_learning_never_clip(tiny_model: Path):
 
 
 def test_trainer_logp_are_the_pre_update_logprobs_of_every_fresh_row(tiny_model: Path) -> None:
-    """What the replay buffer stores (ALGORITHM.md 4, the official code): the trainer's own
+    """What the replay buffer stores (docs/algorithm.md §4, the official code): the trainer's own
     log-probs under the policy before the step's first update, for both mini-batches."""
     cfg = ModelConfig(path=str(tiny_model))
     tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
