@@ -192,6 +192,9 @@ class TrainerConfig:
     val_questions: int = 0  # held-out questions used (0: all)
     val_temperature: Optional[float] = None  # None: the rollout temperature (the paper: 0.6)
     keep_checkpoints: int = 2
+    # also keep the checkpoint of the best val/accuracy so far in checkpoints/best (saved at the
+    # validation that reached it, never pruned), as the official trainer does; `exgrpo eval` reads it
+    keep_best: bool = False
     resume: str = "auto"  # auto | never | <checkpoint path>
     overwrite: bool = False
     max_skipped_steps: int = 5  # skipped optimizer updates in a row before the run stops

@@ -67,6 +67,7 @@ PAPER = {
     # the official trainer's data schedule: its DataLoader yields 128 rows a step and
     # experience_collate_fn drops those replay displaces (about two passes over the 46k in 700 steps)
     "data.draw": "batch",
+    "trainer.keep_best": True,  # the official trainer keeps its best validation checkpoint
 }
 PER_BACKBONE: dict[str, dict[str, Any]] = {
     "paper-qwen2.5-math-7b": {"model.path": "Elliott/Qwen2.5-Math-7B-16k-think", "model.template": "think"},
