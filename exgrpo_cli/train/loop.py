@@ -193,6 +193,7 @@ class Trainer:
             micro_batch_tokens=self.token_budget,
             grad_clip=a.grad_clip,
             skip_grad_norm_above=a.skip_grad_norm_above,
+            temperature=self.cfg.rollout.temperature,
         )
 
     # ------------------------------------------------------------------ stages

@@ -51,6 +51,9 @@ class UpdatePlan:
     micro_batch_tokens: int  # memory knob only: never changes the objective
     grad_clip: float
     skip_grad_norm_above: float
+    # log-probs and entropies are of softmax(logits / T), T the rollout temperature, as the
+    # official actor's and the engines' (docs/algorithm.md §9)
+    temperature: float = 1.0
 
 
 @dataclass
@@ -162,7 +165,9 @@ def _accumulate(
         batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, device, dist
     )
     for sb, idle in passes:
-        logp, ent = forward_logprobs(model, sb, with_entropy=with_entropy and not idle)
+        logp, ent = forward_logprobs(
+            model, sb, temperature=plan.temperature, with_entropy=with_entropy and not idle
+        )
         if idle:  # takes part in FSDP's collectives, adds nothing
             (logp.sum() * 0.0).backward()
             continue
@@ -218,7 +223,7 @@ def _old_logprobs(
         batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, device, dist
     )
     for sb, idle in passes:
-        logp, _ = forward_logprobs(model, sb)
+        logp, _ = forward_logprobs(model, sb, temperature=plan.temperature)
         if idle:
             continue
         for i, row in zip(sb.rows, logp.tolist()):

@@ -207,3 +207,40 @@ def test_without_is_correction_replayed_rows_are_weighed_against_the_steps_pi_ol
     assert res.skipped == 0 and first_n > 0 and second_n > 0
     assert first == first_n  # the first mini-batch: pi_old is the current policy
     assert abs(second - second_n) > 1e-3  # the second: pi_old is the policy before the first update
+
+
+def test_rollout_and_trainer_logprobs_agree_at_temperature_0_6(tiny_model: Path) -> None:
+    """One temperature for both sides (docs/algorithm.md §9): at rollout.temperature=0.6 the HF
+    engine's log-probs and the trainer's pre-update log-probs are both those of softmax(logits /
+    0.6), as an independent teacher-forced pass computes them, so their gap stays float noise."""
+    from exgrpo_cli.rollout.base import SamplingSpec
+    from exgrpo_cli.rollout.hf import HFEngine
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(path=str(tiny_model))
+    tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompts = [enc("What is 1+2?"), enc("What is 3+4?")]
+    outs = HFEngine(model, tok).generate(prompts, [3, 3], SamplingSpec(0.6, 1.0, 24, seed=2))
+    groups = [Group(Question(str(i), "q", "3"), p) for i, p in enumerate(prompts)]
+    for o in outs:
+        groups[o.prompt_index].responses.append(
+            Response(o.response_ids, o.logprobs, float(len(o.response_ids) % 2))
+        )
+    batch = build_mixed_batch(groups)
+    adv = group_advantages(batch.rewards, batch.group_index)
+    plan = dataclasses.replace(_plan(0.2, 0.1, 0.0, updates=1), temperature=0.6)
+    res = policy_update(
+        model, torch.optim.SGD(model.parameters(), lr=0.0), batch, adv, plan, tok.pad_token_id
+    )
+    tokens = sum(len(r) for r in batch.response_ids)
+    assert res.logprob_diff_sum / tokens < 1e-5, res.logprob_diff_sum / tokens  # mean per token
+    with torch.no_grad():
+        for i in range(len(batch)):
+            ids = torch.tensor([batch.prompt_ids[i] + batch.response_ids[i]])
+            logits = model(input_ids=ids).logits[0, len(batch.prompt_ids[i]) - 1 : -1].float()
+            want = torch.log_softmax(logits / 0.6, -1).gather(
+                -1, torch.tensor(batch.response_ids[i])[:, None]
+            )[:, 0]
+            torch.testing.assert_close(torch.tensor(res.trainer_logp[i]), want, atol=1e-4, rtol=0)
+            torch.testing.assert_close(torch.tensor(batch.behavior_logp[i]), want, atol=1e-4, rtol=0)
