@@ -3,7 +3,7 @@
 It samples from the very module being trained, so a weight sync costs nothing. All prompts of a
 call go through the decode loop in chunks of at most `max_batch` sequences, left-padded; the
 per-token log-probs are those of softmax(logits / T) at the sampling temperature T, as the
-trainer computes them (docs/algorithm.md §9), before top-p. The loop is exgrpo's own
+trainer computes them (docs/algorithm.md §4), before top-p. The loop is exgrpo's own
 (`sampling.py`: finished rows leave the batch, no per-step logits kept); `hf_generate=True`, and a
 run sharded over several ranks, use HF `generate` instead, whose `synced_gpus` keeps the ranks'
 forwards (collectives) in step (one GPU, FSDP2-wrapped alone, keeps exgrpo's loop: it has no other

@@ -149,7 +149,7 @@ class VLLMEngine:
             # our tokenizer decides EOS (passed as stop ids) and we decode ourselves: vLLM's
             # incremental detokenizer is slow on the invalid UTF-8 that random weights emit
             skip_tokenizer_init=True,
-            # log_softmax(logits / T) after the temperature, as the trainer's (docs/algorithm.md §9);
+            # log_softmax(logits / T) after the temperature, as the trainer's (docs/algorithm.md §4, §9);
             # also after top-k/top-p, which renormalise them when top_p < 1
             logprobs_mode="processed_logprobs",
             generation_config="vllm",  # ignore the checkpoint's sampling defaults

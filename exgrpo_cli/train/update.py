@@ -52,7 +52,7 @@ class UpdatePlan:
     grad_clip: float
     skip_grad_norm_above: float
     # log-probs and entropies are of softmax(logits / T), T the rollout temperature, as the
-    # official actor's and the engines' (docs/algorithm.md §9)
+    # official actor's and the engines' (docs/algorithm.md §4)
     temperature: float = 1.0
 
 

@@ -210,7 +210,7 @@ def test_without_is_correction_replayed_rows_are_weighed_against_the_steps_pi_ol
 
 
 def test_rollout_and_trainer_logprobs_agree_at_temperature_0_6(tiny_model: Path) -> None:
-    """One temperature for both sides (docs/algorithm.md §9): at rollout.temperature=0.6 the HF
+    """One temperature for both sides (docs/algorithm.md §4): at rollout.temperature=0.6 the HF
     engine's log-probs and the trainer's pre-update log-probs are both those of softmax(logits /
     0.6), as an independent teacher-forced pass computes them, so their gap stays float noise."""
     from exgrpo_cli.rollout.base import SamplingSpec
