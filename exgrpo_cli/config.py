@@ -76,6 +76,9 @@ class DataConfig:
     val_path: str = ""  # optional held-out file in the same format
     val_size: int = 256  # held-out questions taken from the end of the data when no val_path
     on_bad_row: str = "skip"  # skip | error
+    # a name of data.FRESH_DRAWS: `needed` draws only the fresh questions a step uses; `batch` (the
+    # official trainer, the paper recipes) draws the step's full count and drops what replay displaces
+    draw: str = "needed"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -105,6 +108,8 @@ class OfficialBatchConfig:
     ppo_mini_batch_size: int = 64  # questions per optimizer update
     ppo_micro_batch_size: int = 64  # gradient_accumulation = mini / micro
     ppo_max_token_len_per_gpu: int = 32768  # token budget of the official dynamic micro-batches
+    # the official run's GPUs (8): the objective is theirs on any number of ranks (docs/algorithm.md)
+    gpus: int = 8
 
 
 @dataclass
@@ -187,6 +192,9 @@ class TrainerConfig:
     val_questions: int = 0  # held-out questions used (0: all)
     val_temperature: Optional[float] = None  # None: the rollout temperature (the paper: 0.6)
     keep_checkpoints: int = 2
+    # also keep the checkpoint of the best val/accuracy so far in checkpoints/best (saved at the
+    # validation that reached it, never pruned), as the official trainer does; `exgrpo eval` reads it
+    keep_best: bool = False
     resume: str = "auto"  # auto | never | <checkpoint path>
     overwrite: bool = False
     max_skipped_steps: int = 5  # skipped optimizer updates in a row before the run stops

@@ -151,6 +151,7 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         ob.ppo_max_token_len_per_gpu,
         ">= model.max_prompt_tokens + model.max_response_tokens (one sequence must fit, as verl asserts)",
     )
+    _check(ob.gpus >= 1, "algo.official_batch.gpus", ob.gpus, ">= 1 (the official run: 8)")
 
     _check(0.0 <= p.ratio <= 1.0, "replay.ratio", p.ratio, "a number in [0, 1]")
     _check(0.0 <= p.start_threshold <= 1.0, "replay.start_threshold", p.start_threshold, "[0, 1]")

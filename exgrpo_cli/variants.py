@@ -43,6 +43,7 @@ def check_variants(cfg: ExgrpoConfig, command: str) -> None:
 def _check_training_variants(cfg: ExgrpoConfig) -> None:
     from exgrpo_cli.algo.aggregation import AGGREGATIONS
     from exgrpo_cli.algo.losses import POLICY_LOSSES
+    from exgrpo_cli.data.sampler import FRESH_DRAWS
     from exgrpo_cli.data.sources import SOURCES
     from exgrpo_cli.replay.selection import QUESTION_SELECTION
     from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
@@ -57,3 +58,4 @@ def _check_training_variants(cfg: ExgrpoConfig) -> None:
     pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection)
     pick(POLICY_LOSSES, "algo.loss", cfg.algo.loss)
     pick(AGGREGATIONS, "algo.aggregation", cfg.algo.aggregation)
+    pick(FRESH_DRAWS, "data.draw", cfg.data.draw)

@@ -64,6 +64,10 @@ PAPER = {
     "trainer.fsdp_mixed_precision": "bf16",
     "rollout.top_p": 1.0,
     "replay.shaping": True,
+    # the official trainer's data schedule: its DataLoader yields 128 rows a step and
+    # experience_collate_fn drops those replay displaces (about two passes over the 46k in 700 steps)
+    "data.draw": "batch",
+    "trainer.keep_best": True,  # the official trainer keeps its best validation checkpoint
 }
 PER_BACKBONE: dict[str, dict[str, Any]] = {
     "paper-qwen2.5-math-7b": {"model.path": "Elliott/Qwen2.5-Math-7B-16k-think", "model.template": "think"},
@@ -118,6 +122,7 @@ def test_design_card_command_trains_with_the_paper_recipe_not_the_cpu_demo() -> 
     assert cfg.rollout.engine == "vllm" and cfg.data.source == "hf"
     tiny = _compose([])
     assert (tiny.algo.lr, tiny.algo.questions_per_step, tiny.rollout.engine) == (3e-5, 16, "hf")
+    assert (cfg.data.draw, tiny.data.draw) == ("batch", "needed")  # the official schedule: recipes only
 
 
 def test_chosen_presets_and_keys_win_over_the_recipe() -> None:

@@ -1,4 +1,4 @@
-"""`exgrpo ablate`: the paper's ablations (ALGORITHM.md 6) as sweeps of `exgrpo train` runs.
+"""`exgrpo ablate`: the paper's ablations (docs/algorithm.md §6) as sweeps of `exgrpo train` runs.
 
 sweep.py    a preset's variants x seeds -> one job (override list, run dir) per run; done markers
 summary.py  pure maths of the summary table over seeds (metrics.jsonl -> rows), md/csv writers

@@ -1,6 +1,6 @@
 """Group-relative advantages (Dr.GRPO): A_i = r_i - mean(r of i's group), broadcast over tokens.
 
-A replayed question's group holds its K-1 fresh responses and the replayed one (ALGORITHM.md 4),
+A replayed question's group holds its K-1 fresh responses and the replayed one (docs/algorithm.md §4),
 so one function serves fresh and mixed groups alike.
 """
 

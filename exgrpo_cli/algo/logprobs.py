@@ -1,7 +1,7 @@
 """Per-token log-probabilities and entropies from logits.
 
 Used twice per step: in the training forward (log-probs with gradient, entropy bonus) and in the
-no-grad scoring of replay candidates (mean token entropy, ALGORITHM.md 3: the score the official
+no-grad scoring of replay candidates (mean token entropy, docs/algorithm.md §3: the score the official
 code computes wrongly, issue #57 there).
 """
 

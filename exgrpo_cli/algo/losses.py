@@ -1,4 +1,4 @@
-"""The ExGRPO mixed-policy token loss (ALGORITHM.md 4): loss inputs -> per-token losses.
+"""The ExGRPO mixed-policy token loss (docs/algorithm.md §4): loss inputs -> per-token losses.
 
 Per token, with w = exp(logp_theta - logp_b):
 - fresh rows (b = pi_old of this step): PPO-clip max(-A w, -A clip(w, 1-eps, 1+eps)) when
@@ -100,7 +100,7 @@ class LossInputs:
 
 @dataclass(frozen=True)
 class LossSettings:
-    """A step's loss settings: the clipping changes at the delayed start (ALGORITHM.md 4)."""
+    """A step's loss settings: the clipping changes at the delayed start (docs/algorithm.md §4)."""
 
     clip_eps: float | None  # None: no PPO clipping on fresh tokens
     beta: float | None  # None: no policy shaping on replayed tokens
@@ -128,14 +128,15 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {"exgrpo": exgrpo_loss}
 
 
 def behaviour_logprobs(
-    current: Tensor, fresh_old: Tensor, stored: Tensor, replay_mask: Tensor, importance_correction: bool
+    fresh_old: Tensor, stored: Tensor, replay_mask: Tensor, importance_correction: bool
 ) -> Tensor:
-    """The behaviour log-probs b of each token [B, T]: pi_old for fresh rows (`fresh_old`, the
-    detached current log-probs on the step's first mini-batch), the stored log-probs for replayed
-    rows, or the current policy itself for them without IS correction (the "w/o IS" ablation)."""
-    cur = current.detach()
+    """The behaviour log-probs b of each token [B, T]: pi_old of the step (`fresh_old`: the detached
+    current log-probs on the step's first mini-batch, the pre-update pass's on later ones) for fresh
+    rows, and the stored log-probs for replayed rows, or also pi_old for them without IS correction
+    (the "w/o IS" ablation: the official code weighs them against the step's old log-probs, which
+    differ from the current policy's on every mini-batch after the first)."""
     replayed = replay_mask.bool().unsqueeze(-1)
-    return torch.where(replayed, stored if importance_correction else cur, fresh_old)
+    return torch.where(replayed, stored, fresh_old) if importance_correction else fresh_old
 
 
 def exgrpo_policy_loss(

@@ -1,13 +1,20 @@
 """Fresh-question sampling: an epoch-wise shuffled pass over the training pool.
 
-Retired questions (all K responses correct, ALGORITHM.md 2) leave the pool from the next epoch on.
-The position, the epoch and the epoch's order are state, checkpointed with the run, so a resumed
-run draws exactly the questions the uninterrupted one would have drawn.
+Where it sits in the step: after replay selection, the step draws its fresh questions here, by the
+rule `data.draw` names (`FRESH_DRAWS`):
+- `needed` (the default): only the B - n_replay fresh questions the step uses, so no question is
+  drawn and dropped, and a run covers its pool in fewer epochs;
+- `batch` (the official trainer, used by the paper recipes): the step's full B questions, from one
+  epoch (a DataLoader with drop_last), of which it uses the first B - n_replay and drops the rest
+  (the official experience_collate_fn); 700 steps of 128 then pass over OpenR1-Math-46k about twice.
+Retired questions (all K responses correct, docs/algorithm.md) leave the pool from the next epoch
+on. The position, the epoch and the epoch's order are state, checkpointed with the run, so a
+resumed run draws exactly the questions the uninterrupted one would have drawn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Callable, Container
 from typing import Any
 
 import numpy as np
@@ -60,6 +67,20 @@ class QuestionSampler:
             self.position += 1
         return out
 
+    def draw_batch(self, n: int, retired: Container[str] = ()) -> list[Question]:
+        """`n` questions from one epoch: when fewer are left in this one, they are skipped and the
+        next epoch starts (the official DataLoader's drop_last)."""
+        if self.position + n > len(self.order):
+            self._start_epoch(retired, n)
+        out = [self.questions[i] for i in self.order[self.position : self.position + n]]
+        self.position += n
+        return out
+
+    @property
+    def epoch_questions(self) -> int:
+        """The questions of the current epoch: the pool less the questions retired at its start."""
+        return len(self.order)
+
     def state_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "order": list(self.order)}
 
@@ -68,3 +89,22 @@ class QuestionSampler:
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self.order = [int(i) for i in state["order"]]
+
+
+def draw_needed(
+    sampler: QuestionSampler, fresh: int, per_step: int, retired: Container[str]
+) -> list[Question]:
+    """`data.draw=needed`: only the step's fresh questions."""
+    return sampler.draw(fresh, retired)
+
+
+def draw_whole_batch(
+    sampler: QuestionSampler, fresh: int, per_step: int, retired: Container[str]
+) -> list[Question]:
+    """`data.draw=batch`: the step's full question count, of which the first `fresh` are used."""
+    return sampler.draw_batch(per_step, retired)[:fresh]
+
+
+# `data.draw`: name -> (sampler, fresh questions the step uses, questions per step, retired) -> them
+FreshDraw = Callable[[QuestionSampler, int, int, Container[str]], list[Question]]
+FRESH_DRAWS: dict[str, FreshDraw] = {"needed": draw_needed, "batch": draw_whole_batch}

@@ -1,6 +1,6 @@
 """Prompt templates: how a Question becomes the text the policy continues.
 
-Each model preset names one template (ALGORITHM.md section 8). Think-style templates ask for the
+Each model preset names one template (docs/algorithm.md §8). Think-style templates ask for the
 reasoning inside `<think>...</think>` and the answer in `\\boxed{}` after it; the reward then
 requires the closing `</think>` (`Template.requires_think`). When a data row carries its own chat
 messages (the official parquet files do), `think` uses them as given so that a model sees exactly
@@ -67,13 +67,14 @@ TEMPLATES: dict[str, Template] = {
     "boxed_chat": Template(
         "boxed_chat", BOXED_SYSTEM, chat=True, requires_think=False, use_data_messages=True
     ),
-    # Llama-3.1-8B base in the paper: no chat template, no think tags
+    # Llama-3.1-8B base in the paper (its appendix): no chat template, no think tags, one line
+    # ending in the line break after the instruction
     "llama_base": Template(
         "llama_base",
         None,
         chat=False,
         requires_think=False,
-        plain_format="User: {question}\nAnswer: Let's think step by step.",
+        plain_format="User: {question} Answer: Let's think step by step.\n",
     ),
     "plain": Template("plain", None, chat=False, requires_think=False),
 }

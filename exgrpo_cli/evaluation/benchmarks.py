@@ -3,7 +3,7 @@
 Where it sits: the first step of an eval run, before any model is loaded, so that missing data
 stops the run at once with a message saying which file to put where (or which HF id it tried).
 
-Each benchmark declares its source. The paper's sets (ALGORITHM.md section 8) come from the
+Each benchmark declares its source. The paper's sets (docs/algorithm.md §8) come from the
 official LUFFY/ExGRPO parquet files in `eval.data_dir` (one file, filtered by `data_source`);
 MMLU-Pro, too large for that copy, also loads from the Hugging Face hub on a connected machine.
 The official test file repeats each AIME/AMC question 32 times (the rows of avg@32): repeated

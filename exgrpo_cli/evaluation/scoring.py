@@ -8,7 +8,7 @@ graded 0/1. Pure functions on plain lists, tested with exact values.
 - pass@k: the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k) per question,
   averaged over questions; it needs k <= n for every question.
 - averages: unweighted means over the benchmarks present, per group (ID, OOD) and over all, as in
-  the paper's tables (ALGORITHM.md section 8).
+  the paper's tables (docs/algorithm.md §8).
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ Layout of `<output_dir>/checkpoints/step_<N>/` (train/state.py writes it):
   optimizer/     the optimizer state, one file per rank (torch.distributed.checkpoint)
   replay/        the experience buffer; rng.safetensors; trainer_state.json
   COMPLETE       {"step", "format", "world_size", "files": {path: {"bytes", "sha256"}}}
+
+With trainer.keep_best, `checkpoints/best/` holds the checkpoint of the best validation score so
+far (hard links to a published step_<N>'s files, plus BEST.json with its step and score): outside
+the step_* rotation, so never pruned nor resumed, and readable by `exgrpo eval` like any checkpoint.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ log = logging.getLogger(__name__)
 LATEST = "latest"
 COMPLETE = "COMPLETE"
 OPTIMIZER = "optimizer/"  # the sharded optimizer state's folder in a checkpoint
+BEST = "best"
+BEST_SCORE = "BEST.json"
 FORMAT = 2
 QUARANTINE_PREFIX = "corrupt-"
 # Fault injection for the tests: set to a step number, the process SIGKILLs itself midway through
@@ -313,6 +319,45 @@ def latest_verified(ckpt_root: Path, dist: DistInfo | None = None) -> tuple[Path
             "Start over with trainer.resume=never, or point trainer.resume at a good copy"
         )
     return None, warnings
+
+
+# ----------------------------------------------------------------------------- the best checkpoint
+
+
+def best_record(ckpt_root: Path) -> dict[str, Any] | None:
+    """{"step", "score", "metric"} of `ckpt_root/best`, or None when there is none. A swap that was
+    killed midway (only `.old-best` left) is finished first."""
+    best, old = ckpt_root / BEST, ckpt_root / f".old-{BEST}"
+    if not best.is_dir() and old.is_dir():
+        os.replace(old, best)
+    record = best / BEST_SCORE
+    if not (best / COMPLETE).is_file() or not record.is_file():
+        return None
+    return dict(read_json(record))
+
+
+def keep_best(ckpt_root: Path, folder: Path, step: int, score: float, metric: str) -> Path:
+    """Make checkpoint `folder` (published, verified) the run's best: `ckpt_root/best` becomes a
+    copy of it made of hard links (no bytes copied; a plain copy where the filesystem has none),
+    swapped in atomically. Rank 0 only."""
+    tmp, best, old = ckpt_root / f".tmp-{BEST}", ckpt_root / BEST, ckpt_root / f".old-{BEST}"
+    for leftover in (tmp, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    for src in sorted(p for p in folder.rglob("*") if p.is_file()):
+        dst = tmp / src.relative_to(folder)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    write_json(tmp / BEST_SCORE, {"step": step, "score": score, "metric": metric})
+    _fsync_tree(tmp)
+    if best.exists():
+        os.replace(best, old)
+    os.replace(tmp, best)
+    shutil.rmtree(old, ignore_errors=True)
+    return best
 
 
 # ----------------------------------------------------------------------------- legacy optimizer files

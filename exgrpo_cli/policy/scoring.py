@@ -1,10 +1,10 @@
-"""Scores of replay candidates under the *current* policy, for trajectory selection (ALGORITHM.md 3).
+"""Scores of replay candidates under the *current* policy, for trajectory selection (docs/algorithm.md §3).
 
 Where it sits in the step: between question selection and the choice of the trajectory, for the
 rules whose `score` asks for it (replay/trajectory.py). Under torchrun the ranks share the work.
 All stored experiences of the selected questions go through batched no-grad forwards; the score
 is the mean full-vocabulary token entropy of softmax(logits / T) over the response (`entropy`), or
-the mean negative log-likelihood at temperature 1 (`nll`). Only the selected questions'
+the mean negative log-likelihood under the same softmax(logits / T) (`nll`). Only the selected questions'
 experiences are scored.
 """
 
@@ -51,7 +51,7 @@ def score_candidates(
     try:
         for batch, idle in passes:
             if kind == "nll":
-                logp, _ = forward_logprobs(model, batch)
+                logp, _ = forward_logprobs(model, batch, temperature=temperature)
                 per_tok = -logp
             else:
                 _, ent = forward_logprobs(model, batch, temperature=temperature, with_entropy=True)

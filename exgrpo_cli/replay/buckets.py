@@ -1,4 +1,4 @@
-"""Bucket geometry of the replay buffer (ALGORITHM.md section 2): which accuracy range each bucket
+"""Bucket geometry of the replay buffer (docs/algorithm.md §2): which accuracy range each bucket
 covers, the bucket of a success count k out of K, and each bucket's centre (what the Gaussian
 question selection weighs).
 

@@ -1,4 +1,4 @@
-"""Experience buffer: what ExGRPO remembers between steps (ALGORITHM.md section 2).
+"""Experience buffer: what ExGRPO remembers between steps (docs/algorithm.md §2).
 
 Place in the train step: after the rollouts of a step are scored, the loop calls
 ``observe_group`` once per group (fresh and replayed questions alike) and then ``end_step``.
@@ -53,6 +53,7 @@ class ExperienceBuffer:
         self._buckets: list[IndexedSet] = [IndexedSet() for _ in range(self.num_buckets)]
         self._retired: dict[str, None] = {}  # insertion-ordered so readmission is reproducible
         self._pending: dict[str, None] = {}  # reached k == K this step; retired by end_step
+        self._readmitted = 0  # retired questions put back into fresh sampling so far (the run's total)
         self._num_experiences = 0
         self._tokens = 0
         self._next_seq = 0  # global insertion number: defines "oldest" for the cap
@@ -92,7 +93,7 @@ class ExperienceBuffer:
         step: int,
         collect: bool,
     ) -> None:
-        """Apply one scored group (ALGORITHM.md section 2).
+        """Apply one scored group (docs/algorithm.md §2).
 
         ``num_correct`` is k out of K (for a replayed question it counts the replayed
         response); ``correct`` holds (token ids, behaviour log-probs) of the group's new
@@ -163,6 +164,7 @@ class ExperienceBuffer:
         picked = [pool[i] for i in sorted(rng.choice(len(pool), size=n, replace=False).tolist())]
         for uid in picked:
             del self._retired[uid]
+        self._readmitted += len(picked)
         return picked
 
     def _add_to_checksum(self, value: int) -> None:
@@ -260,6 +262,7 @@ class ExperienceBuffer:
             "replay/buffer_tokens": float(self._tokens),
             "replay/buffer_mb": self.nbytes / 2**20,
             "replay/retired": float(len(self._retired)),
+            "replay/readmitted": float(self._readmitted),  # so far; they left the retired count
         }
         for b, size in enumerate(self.bucket_sizes(), start=1):
             m[f"replay/bucket/{b}"] = float(size)
@@ -286,6 +289,7 @@ class ExperienceBuffer:
             "buckets": [list(b) for b in self._buckets],
             "retired": list(self._retired),
             "pending_retire": list(self._pending),
+            "readmitted": self._readmitted,
         }
         return {"arrays": arrays, "index": index}
 
@@ -313,6 +317,7 @@ class ExperienceBuffer:
         self._buckets = [IndexedSet(bucket) for bucket in index["buckets"]]
         self._retired = dict.fromkeys(index["retired"])
         self._pending = dict.fromkeys(index["pending_retire"])
+        self._readmitted = int(index.get("readmitted", 0))  # absent from checkpoints written before it
         self._num_experiences = len(meta)
         self._tokens = len(ids)
         self._next_seq = int(index["next_seq"])

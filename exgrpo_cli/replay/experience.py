@@ -1,5 +1,5 @@
 """One question's stored experiences: their arrays, their hashes, and the check that keeps a
-response from being stored twice (ALGORITHM.md section 2).
+response from being stored twice (docs/algorithm.md §2).
 
 Place in the train step: after the rollouts of a step are scored, ``ExperienceBuffer.observe_group``
 passes a group's new correct responses through ``new_responses`` and appends the survivors to the

@@ -1,4 +1,4 @@
-"""Building the mixed batch (ALGORITHM.md 4): fresh groups and replayed-question groups as rows.
+"""Building the mixed batch (docs/algorithm.md §4): fresh groups and replayed-question groups as rows.
 
 A fresh question contributes K fresh responses; a replayed question K-1 fresh responses plus the
 replayed experience. Each question is one group, so its advantages are relative to its own K
@@ -46,12 +46,14 @@ class MixedBatch:
     group_index: Tensor  # [N] long: row -> group
     replay_mask: Tensor  # [N] bool: row is a replayed experience
     group_of_question: list[str] = field(default_factory=list)  # group -> question uid
+    # group -> its index among the step's groups (all ranks'); empty: the batch is the whole step
+    step_groups: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.response_ids)
 
 
-def build_mixed_batch(groups: list[Group]) -> MixedBatch:
+def build_mixed_batch(groups: list[Group], step_groups: list[int] | None = None) -> MixedBatch:
     prompts, responses, behaviour, rewards, gidx, rmask = [], [], [], [], [], []
     for g, group in enumerate(groups):
         for r in group.responses:
@@ -69,6 +71,7 @@ def build_mixed_batch(groups: list[Group]) -> MixedBatch:
         group_index=torch.tensor(gidx, dtype=torch.long),
         replay_mask=torch.tensor(rmask, dtype=torch.bool),
         group_of_question=[g.question.uid for g in groups],
+        step_groups=list(step_groups) if step_groups is not None else [],
     )
 
 

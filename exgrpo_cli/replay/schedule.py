@@ -1,4 +1,4 @@
-"""The delayed start (ALGORITHM.md 5): on-policy until one step's rollouts are accurate enough.
+"""The delayed start (docs/algorithm.md §5): on-policy until one step's rollouts are accurate enough.
 
 A one-way switch: once the mean accuracy of a step's fresh rollouts reaches
 `replay.start_threshold`, collection starts in that very step and replay from the next one.

@@ -1,8 +1,8 @@
 """Experience selection: which buffered questions and which stored trajectory to replay.
 
 Place in the train step: first thing of a mixed step. ``n_replay`` sizes the replayed part
-of the batch and ``select_questions`` picks that many buffered questions (ALGORITHM.md
-section 3) with the rule that ``replay.question_selection`` names in ``QUESTION_SELECTION``;
+of the batch and ``select_questions`` picks that many buffered questions (docs/algorithm.md
+§3) with the rule that ``replay.question_selection`` names in ``QUESTION_SELECTION``;
 replay/trajectory.py then picks the stored response to replay. Everything here is a pure
 function of its inputs and an explicit ``np.random.Generator``, so a seeded run selects the same
 questions after a resume.
@@ -64,8 +64,8 @@ def bucket_probabilities(
     (``gaussian_weights``). They sum to 0.99973, not 1, because the seven points miss the
     tails beyond +-3.5 sd, so normalising rescales them by 1/0.99973: to 4 decimals the
     result is .0044 .0540 .2420 .3991 .2420 .0540 .0044. Only the centre bucket moves, and
-    only in the 4th decimal. To 3 decimals (.004 .054 .242 .399, as ALGORITHM.md quotes
-    them) both agree. Normalising is what makes these probabilities; values that sum to
+    only in the 4th decimal. To 3 decimals (.004 .054 .242 .399) both agree
+    (docs/algorithm.md §9). Normalising is what makes these probabilities; values that sum to
     0.99973 are not a distribution.
 
     Computed in log space, so a narrow sigma cannot underflow every non-empty bucket to 0.

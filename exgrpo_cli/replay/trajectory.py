@@ -1,4 +1,4 @@
-"""Trajectory selection (ALGORITHM.md 3): which stored response of a selected question is replayed.
+"""Trajectory selection (docs/algorithm.md §3): which stored response of a selected question is replayed.
 
 Place in the train step: right after ``select_questions``. Each rule of ``TRAJECTORY_SELECTION``
 (the `replay.trajectory_selection` names) declares what the current policy must compute for every

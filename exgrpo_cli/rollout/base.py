@@ -33,7 +33,7 @@ class Rollout:
 
     prompt_index: int  # index into the prompts of the generate call
     response_ids: list[int]  # sampled tokens, the end-of-sequence token included when emitted
-    logprobs: list[float] | None  # per response token, under the policy at temperature 1
+    logprobs: list[float] | None  # per response token, under softmax(logits / sampling temperature)
     finished: bool  # True when the response ended with end-of-sequence (not truncated)
 
 

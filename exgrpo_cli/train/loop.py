@@ -1,4 +1,4 @@
-"""One ExGRPO train step, in the order of the paper's algorithm box (ALGORITHM.md 2-5):
+"""One ExGRPO train step, in the order of the paper's algorithm box (docs/algorithm.md §2-5):
 
   select replay questions and their trajectory -> draw fresh questions -> generate rollouts ->
   score -> delayed-start switch -> build the mixed batch -> advantages -> loss and optimizer
@@ -25,6 +25,7 @@ from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import Aggregation
 from exgrpo_cli.algo.losses import LossSettings, PolicyLoss
 from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.data.sampler import FreshDraw
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.metrics.memory import PhaseMemory
@@ -62,6 +63,7 @@ class Choices:
     loss: PolicyLoss
     aggregation: Aggregation
     trajectory: TrajectoryRule
+    draw: FreshDraw  # how the step's fresh questions come from the sampler (`data.draw`)
 
 
 @dataclass
@@ -107,7 +109,8 @@ class Trainer:
             if mixed:
                 replayed, selected_score = self.select_replay(step, t)
         retired = st.buffer.retired if self.replay_enabled else ()
-        fresh = st.sampler.draw(cfg.algo.questions_per_step - len(replayed), retired=retired)
+        per_step = cfg.algo.questions_per_step
+        fresh = self.choices.draw(st.sampler, per_step - len(replayed), per_step, retired)
         with t("rollout"), mem("rollout"):
             groups = self.rollout(fresh, replayed, step)
         with t("reward"):
@@ -117,7 +120,7 @@ class Trainer:
         # this rank trains on groups r, r+W, ... (group-relative advantages: a slice by group is exact)
         mine = list(range(self.dist.rank, len(groups), self.dist.world_size))
         mine = update_order(mine, cfg.algo.updates_per_step, step_rng(cfg.trainer.seed, step, 4))
-        batch = build_mixed_batch([groups[i] for i in mine])
+        batch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
         with t("update"), mem("update"):
             result = policy_update(
@@ -145,6 +148,8 @@ class Trainer:
         }
         if self.replay_enabled:
             metrics.update(st.buffer.metrics())
+        metrics["data/epoch"] = float(st.sampler.epoch + 1)  # the pass over the pool, from 1
+        metrics["data/epoch_questions"] = float(st.sampler.epoch_questions)  # less retired at its start
         metrics["replay/active"] = float(st.switch.active and self.replay_enabled)
         metrics["replay/replayed_questions"] = float(len(replayed))
         # the chosen trajectories' mean score: their mean token entropy under the entropy rules,
@@ -188,13 +193,14 @@ class Trainer:
             micro_batch_tokens=self.token_budget,
             grad_clip=a.grad_clip,
             skip_grad_norm_above=a.skip_grad_norm_above,
+            temperature=self.cfg.rollout.temperature,
         )
 
     # ------------------------------------------------------------------ stages
     def select_replay(
         self, step: int, timers: Timers | None = None
     ) -> tuple[list[tuple[Question, Experience]], float]:
-        """ALGORITHM.md 3: n_replay questions by bucket Gaussian, then one trajectory each; also
+        """docs/algorithm.md §3: n_replay questions by bucket Gaussian, then one trajectory each; also
         the mean score of the chosen trajectories (mean token entropy, or mean NLL for
         lowest_nll; NaN for rules without a score). `timers` gets
         the candidates' scoring forward as `select_scoring` (part of `select`)."""
@@ -268,7 +274,7 @@ class Trainer:
         return groups
 
     def score(self, groups: list[Group]) -> dict[str, float]:
-        """Rewards for every response, the replayed ones included (ALGORITHM.md 4).
+        """Rewards for every response, the replayed ones included (docs/algorithm.md §4).
 
         Under torchrun each rank grades its own groups (r, r+W, ...) and the rewards are
         all-gathered. Grading has a wall-clock timeout per answer, so if every rank graded every
@@ -306,7 +312,7 @@ class Trainer:
 
     def collected_groups(self, groups: list[Group]) -> set[int]:
         """The groups whose correct fresh responses the buffer stores this step: after the delayed
-        start, lbound < k <= rbound (ALGORITHM.md 2). The same on every rank."""
+        start, lbound < k <= rbound (docs/algorithm.md §2). The same on every rank."""
         if not self.state.switch.active:
             return set()
         replay = self.cfg.replay  # the bounds are a method of the replay config, not a key
@@ -337,7 +343,7 @@ class Trainer:
     def observe(
         self, groups: list[Group], step: int, trainer_logp: dict[tuple[int, int], np.ndarray]
     ) -> None:
-        """ALGORITHM.md 2: retire K/K questions, bucket and store the rest (after the delayed start,
+        """docs/algorithm.md §2: retire K/K questions, bucket and store the rest (after the delayed start,
         when lbound < k <= rbound). The stored log-probs are the trainer's (`trainer_logp`), or the
         rollout engine's with `replay.store_trainer_logprobs=false`."""
         p = self.cfg.replay

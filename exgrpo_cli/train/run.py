@@ -26,6 +26,7 @@ from exgrpo_cli.errors import ExgrpoError, UsageError
 from exgrpo_cli.evaluation.validate import sample_and_grade
 from exgrpo_cli.metrics import MetricLogger
 from exgrpo_cli.metrics.logger import resume_point
+from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.train import notices
@@ -208,6 +209,7 @@ def _loop(
 ) -> None:
     st, dist, t = trainer.state, trainer.dist, trainer.cfg.trainer
     switch, ratio, warned = st.switch, trainer.cfg.replay.ratio, False
+    best = _Best(out / "checkpoints", dist) if t.keep_best else None
     with StopRequested() as stop:
         for step in range(st.step + 1, t.steps + 1):
             raw = trainer.train_step(step)
@@ -232,8 +234,11 @@ def _loop(
             give_up = st.skipped_in_a_row >= t.max_skipped_steps
             # a signal may reach one rank only: all ranks stop at the same step
             stop.flag = bool(D.all_reduce_dict({"stop": float(stop.flag)}, dist, op="max")["stop"])
-            if last or stop.flag or give_up or (t.save_every and step % t.save_every == 0):
-                st.save(out / "checkpoints", t.keep_checkpoints, trainer.tokenizer, dist)
+            improved = best is not None and best.improved(metrics.get(_Best.METRIC))
+            if last or stop.flag or give_up or improved or (t.save_every and step % t.save_every == 0):
+                saved = st.save(out / "checkpoints", t.keep_checkpoints, trainer.tokenizer, dist)
+                if improved and best is not None:
+                    best.keep(saved, step, metrics[_Best.METRIC])
             if give_up:
                 raise TrainingAborted(
                     f"{st.skipped_in_a_row} optimizer updates in a row were skipped (non-finite loss "
@@ -246,6 +251,42 @@ def _loop(
     summary = notices.replay_summary(ratio, switch.active, switch.started_at, switch.threshold, st.step)
     if summary:
         logger.print(summary)
+    if best is not None:
+        logger.print(best.summary())
+
+
+class _Best:
+    """trainer.keep_best: the best validation score so far (from checkpoints/best, so that a resumed
+    run goes on comparing with it) and the save that keeps a new best (policy/checkpoint.py)."""
+
+    METRIC = "val/accuracy"
+
+    def __init__(self, root: Path, dist: D.DistInfo) -> None:
+        self.root, self.dist = root, dist
+        record = ckpt.best_record(root) if dist.is_main else None
+        self.score: float | None = D.broadcast_object(None if record is None else record["score"], dist)
+
+    def improved(self, score: float | None) -> bool:
+        """Whether this validation beats the best so far; every rank takes rank 0's decision (a
+        save is a collective)."""
+        if score is None:  # no validation this step (on every rank alike)
+            return False
+        return bool(D.broadcast_object(self.score is None or score > self.score, self.dist))
+
+    def keep(self, saved: Path | None, step: int, score: float) -> None:
+        self.score = score
+        if saved is not None:  # rank 0
+            ckpt.keep_best(self.root, saved, step, score, self.METRIC)
+
+    def summary(self) -> str:
+        record = ckpt.best_record(self.root) if self.dist.is_main else None
+        if record is None:
+            return "no best checkpoint: the run never validated (no held-out questions)"
+        best = self.root / ckpt.BEST
+        return (
+            f"best checkpoint: {best} (step {record['step']}, {record['metric']} "
+            f"{record['score']:.4f}); evaluate it with exgrpo eval model.path={best / 'model'}"
+        )
 
 
 def validate(trainer: Trainer, val_qs: list[Question]) -> dict[str, float]:

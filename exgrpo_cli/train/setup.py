@@ -27,7 +27,7 @@ from exgrpo_cli.algo.aggregation import AGGREGATIONS, AggregationSettings
 from exgrpo_cli.algo.losses import POLICY_LOSSES
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.bad_rows import PROMPT_TOO_LONG, DataError, LoadReport
-from exgrpo_cli.data.sampler import QuestionSampler, check_pool_size
+from exgrpo_cli.data.sampler import FRESH_DRAWS, QuestionSampler, check_pool_size
 from exgrpo_cli.data.sources import load_questions
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
@@ -118,6 +118,7 @@ def choices(cfg: ExgrpoConfig) -> Choices:
             AggregationSettings(**dataclasses.asdict(cfg.algo.official_batch))
         ),
         trajectory=pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection),
+        draw=pick(FRESH_DRAWS, "data.draw", cfg.data.draw),
     )
 
 

@@ -7,11 +7,11 @@ update skipped when its norm is not finite or too large. The maths is algo/'s: t
 log-probs (`behaviour_logprobs`), the per-token loss the trainer chose (`POLICY_LOSSES`), per-token
 log-probs and entropies, and how they add up (`AGGREGATIONS`, `objective`).
 
-pi_old (ALGORITHM.md 4): the policy before the step's first update. On the first mini-batch that
+pi_old (docs/algorithm.md §4): the policy before the step's first update. On the first mini-batch that
 is the current policy itself, so its log-probs are the detached ones of the very forward that
 builds the loss; the later mini-batches' are computed once, in a no-grad pass before the first
-update. Replayed rows use their stored log-probs (IS correction) unless
-`replay.importance_correction=false`.
+update. Replayed rows use their stored log-probs (IS correction), or pi_old too with
+`replay.importance_correction=false` (the official "w/o IS" ablation).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from exgrpo_cli.algo.losses import (
     behaviour_logprobs,
     loss_stats,
 )
-from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict, local_dist
+from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, all_reduce_dict, local_dist
 from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows, synced_micro_batches
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
 
@@ -51,6 +51,9 @@ class UpdatePlan:
     micro_batch_tokens: int  # memory knob only: never changes the objective
     grad_clip: float
     skip_grad_norm_above: float
+    # log-probs and entropies are of softmax(logits / T), T the rollout temperature, as the
+    # official actor's and the engines' (docs/algorithm.md §4)
+    temperature: float = 1.0
 
 
 @dataclass
@@ -73,6 +76,16 @@ class UpdateResult:
 def _rows_of(batch: MixedBatch, groups: list[int]) -> list[int]:
     wanted = set(groups)
     return [i for i, g in enumerate(batch.group_index.tolist()) if g in wanted]
+
+
+def _row_keys(batch: MixedBatch, rows: list[int]) -> list[tuple[int, int]]:
+    """(the row's group among the step's groups, its place in the group): a rank-free identity."""
+    index = batch.group_index.tolist()
+    first: dict[int, int] = {}
+    for i, g in enumerate(index):
+        first.setdefault(g, i)
+    step = batch.step_groups or list(range(max(index, default=-1) + 1))
+    return [(step[index[i]], i - first[index[i]]) for i in rows]
 
 
 def policy_update(
@@ -142,8 +155,9 @@ def _accumulate(
         sequence_lengths=[len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows],
         rows_mean=rows_mean,
         max_response_tokens=plan.max_response_tokens,
+        row_keys=_row_keys(batch, rows),
     )
-    norms = plan.aggregation(shape, lambda n: int(all_reduce_dict({"n": n}, dist, op="max")["n"]))
+    norms = plan.aggregation(shape, lambda obj: all_gather_object(obj, dist))
     position = {row: k for k, row in enumerate(rows)}
     stats, total = LossStats(), 0.0
     with_entropy = plan.entropy_coef > 0
@@ -151,7 +165,9 @@ def _accumulate(
         batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, device, dist
     )
     for sb, idle in passes:
-        logp, ent = forward_logprobs(model, sb, with_entropy=with_entropy and not idle)
+        logp, ent = forward_logprobs(
+            model, sb, temperature=plan.temperature, with_entropy=with_entropy and not idle
+        )
         if idle:  # takes part in FSDP's collectives, adds nothing
             (logp.sum() * 0.0).backward()
             continue
@@ -192,7 +208,7 @@ def _loss_inputs(
     stored = fresh_old
     if importance_correction and bool(replay_mask.any()):
         stored = pad_rows([v if v is not None else [] for v in batch.behavior_logp], sb).to(device)
-    behaviour = behaviour_logprobs(logp, fresh_old, stored, replay_mask, importance_correction)
+    behaviour = behaviour_logprobs(fresh_old, stored, replay_mask, importance_correction)
     return LossInputs(logp, behaviour, advantages[sb.rows].to(device), sb.response_mask, replay_mask)
 
 
@@ -207,7 +223,7 @@ def _old_logprobs(
         batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, device, dist
     )
     for sb, idle in passes:
-        logp, _ = forward_logprobs(model, sb)
+        logp, _ = forward_logprobs(model, sb, temperature=plan.temperature)
         if idle:
             continue
         for i, row in zip(sb.rows, logp.tolist()):

@@ -1,9 +1,15 @@
-"""How token losses add up (ALGORITHM.md 4): the update's gradient equals an independent
-re-computation of each aggregation's formula, whatever the memory micro-batch budget."""
+"""How token losses add up (docs/algorithm.md): the update's gradient equals an independent
+re-computation of each aggregation's formula, whatever the memory micro-batch budget, and for
+`official` whatever the number of ranks (objective_worker.py)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+import subprocess
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -19,10 +25,13 @@ from exgrpo_cli.algo.aggregation import (
 )
 from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
 from exgrpo_cli.data.types import Question
+from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
 from exgrpo_cli.train.update import UpdatePlan, policy_update
 
-from conftest import tiny_qwen2
+from conftest import REPO, tiny_qwen2, torchrun, worker_env
+
+WORKER = Path(__file__).resolve().parent / "objective_worker.py"
 
 L = 16  # max response tokens: the constant of both aggregations
 BETA, COEF = 0.1, 0.05
@@ -101,31 +110,42 @@ def _ours(
     return opt.grads
 
 
+def _objective_worker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("objective_worker", WORKER)
+    assert spec is not None and spec.loader is not None
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    return worker
+
+
 @pytest.mark.parametrize("budget", [24, 4096])  # memory micro-batches of 1-2 rows, or all rows at once
-def test_official_gradient_matches_the_official_formula(budget: int) -> None:
-    model, batch = _model(), _batch()
-    adv = group_advantages(batch.rewards, batch.group_index)
-    # official settings: GA = 64 / 32 = 2; 83 tokens / budget 45 -> ceil(1.84) = 2 dynamic
-    # micro-batches, whose most balanced split (by hand) is {30, 11} and {20, 12, 10}: 41 and 42
-    settings = AggregationSettings(
-        ppo_mini_batch_size=64, ppo_micro_batch_size=32, ppo_max_token_len_per_gpu=45
-    )
-    lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
-    assert lengths == [30, 20, 12, 10, 11]
-    official_microbatches = [[0, 4], [1, 2, 3]]
-    terms = _token_terms(model, batch, adv)
-    expected = sum(
-        (
-            sum(terms[i][0].sum() for i in mb) / L
-            - COEF * sum(terms[i][1].sum() for i in mb) / sum(len(batch.response_ids[i]) for i in mb)
-        )
-        / 2
-        for mb in official_microbatches
-    )
-    want = _grads(model, expected)
-    got = _ours(model, batch, adv, official(settings), budget)
+def test_official_on_one_rank_is_the_official_8_gpu_objective(budget: int) -> None:
+    """One process trains on the whole step: its gradient is the 8 GPUs' averaged one, not 8x it."""
+    worker = _objective_worker()
+    want = worker.official_gradient(worker.model())
+    got = worker.exgrpo_gradient(worker.model(), D.DistInfo(), budget)
     for w, g in zip(want, got):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_official_on_two_ranks_is_the_official_8_gpu_objective(tmp_path: Path) -> None:
+    """Two gloo ranks under FSDP2, each with half the step's groups, combine to the same gradient."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch built without torch.distributed")
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        torchrun(str(WORKER), str(out)),
+        env=worker_env(REPO / "tests"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 2
+    assert report["max_abs_grad"] > 1e-3  # the comparison is not between two near-zero gradients
+    assert max(report["max_diff"]) < 1e-6, report
 
 
 @pytest.mark.parametrize("budget", [24, 4096])
@@ -143,14 +163,23 @@ def test_drgrpo_gradient_matches_its_formula(budget: int) -> None:
 
 
 def test_official_counts_micro_batches_as_the_official_actor() -> None:
-    shape = UpdateShape([10, 10, 10], [40, 40, 40], rows_mean=3, max_response_tokens=8192)
+    # 8 ranks, this one holding group 0's three rows (step groups g go to rank g mod 8)
+    keys = [(0, 0), (0, 1), (0, 2)]
+    shape = UpdateShape([10, 10, 10], [40, 40, 40], rows_mean=3, max_response_tokens=8192, row_keys=keys)
     settings = AggregationSettings(64, 64, 100)  # GA 1; 120 tokens -> ceil(1.2) = 2 micro-batches
-    norms = official(settings)(shape, lambda n: n)
-    assert norms.policy == 8192
+    others = [[((g, 0), 40, 10)] for g in range(1, 8)]
+    norms = official(settings)(shape, lambda mine: [mine, *others])
+    assert norms.policy == 8192  # on the official 8 ranks: the official per-rank divisors
     assert sorted(norms.entropy) == [10.0, 20.0, 20.0]  # one row alone, two together
     # another rank needs 3: every rank then cuts 3 (the official all-reduces the count with MAX)
-    assert official(settings)(shape, lambda n: 3).entropy == [10.0, 10.0, 10.0]
+    heavy = [[((1, i), 60, 10) for i in range(4)], *others[1:]]  # 240 tokens: ceil(2.4) = 3
+    assert official(settings)(shape, lambda mine: [mine, *heavy]).entropy == [10.0, 10.0, 10.0]
+    # the same rows in one process: the 8 GPUs' average, so every divisor is 8x the per-GPU one
+    alone = official(settings)(shape, lambda mine: [mine])
+    assert alone.policy == 8192 * 8 and sorted(alone.entropy) == [80.0, 160.0, 160.0]
     assert AggregationSettings(64, 8, 32768).gradient_accumulation == 8
+    with pytest.raises(ValueError, match="row_keys"):  # two ranks' rows under one key
+        official(settings)(shape, lambda mine: [mine, mine])
 
 
 def test_balanced_partition() -> None:

@@ -1,4 +1,4 @@
-"""The experience buffer's rules (ALGORITHM.md section 2), driven step by step as the loop drives it."""
+"""The experience buffer's rules (docs/algorithm.md §2), driven step by step as the loop drives it."""
 
 import json
 import os
@@ -68,6 +68,7 @@ def test_scripted_steps():
         "replay/buffer_tokens": 9.0,
         "replay/buffer_mb": (8 * 9 + 32 * 5) / 2**20,
         "replay/retired": 2.0,
+        "replay/readmitted": 0.0,
         "replay/bucket/1": 1.0,
         "replay/bucket/2": 1.0,
         "replay/bucket/3": 1.0,
@@ -126,6 +127,10 @@ def test_readmission():
     assert buf.retired == {"easy", "q2"} - set(back)
     assert buf.readmit(1.0, np.random.default_rng(0)) == sorted({"easy", "q2"} - set(back))
     assert buf.retired == set()
+    assert buf.metrics()["replay/readmitted"] == 2.0  # the run's total, kept through a checkpoint
+    copy = ExperienceBuffer(group_size=buf.group_size)
+    copy.load_state_dict(buf.state_dict())
+    assert copy.metrics()["replay/readmitted"] == 2.0
     # a readmitted question can be collected again
     buf.observe_group("q2", 2, [resp(20, 21)], step=4, collect=True)
     assert stored_tokens(buf, "q2") == [[20, 21]]

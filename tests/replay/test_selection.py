@@ -1,4 +1,4 @@
-"""Exact values for the pure selection rules (ALGORITHM.md section 3)."""
+"""Exact values for the pure selection rules (docs/algorithm.md §3)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Trajectory selection rules (ALGORITHM.md 3): exact picks from candidates and scores."""
+"""Trajectory selection rules (docs/algorithm.md §3): exact picks from candidates and scores."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,7 @@
-"""The HF engine: n samples per prompt in prompt order, with the trainer's own log-probs (T=1 raw
-logits), from exgrpo's decode loop (finished rows dropped mid-call) and from HF `generate`, also
-when the logits budget cuts a call into many small `generate` chunks."""
+"""The HF engine: n samples per prompt in prompt order, with the trainer's own log-probs (of
+softmax(logits / T) at the sampling temperature T, before top-p), from exgrpo's decode loop
+(finished rows dropped mid-call) and from HF `generate`, also when the logits budget cuts a call
+into many small `generate` chunks."""
 
 from __future__ import annotations
 
@@ -33,10 +34,12 @@ def model() -> PreTrainedModel:
 
 
 @torch.no_grad()
-def _teacher_forced(model: PreTrainedModel, prompt: list[int], response: list[int]) -> torch.Tensor:
+def _teacher_forced(
+    model: PreTrainedModel, prompt: list[int], response: list[int], temperature: float
+) -> torch.Tensor:
     ids = torch.tensor([prompt + response])
     logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
 # own loop (never calls generate) | generate in one chunk | chunks of 3 sequences (3 x 12 steps x
@@ -71,8 +74,8 @@ def test_samples_and_logprobs(
     for r in out:
         assert 0 < len(r.response_ids) <= 12 and len(r.logprobs) == len(r.response_ids)
         assert r.finished == (r.response_ids[-1] == EOS) and EOS not in r.response_ids[:-1]
-        expected = _teacher_forced(model, prompts[r.prompt_index], r.response_ids)
-        # raw T=1 log-probs although sampling used T=0.7 and top-p
+        expected = _teacher_forced(model, prompts[r.prompt_index], r.response_ids, 0.7)
+        # the log-probs at the sampling temperature (0.7), not renormalised by top-p
         assert torch.allclose(torch.tensor(r.logprobs), expected, atol=1e-4), (r.logprobs, expected)
 
 
@@ -87,7 +90,7 @@ def test_own_loop_drops_finished_rows_and_is_seeded(model: PreTrainedModel) -> N
     lengths = {len(r.response_ids) for r in out}
     assert len(lengths) > 3 and any(r.finished for r in out) and any(not r.finished for r in out)
     for r in out:
-        expected = _teacher_forced(model, prompts[r.prompt_index], r.response_ids)
+        expected = _teacher_forced(model, prompts[r.prompt_index], r.response_ids, 3.0)
         assert torch.allclose(torch.tensor(r.logprobs), expected, atol=1e-4)
     again = engine.generate(prompts, [12, 12, 12], spec)
     assert [r.response_ids for r in again] == [r.response_ids for r in out]

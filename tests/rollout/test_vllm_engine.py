@@ -2,7 +2,7 @@
 `.venv-vllm/bin/python -m pytest tests/rollout -m vllm -q`).
 
 What matters for RL: (1) the log-probs vLLM reports for its samples are the trainer's
-log_softmax(logits) at temperature 1, whatever the sampling temperature; (2) after
+log_softmax(logits / T) at the sampling temperature T (with top_p 1); (2) after
 `sync_weights` the rollouts come from the new weights, not from the old ones nor from a prefix
 cache computed with them.
 """
@@ -53,16 +53,23 @@ def build_model() -> PreTrainedModel:
 
 
 @torch.no_grad()
-def teacher_forced(model: PreTrainedModel, prompt: list[int], response: list[int]) -> torch.Tensor:
-    """The trainer's view: log_softmax of raw logits (T=1) at each response position."""
+def teacher_forced(
+    model: PreTrainedModel, prompt: list[int], response: list[int], temperature: float = 1.0
+) -> torch.Tensor:
+    """The trainer's view: log_softmax(logits / T) at each response position."""
     ids = torch.tensor([prompt + response])
     logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1]
-    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+    return torch.log_softmax(logits.float() / temperature, -1).gather(-1, torch.tensor(response)[:, None])[
+        :, 0
+    ]
 
 
-def mean_abs_diff(model: PreTrainedModel, rollouts: list[Rollout]) -> float:
+def mean_abs_diff(model: PreTrainedModel, rollouts: list[Rollout], temperature: float = 1.0) -> float:
     diffs = [
-        (teacher_forced(model, PROMPTS[r.prompt_index], r.response_ids) - torch.tensor(r.logprobs)).abs()
+        (
+            teacher_forced(model, PROMPTS[r.prompt_index], r.response_ids, temperature)
+            - torch.tensor(r.logprobs)
+        ).abs()
         for r in rollouts
         if r.response_ids
     ]
@@ -125,9 +132,9 @@ def test_sync_makes_rollouts_follow_the_new_weights(folder: Path) -> None:
             assert r.finished == (r.response_ids[-1] == common)  # the stop token is kept, as with HF
             assert common not in r.response_ids[:-1] and (r.finished or len(r.response_ids) == 24)
 
-        # raw log-probs: sampling at T=0.6 / top-p 0.9 must still report the T=1 distribution
-        hot = engine.generate(PROMPTS, COUNTS, SamplingSpec(0.6, 0.9, 24, seed=5))
-        diff_tempered = mean_abs_diff(model, hot)
+        # sampling at T=0.6 reports log-probs at T=0.6, as the trainer computes them
+        hot = engine.generate(PROMPTS, COUNTS, SamplingSpec(0.6, 1.0, 24, seed=5))
+        diff_tempered = mean_abs_diff(model, hot, 0.6)
         assert diff_tempered < 1e-3, diff_tempered
 
         # the trainer moves on: a few AdamW steps on some other text
@@ -147,7 +154,7 @@ def test_sync_makes_rollouts_follow_the_new_weights(folder: Path) -> None:
         fresh = engine.generate(PROMPTS, COUNTS, spec)  # same prompts: a stale prefix cache would show
         diff_fresh = mean_abs_diff(model, fresh)
         print(
-            f"\nlog-prob |vLLM - HF|: initial {diff_initial:.2e}, T=0.6/top-p {diff_tempered:.2e}, "
+            f"\nlog-prob |vLLM - HF|: initial {diff_initial:.2e}, T=0.6 {diff_tempered:.2e}, "
             f"before sync {diff_stale:.2e}, after sync {diff_fresh:.2e} (sync {seconds:.3f}s)"
         )
         assert diff_fresh < 1e-3, diff_fresh

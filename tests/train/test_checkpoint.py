@@ -135,3 +135,25 @@ def test_a_failed_write_leaves_the_published_checkpoints_intact(
     assert ckpt.latest_checkpoint(root) == root / "step_1" and ckpt.verify(root / "step_1") is None
     assert (root / ".tmp-step_2").is_dir()  # the torn folder: removed at the next start
     assert ckpt.clean_torn(root) == [root / ".tmp-step_2"] and not (root / ".tmp-step_2").exists()
+
+
+def test_the_best_checkpoint_survives_pruning_and_verifies(tmp_path: Path) -> None:
+    """trainer.keep_best: checkpoints/best is a verified copy of the best step, outside the
+    rotation (keep=1 here prunes its step_<N>), replaced when a better one comes."""
+    root = tmp_path / "checkpoints"
+    assert ckpt.best_record(root) is None
+    first = ckpt.save_checkpoint(root, 1, _write("one"), keep=1)
+    assert first is not None
+    best = ckpt.keep_best(root, first, 1, 0.25, "val/accuracy")
+    for step in (2, 3):
+        ckpt.save_checkpoint(root, step, _write(str(step)), keep=1)
+    assert [p.name for p in ckpt.complete_checkpoints(root)] == ["step_3"]  # step_1 pruned ...
+    assert (best / "payload.txt").read_text() == "one"  # ... its best copy kept
+    assert ckpt.verify(best) is None
+    assert ckpt.best_record(root) == {"step": 1, "score": 0.25, "metric": "val/accuracy"}
+    assert ckpt.latest_checkpoint(root).name == "step_3"  # never resumed from
+    ckpt.keep_best(root, root / "step_3", 3, 0.5, "val/accuracy")
+    assert (best / "payload.txt").read_text() == "3" and ckpt.best_record(root)["step"] == 3
+    # a swap killed between its two renames leaves .old-best only: it is put back
+    (root / "best").rename(root / ".old-best")
+    assert ckpt.best_record(root) == {"step": 3, "score": 0.5, "metric": "val/accuracy"}

@@ -1,4 +1,4 @@
-"""What a step stores (ALGORITHM.md 2): the eligibility bounds and whose log-probs are stored."""
+"""What a step stores (docs/algorithm.md §2): the eligibility bounds and whose log-probs are stored."""
 
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def _recording(ratios: list[tuple[float, int]]) -> UpdatePlan:
 
 
 def test_two_updates_first_minibatch_ratio_is_exactly_one(tiny_model: Path):
-    """ALGORITHM.md 4: with several updates per step, pi_old of every mini-batch is the policy
+    """docs/algorithm.md §4: with several updates per step, pi_old of every mini-batch is the policy
     before the step's first update. The first mini-batch's fresh tokens must see w == 1 exactly
     (and so clip nothing); the second's pi_old is the pre-update pass, so after a real first
     update its ratios move away from 1."""
@@ -135,7 +135,7 @@ def test_two_updates_without_learning_never_clip(tiny_model: Path):
 
 
 def test_trainer_logp_are_the_pre_update_logprobs_of_every_fresh_row(tiny_model: Path) -> None:
-    """What the replay buffer stores (ALGORITHM.md 4, the official code): the trainer's own
+    """What the replay buffer stores (docs/algorithm.md §4, the official code): the trainer's own
     log-probs under the policy before the step's first update, for both mini-batches."""
     cfg = ModelConfig(path=str(tiny_model))
     tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
@@ -171,3 +171,76 @@ def test_skipped_updates_are_counted_in_order(tiny_model: Path) -> None:
     res = policy_update(model, opt, batch, adv, plan, pad_id=tok.pad_token_id)
     assert res.applied == [False, False] and res.skipped == 2
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_without_is_correction_replayed_rows_are_weighed_against_the_steps_pi_old(tiny_model: Path) -> None:
+    """The "w/o IS correction" ablation (replay.importance_correction=false): b of a replayed row is
+    the step's pi_old, as the official code has it, not the current policy. The first mini-batch's
+    replayed ratios are exactly 1; the second's, after a real first update, are not."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(path=str(tiny_model))
+    tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
+    batch = _two_question_batch(tok)
+    groups = []
+    for g in range(int(batch.group_index.max()) + 1):
+        rows = [i for i in range(len(batch)) if int(batch.group_index[i]) == g]
+        responses = [Response(batch.response_ids[i], None, float(batch.rewards[i])) for i in rows]
+        good = batch.response_ids[rows[0]]
+        responses.append(Response(good, [-1.0] * len(good), 1.0, replayed=True))  # stored: ignored here
+        groups.append(Group(Question(str(g), str(g), "1"), batch.prompt_ids[rows[0]], responses))
+    batch = build_mixed_batch(groups)
+    adv = group_advantages(batch.rewards, batch.group_index)
+    replayed: list[tuple[float, int]] = []
+
+    def loss(x: LossInputs, s: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+        rep = x.response_mask.bool() & x.replay_mask.bool().unsqueeze(-1)
+        w = (x.logp.detach() - x.behaviour_logp).exp()
+        replayed.append((float(w[rep].sum()), int(rep.sum())))
+        return exgrpo_loss(x, s)
+
+    plan = dataclasses.replace(
+        _plan(clip_eps=0.2, beta=0.1, entropy_coef=0.0, updates=2), loss=loss, importance_correction=False
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    res = policy_update(model, opt, batch, adv, plan, pad_id=tok.pad_token_id)
+    (first, first_n), (second, second_n) = replayed
+    assert res.skipped == 0 and first_n > 0 and second_n > 0
+    assert first == first_n  # the first mini-batch: pi_old is the current policy
+    assert abs(second - second_n) > 1e-3  # the second: pi_old is the policy before the first update
+
+
+def test_rollout_and_trainer_logprobs_agree_at_temperature_0_6(tiny_model: Path) -> None:
+    """One temperature for both sides (docs/algorithm.md §4): at rollout.temperature=0.6 the HF
+    engine's log-probs and the trainer's pre-update log-probs are both those of softmax(logits /
+    0.6), as an independent teacher-forced pass computes them, so their gap stays float noise."""
+    from exgrpo_cli.rollout.base import SamplingSpec
+    from exgrpo_cli.rollout.hf import HFEngine
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(path=str(tiny_model))
+    tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompts = [enc("What is 1+2?"), enc("What is 3+4?")]
+    outs = HFEngine(model, tok).generate(prompts, [3, 3], SamplingSpec(0.6, 1.0, 24, seed=2))
+    groups = [Group(Question(str(i), "q", "3"), p) for i, p in enumerate(prompts)]
+    for o in outs:
+        groups[o.prompt_index].responses.append(
+            Response(o.response_ids, o.logprobs, float(len(o.response_ids) % 2))
+        )
+    batch = build_mixed_batch(groups)
+    adv = group_advantages(batch.rewards, batch.group_index)
+    plan = dataclasses.replace(_plan(0.2, 0.1, 0.0, updates=1), temperature=0.6)
+    res = policy_update(
+        model, torch.optim.SGD(model.parameters(), lr=0.0), batch, adv, plan, tok.pad_token_id
+    )
+    tokens = sum(len(r) for r in batch.response_ids)
+    assert res.logprob_diff_sum / tokens < 1e-5, res.logprob_diff_sum / tokens  # mean per token
+    with torch.no_grad():
+        for i in range(len(batch)):
+            ids = torch.tensor([batch.prompt_ids[i] + batch.response_ids[i]])
+            logits = model(input_ids=ids).logits[0, len(batch.prompt_ids[i]) - 1 : -1].float()
+            want = torch.log_softmax(logits / 0.6, -1).gather(
+                -1, torch.tensor(batch.response_ids[i])[:, None]
+            )[:, 0]
+            torch.testing.assert_close(torch.tensor(res.trainer_logp[i]), want, atol=1e-4, rtol=0)
+            torch.testing.assert_close(torch.tensor(batch.behavior_logp[i]), want, atol=1e-4, rtol=0)
