@@ -17,6 +17,7 @@ update. Replayed rows use their stored log-probs (IS correction) unless
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +52,9 @@ class UpdatePlan:
     micro_batch_tokens: int  # memory knob only: never changes the objective
     grad_clip: float
     skip_grad_norm_above: float
+    # called with the trainer's pre-update log-probs of every row, after the first mini-batch's
+    # forward and before the first optimizer step: may stop the run (train/divergence.py)
+    before_first_step: Callable[[dict[int, list[float]], MixedBatch], object] | None = None
 
 
 @dataclass
@@ -103,6 +107,8 @@ def policy_update(
         )
         res.stats += stats
         res.loss_total += mb_loss
+        if index == 0 and plan.before_first_step is not None:
+            plan.before_first_step(res.trainer_logp, batch)
         norm = float(torch.nn.utils.clip_grad_norm_(params, plan.grad_clip))  # global under FSDP
         res.grad_norms.append(norm)
         # every rank must take the same decision, and a non-finite loss may be on one rank only;
