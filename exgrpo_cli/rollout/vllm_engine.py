@@ -65,6 +65,11 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def _cuda_device() -> int:
+    """The trainer's CUDA device (init_distributed set it), which the engine must share."""
+    return torch.cuda.current_device()
+
+
 def _free_cuda_cache() -> None:
     """Hand torch's cached, unused CUDA blocks back to the driver: vLLM allocates its weights and KV
     cache outside torch's caching allocator, and profiles the free memory when it starts (it
@@ -121,7 +126,8 @@ class VLLMEngine:
         self._source: torch.nn.Module | None = None  # the module the last sync read (the trainer's)
         self.dtype = TORCH_DTYPES.get(dtype)  # what the sync casts to (None: read from the engine)
         # torchrun + tensor parallelism: this rank's group of ranks (None otherwise)
-        kwargs, self._tp_group = launcher_kwargs(in_process, rank, world, tp)
+        device = _cuda_device() if on_cuda else None  # the trainer's GPU: vLLM's too
+        kwargs, self._tp_group = launcher_kwargs(in_process, rank, world, tp, device)
         if world > 1:
             seed += rank // tp  # one seed per engine: the ranks of a tensor-parallel group share it
         kwargs.update(memory_kwargs(on_cuda, gpu_memory_utilization, kv_cache_gib, max_model_len))
