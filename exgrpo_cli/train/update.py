@@ -35,6 +35,7 @@ from exgrpo_cli.algo.losses import (
 )
 from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict, local_dist
 from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows, synced_micro_batches
+from exgrpo_cli.policy.offload import clip_grad_norm
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
 
 
@@ -109,7 +110,7 @@ def policy_update(
         res.loss_total += mb_loss
         if index == 0 and plan.before_first_step is not None:
             plan.before_first_step(res.trainer_logp, batch)
-        norm = float(torch.nn.utils.clip_grad_norm_(params, plan.grad_clip))  # global under FSDP
+        norm = clip_grad_norm(params, plan.grad_clip, dist)  # global under FSDP, offloaded or not
         res.grad_norms.append(norm)
         # every rank must take the same decision, and a non-finite loss may be on one rank only;
         # judged per update: a non-finite earlier mini-batch must not condemn this one
