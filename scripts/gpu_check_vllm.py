@@ -73,7 +73,7 @@ def small_model_folder(ctx: Context, folder: Path, tok: PreTrainedTokenizerBase)
 
 def section_vllm(ctx: Context) -> None:
     if importlib.util.find_spec("vllm") is None:
-        ctx.skip("vllm is not importable here: the vLLM part did not run")
+        ctx.not_proven("vllm is not importable here: the vLLM part did not run")
         return
     import torch
     from transformers import AutoTokenizer
