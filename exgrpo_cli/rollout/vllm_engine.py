@@ -333,12 +333,14 @@ class VLLMEngine:
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ sharing a GPU
-    def release(self) -> None:
+    def release(self, keep_weights: bool = False) -> None:
         """The trainer's call right after generating: free the GPU for scoring and the update.
         Sleep level 2 drops the weights (the trainer holds them: the step's `sync_weights`, or the
         next `generate`, loads them again) and the KV cache. A no-op unless built with sleep_mode
         on CUDA."""
-        self.sleep(level=2)
+        # after validation the weights are the trainer's current ones: level 1 keeps them in host
+        # memory, and the next generate wakes them without a full re-sync
+        self.sleep(level=1 if keep_weights else 2)
 
     def sleep(self, level: int = 2) -> None:
         """Level 2: drop weights and KV cache (a sync must follow); level 1: move the weights to

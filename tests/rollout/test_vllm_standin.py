@@ -179,6 +179,36 @@ def test_sleep_and_wake_order(vllm: ModuleType, monkeypatch: pytest.MonkeyPatch)
     ]
 
 
+def test_validation_after_the_sync_keeps_the_weights(
+    vllm: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that validates: generate, release, sync, then validation's generate and its release
+    (keep_weights: level 1, the synced weights wait in host memory); the next step's generate
+    wakes them without loading a single tensor again (a level-2 release made it re-sync all)."""
+    on_cuda(monkeypatch, vllm)
+    engine = VLLMEngine("some/model", [2], sleep_mode=True)
+    model = Net()
+    engine.sync_weights(model)
+    engine.generate([[5, 6]], [2], SPEC)
+    engine.release()
+    engine.sync_weights(model)
+    start = len(vllm.EVENTS)
+    engine.generate([[5, 6]], [2], SPEC)  # validation
+    engine.release(keep_weights=True)
+    engine.generate([[5, 6]], [2], SPEC)  # the next step's rollout
+    assert calls(vllm, start) == [
+        "empty_cache",
+        "wake_up(kv_cache)",
+        "generate",
+        "sleep(1)",
+        "empty_cache",
+        "wake_up(weights)",
+        "empty_cache",
+        "wake_up(kv_cache)",
+        "generate",
+    ]
+
+
 def test_sync_casts_each_tensor_to_the_engine_dtype_one_at_a_time(vllm: ModuleType) -> None:
     engine = VLLMEngine("some/model", [2], dtype="bfloat16")
     model = Net()
