@@ -111,16 +111,8 @@ GPU_PYTHON ?= python3
 .PHONY: gpu-check gpu-check-dry
 
 gpu-check: ## on one GPU, offline: 7B update vs the memory plan, HF generation, pytest -m gpu, vLLM (< 8 min)
-	@ls $(GPU_WHEELS)/*.whl >/dev/null 2>&1 || { \
-		echo "make gpu-check: no wheels in $(GPU_WHEELS)/: run scripts/fetch_gpu_wheels.sh where PyPI is reachable, and bring the folder"; \
-		exit 1; }
-	@site=$$(mktemp -d "$${TMPDIR:-/tmp}/exgrpo-gpu-site.XXXXXX") && \
-	if $(GPU_PYTHON) -m pip --version >/dev/null 2>&1; then \
-		$(GPU_PYTHON) -m pip install -q --no-deps --no-index --target "$$site" $(GPU_WHEELS)/*.whl; \
-	else \
-		for w in $(GPU_WHEELS)/*.whl; do $(GPU_PYTHON) -m zipfile -e "$$w" "$$site"; done; \
-	fi && \
-	PYTHONPATH="$(CURDIR):$$site" $(GPU_PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+	@# the script unpacks the wheels of $(GPU_WHEELS) itself when modules are missing: no make needed
+	$(GPU_PYTHON) scripts/gpu_check.py --wheels $(GPU_WHEELS) $(GPU_CHECK_ARGS)
 
 gpu-check-dry: install ## gpu-check's code paths on the CPU at toy sizes, fp32 (< 1 min; CI runs it)
 	$(PY) scripts/gpu_check.py --dry-run $(GPU_CHECK_ARGS)

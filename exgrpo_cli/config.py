@@ -97,6 +97,9 @@ class RolloutConfig:
     # vLLM under torchrun: ranks per engine (consecutive ranks share one tensor-parallel engine and
     # generate their prompts together); > 1 only for a model that does not fit one GPU
     tensor_parallel_size: int = 1
+    # the largest mean |trainer - engine| log-prob per fresh token, checked before each step's first
+    # optimizer step; past it the run stops (a broken weight sync). null: no check
+    max_logprob_diff: Optional[float] = 0.5
 
 
 @dataclass

@@ -111,6 +111,10 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(r.temperature > 0, "rollout.temperature", r.temperature, "> 0")
     _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "(0, 1]")
     _check(r.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", r.tensor_parallel_size, ">= 1")
+    if r.max_logprob_diff is not None:
+        _check(
+            r.max_logprob_diff > 0, "rollout.max_logprob_diff", r.max_logprob_diff, "> 0, or null (no check)"
+        )
     _check(
         0 < r.gpu_memory_utilization <= 1,
         "rollout.gpu_memory_utilization",

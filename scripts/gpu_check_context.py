@@ -165,8 +165,9 @@ class Context:
         self.result["checks"][name] = bool(ok)
         self.record()
 
-    def skip(self, reason: str) -> None:
-        self.record(status="skipped", reason=reason)
+    def not_proven(self, reason: str) -> None:
+        """The section could not run here: what it proves stays unproven, and the verdict says so."""
+        self.record(status="not proven", reason=reason)
 
     def finish(self) -> None:
         if self.result["status"] == "running":
@@ -239,6 +240,14 @@ class Meter:
         if self.cuda:
             return int(torch.cuda.max_memory_allocated())
         return host_status_bytes("VmHWM") or 0
+
+    def peak_reserved(self) -> int | None:
+        """The most torch's caching allocator held from the driver (allocated plus its cached,
+        fragmented blocks: what the GPU really gives up); None on a CPU."""
+        import torch
+
+        self.sync()
+        return int(torch.cuda.max_memory_reserved()) if self.cuda else None
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

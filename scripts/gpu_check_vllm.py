@@ -73,13 +73,13 @@ def small_model_folder(ctx: Context, folder: Path, tok: PreTrainedTokenizerBase)
 
 def section_vllm(ctx: Context) -> None:
     if importlib.util.find_spec("vllm") is None:
-        ctx.skip("vllm is not importable here: the vLLM part did not run")
+        ctx.not_proven("vllm is not importable here: the vLLM part did not run")
         return
     import torch
     from transformers import AutoTokenizer
 
     from exgrpo_cli.commands.compose import compose_train
-    from exgrpo_cli.plan.memory import VLLM_WORKSPACE
+    from exgrpo_cli.plan.memory import VLLM_CUDA_GRAPH_BYTES, VLLM_NON_TORCH_BYTES
     from exgrpo_cli.policy.distributed import wrap_fsdp2
     from exgrpo_cli.policy.model import load_model, load_tokenizer
     from exgrpo_cli.rollout.base import SamplingSpec
@@ -159,7 +159,9 @@ def section_vllm(ctx: Context) -> None:
             torch.cuda.synchronize()
             freed = torch.cuda.mem_get_info()[0] - free_awake
             share_bytes = int(share * int(ctx.result["device_bytes"]))
-            kv = share_bytes - params * 2 - VLLM_WORKSPACE  # the plan's vllm_terms: weights in bf16
+            # the plan's vllm_terms, roughly: weights in bf16, less the workspace's fixed part and the
+            # CUDA graphs (which sleep does not free)
+            kv = share_bytes - params * 2 - VLLM_NON_TORCH_BYTES - VLLM_CUDA_GRAPH_BYTES
             ctx.record(freed_bytes=freed, kv_share_bytes=kv, vllm_share_bytes=share_bytes)
             ctx.check("sleep frees at least the KV share", freed >= kv)
             if hasattr(engine, "wake_up"):

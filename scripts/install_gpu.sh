@@ -51,8 +51,10 @@ if [ -n "${FLASH_ATTN_WHEEL:-}" ]; then
     "${PIP[@]}" install --no-deps --only-binary=:all: "$FLASH_ATTN_WHEEL"
 fi
 
-# fail loudly here rather than at the first rollout: a CUDA torch, a vLLM whose model runner takes
+# fail loudly here rather than at the first rollout: a CUDA torch whose CUDA this node's driver
+# runs (vLLM's torch is built for CUDA 13: driver >= 580), a vLLM whose model runner takes
 # reload_weights(weights_iterator=...), and (when asked for) a flash-attn that loads
+"$VENV/bin/python" "$REPO/scripts/gpu_driver_check.py"
 "$VENV/bin/python" - <<'EOF'
 import importlib.util
 
@@ -61,8 +63,6 @@ import vllm
 
 from exgrpo_cli.rollout.vllm_weights import check_reload_api
 
-if not torch.version.cuda:
-    raise SystemExit(f"torch {torch.__version__} is not a CUDA build: the gpu extra needs vLLM's CUDA torch")
 check_reload_api(vllm)
 flash = "not installed (sdpa)"
 if importlib.util.find_spec("flash_attn") is not None:

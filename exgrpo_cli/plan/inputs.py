@@ -137,6 +137,7 @@ def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
         engine=r.engine,
         vllm_share=r.gpu_memory_utilization,
         vllm_sleep=r.sleep_mode and devices.kind == "cuda",
+        vllm_cuda_graphs=r.enforce_eager is not True,
         vllm_max_len=m.max_prompt_tokens + max(m.max_response_tokens, cfg.eval.max_new_tokens),
         rollout_sequences=-(-a.questions_per_step * r.n // devices.count),
         attention=attention_kind(cfg, devices),

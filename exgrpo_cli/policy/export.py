@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from exgrpo_cli.policy.offload import gather_full
+
 if TYPE_CHECKING:
     from exgrpo_cli.policy.distributed import DistInfo
 
@@ -68,7 +70,7 @@ def export_hf(model: torch.nn.Module, folder: Path, tokenizer: Any, dist: DistIn
         folder.mkdir(parents=True, exist_ok=True)
     for name in names:
         t = state[name]
-        full = t.full_tensor() if hasattr(t, "full_tensor") else t  # a collective under FSDP2
+        full = gather_full(t, dist.device if dist else None)  # a collective under FSDP2
         if not main:
             continue
         full = full.detach().to("cpu").contiguous()

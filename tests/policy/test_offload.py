@@ -108,3 +108,84 @@ def test_offload_all_materialises_the_shards_in_host_memory_and_the_buffers_on_t
     assert offloaded.inv_freq.device == gpu and "inv_freq" in offloaded._non_persistent_buffers_set
     materialize(placed, gpu, params_on_host=False)
     assert {t.device for t in [*placed.parameters(), *placed.buffers()]} == {gpu}
+
+
+# ---------------------------------------------------------------- collectives under trainer.offload=all
+CUDA = torch.device("cuda", 0)  # the compute device as the trainer names it (never allocated here)
+HOST = torch.device("cpu")
+
+
+class HostShard:
+    """An FSDP2 DTensor shard in host memory on a mesh whose process group is NCCL's: its gather
+    refuses a CPU local tensor, as NCCL does; `.to(device)` moves it (keeping the placement)."""
+
+    def __init__(self, value: torch.Tensor, device: torch.device = HOST) -> None:
+        self.value, self.device, self.dtype = value, device, value.dtype
+
+    def is_floating_point(self) -> bool:
+        return True
+
+    def to(self, target: torch.device | torch.dtype) -> HostShard:
+        if isinstance(target, torch.dtype):
+            return HostShard(self.value.to(target), self.device)
+        return HostShard(self.value, target)
+
+    def full_tensor(self) -> torch.Tensor:
+        if self.device.type == "cpu":
+            raise RuntimeError("NCCL stand-in: Tensors must be CUDA and dense")
+        return torch.cat([self.value, self.value])  # both ranks' shards (on the host: no GPU here)
+
+
+def test_the_vllm_sync_gathers_offloaded_shards_on_the_compute_device() -> None:
+    from exgrpo_cli.rollout.vllm_weights import named_tensors
+
+    shards = {"a": HostShard(torch.ones(2)), "b": HostShard(torch.full((3,), 2.0))}
+    got = dict(named_tensors(shards, torch.bfloat16, CUDA))  # type: ignore[arg-type]
+    assert {k: v.tolist() for k, v in got.items()} == {"a": [1.0] * 4, "b": [2.0] * 6}
+    assert all(v.dtype == torch.bfloat16 for v in got.values())
+    with pytest.raises(RuntimeError, match="NCCL stand-in"):  # gathered where it lies: refused
+        dict(named_tensors(shards, torch.bfloat16))  # type: ignore[arg-type]
+
+
+def test_the_checkpoint_export_gathers_on_the_compute_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exgrpo_cli.policy import export
+
+    model = torch.nn.Linear(2, 2)
+    shards = {k: HostShard(v.detach()) for k, v in model.state_dict().items()}
+    monkeypatch.setattr(model, "state_dict", lambda: shards)
+    monkeypatch.setattr(export, "_finish", lambda *a: None)  # the configs: not what is tested
+    export.export_hf(model, tmp_path, None, D.DistInfo(rank=0, world_size=2, device=CUDA))
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "model-00001.safetensors"))
+    assert saved["weight"].shape == (4, 2) and saved["bias"].shape == (4,)
+
+
+def test_grad_clipping_of_offloaded_gradients_reduces_one_scalar_on_the_compute_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from exgrpo_cli.policy import offload
+
+    params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
+    params[0].grad, params[1].grad = torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 4.0])
+    reduced: list[dict[str, float]] = []
+
+    def all_reduce(values: dict[str, float], dist: D.DistInfo, op: str = "mean") -> dict[str, float]:
+        reduced.append(dict(values))  # plain floats, sent as one tensor on dist.device
+        assert op == "sum"
+        return {k: v * 2 for k, v in values.items()}  # two ranks holding the same shard norms
+
+    def nccl_clip(*args: Any, **kwargs: Any) -> torch.Tensor:  # torch's: a host tensor over NCCL
+        raise RuntimeError("NCCL stand-in: Tensors must be CUDA and dense")
+
+    monkeypatch.setattr(offload, "all_reduce_dict", all_reduce)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", nccl_clip)
+    norm = offload.clip_grad_norm(params, 1.0, D.DistInfo(rank=0, world_size=2, device=CUDA))
+    assert reduced == [{"sq": 25.0}] and norm == pytest.approx(50**0.5)
+    coef = 1.0 / (50**0.5 + 1e-6)
+    torch.testing.assert_close(params[0].grad, torch.tensor([3.0 * coef, 0.0, 0.0]))
+    torch.testing.assert_close(params[1].grad, torch.tensor([0.0, 4.0 * coef]))
+    with pytest.raises(RuntimeError, match="NCCL stand-in"):  # gradients on the compute device: torch's
+        offload.clip_grad_norm(params, 1.0, D.DistInfo(rank=0, world_size=2, device=HOST))

@@ -105,6 +105,18 @@ def test_each_rank_starts_its_own_engine(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_one_gpu_per_task_builds_every_engine_on_the_trainers_gpu(tmp_path: Path) -> None:
+    """SLURM --gpus-per-task=1 with a torchrun-style environment: each rank sees one GPU while
+    LOCAL_RANK counts the node's tasks. vLLM takes LOCAL_RANK as its device index and asserts it
+    is below the visible count (the stand-in too): rank 1 must build its engine on cuda:0."""
+    for rank, rep in enumerate(run_ranks(tmp_path, "fake-per-task", tp=1)):
+        (llm,) = [e for e in rep["events"] if e["call"] == "LLM"]
+        assert llm["device_index"] == 0 and llm["env"]["RANK"] == str(rank)
+        assert llm["free_memory_min"] == 1000  # both ranks built their engine
+        assert "generate" in calls(rep["events"])
+
+
+@pytest.mark.slow
 def test_tensor_parallel_ranks_share_one_engine(tmp_path: Path) -> None:
     alone = run_ranks(tmp_path, "fake", tp=1)
     shared = run_ranks(tmp_path, "fake", tp=2)

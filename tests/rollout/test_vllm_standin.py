@@ -1,4 +1,6 @@
-"""The vLLM engine against a stand-in `vllm` (tests/rollout/fake_vllm) that records every call: what
+"""The vLLM engine against a stand-in `vllm` (tests/rollout/fake_vllm) that records every call and
+enforces vLLM 0.32's contract (the tests at the end hold the stand-in to it: a generate, reload or
+wake that vLLM would not survive raises; its log-probs follow the weights it was last given): what
 the engine asks of vLLM on CUDA, checked on a CPU. `_cuda` / `_free_cuda_cache` are swapped for a
 CUDA that says yes and records when torch's cache is emptied.
 
@@ -23,7 +25,7 @@ import pytest
 import torch
 
 from exgrpo_cli.rollout import vllm_engine
-from exgrpo_cli.rollout.base import SamplingSpec
+from exgrpo_cli.rollout.base import Rollout, SamplingSpec
 from exgrpo_cli.rollout.vllm_engine import VLLMEngine
 from exgrpo_cli.rollout.vllm_launch import MP_ENV
 
@@ -50,6 +52,7 @@ def vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
 
 def on_cuda(monkeypatch: pytest.MonkeyPatch, fake: ModuleType) -> None:
     monkeypatch.setattr(vllm_engine, "_cuda", lambda: True)
+    monkeypatch.setattr(vllm_engine, "_cuda_device", lambda: 0)
     monkeypatch.setattr(vllm_engine, "_free_cuda_cache", lambda: fake.EVENTS.append({"call": "empty_cache"}))
 
 
@@ -176,6 +179,36 @@ def test_sleep_and_wake_order(vllm: ModuleType, monkeypatch: pytest.MonkeyPatch)
     ]
 
 
+def test_validation_after_the_sync_keeps_the_weights(
+    vllm: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that validates: generate, release, sync, then validation's generate and its release
+    (keep_weights: level 1, the synced weights wait in host memory); the next step's generate
+    wakes them without loading a single tensor again (a level-2 release made it re-sync all)."""
+    on_cuda(monkeypatch, vllm)
+    engine = VLLMEngine("some/model", [2], sleep_mode=True)
+    model = Net()
+    engine.sync_weights(model)
+    engine.generate([[5, 6]], [2], SPEC)
+    engine.release()
+    engine.sync_weights(model)
+    start = len(vllm.EVENTS)
+    engine.generate([[5, 6]], [2], SPEC)  # validation
+    engine.release(keep_weights=True)
+    engine.generate([[5, 6]], [2], SPEC)  # the next step's rollout
+    assert calls(vllm, start) == [
+        "empty_cache",
+        "wake_up(kv_cache)",
+        "generate",
+        "sleep(1)",
+        "empty_cache",
+        "wake_up(weights)",
+        "empty_cache",
+        "wake_up(kv_cache)",
+        "generate",
+    ]
+
+
 def test_sync_casts_each_tensor_to_the_engine_dtype_one_at_a_time(vllm: ModuleType) -> None:
     engine = VLLMEngine("some/model", [2], dtype="bfloat16")
     model = Net()
@@ -257,3 +290,96 @@ def test_requests_are_seeded_unless_asked_not_to(vllm: ModuleType) -> None:
     seeded, unseeded = [e["seeds"] for e in vllm.EVENTS if e["call"] == "generate"]
     assert len(set(seeded)) == 2 and all(isinstance(s, int) for s in seeded)
     assert unseeded == [None, None]
+
+
+# ---------------------------------------------------------------- the stand-in's own contract
+SPEC6 = SamplingSpec(1.0, 1.0, 6, seed=3)
+
+
+def asleep_engine(fake: ModuleType, monkeypatch: pytest.MonkeyPatch, level: int) -> VLLMEngine:
+    on_cuda(monkeypatch, fake)
+    engine = VLLMEngine("some/model", [2], sleep_mode=True)
+    engine.sync_weights(Net())
+    engine.llm.sleep(level=level)
+    return engine
+
+
+def test_generate_while_anything_sleeps_raises(vllm: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = asleep_engine(vllm, monkeypatch, level=1)
+    with pytest.raises(vllm.StandInContractError, match="generate while"):
+        engine.llm.generate([], [])
+    engine.llm.wake_up(["weights"])
+    with pytest.raises(vllm.StandInContractError, match=r"generate while \['kv_cache'\]"):
+        engine.llm.generate([], [])
+    engine.llm.wake_up(["kv_cache"])
+    engine.llm.generate([], [])
+
+
+def test_reload_while_the_weights_sleep_raises(vllm: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = asleep_engine(vllm, monkeypatch, level=2)
+    weights = iter(Net().state_dict().items())
+    with pytest.raises(vllm.StandInContractError, match="reload_weights while the weights sleep"):
+        engine.llm.collective_rpc("exgrpo_reload_weights", args=(weights,))
+
+
+def test_wake_order_and_tags(vllm: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = asleep_engine(vllm, monkeypatch, level=2)
+    with pytest.raises(vllm.StandInContractError, match="kv_cache.*before the weights"):
+        engine.llm.wake_up(["kv_cache"])
+    engine.llm.wake_up(["weights"])
+    with pytest.raises(vllm.StandInContractError, match="while only"):
+        engine.llm.wake_up(["weights"])  # vLLM: a warning, and nothing woken
+    assert engine.llm.wake_up(["kv_cache"]) is True
+
+
+def test_sleep_needs_sleep_mode(vllm: ModuleType) -> None:
+    engine = VLLMEngine("some/model", [2])
+    with pytest.raises(vllm.StandInContractError, match="enable_sleep_mode"):
+        engine.llm.sleep(level=2)
+
+
+def test_logprobs_follow_the_weights_without_a_model(
+    vllm: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on_cuda(monkeypatch, vllm)
+    engine = VLLMEngine("some/model", [2], sleep_mode=True)
+    dummy = engine.generate([[5, 6]], [1], SPEC6)[0].logprobs
+    engine.sync_weights(Net())
+    synced = engine.generate([[5, 6]], [1], SPEC6)[0].logprobs
+    assert synced != dummy
+    engine.llm.sleep(level=1)  # kept in host memory: the same weights after the wake
+    engine.llm.wake_up()
+    assert engine.generate([[5, 6]], [1], SPEC6)[0].logprobs == synced
+    engine.llm.sleep(level=2)  # discarded: woken without a reload they are not the weights
+    engine.llm.wake_up()
+    assert engine.generate([[5, 6]], [1], SPEC6)[0].logprobs != synced
+
+
+@torch.no_grad()
+def gap(model: torch.nn.Module, prompt: list[int], rollouts: list[Rollout]) -> float:
+    diffs = []
+    for r in rollouts:
+        ids = torch.tensor([prompt + r.response_ids])
+        logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1].float()
+        mine = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.response_ids)[:, None])[:, 0]
+        diffs.append((mine - torch.tensor(r.logprobs)).abs())
+    return float(torch.cat(diffs).mean())
+
+
+def test_a_real_model_samples_from_the_weights_it_was_given(
+    vllm: ModuleType, monkeypatch: pytest.MonkeyPatch, tiny_model: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    on_cuda(monkeypatch, vllm)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    engine = VLLMEngine(str(tiny_model), [2], sleep_mode=True, load_format="dummy", dtype="float32")
+    prompt = [5, 6, 7, 8]
+    assert gap(model, prompt, engine.generate([prompt], [2], SPEC6)) > 0.5  # dummy weights
+    engine.sync_weights(model)
+    synced = gap(model, prompt, engine.generate([prompt], [2], SPEC6))
+    assert synced < 1e-4, synced
+    engine.llm.sleep(level=2)
+    engine.llm.wake_up(["weights"])  # no reload: the discarded weights stay lost
+    engine.llm.wake_up(["kv_cache"])
+    assert gap(model, prompt, engine.generate([prompt], [2], SPEC6)) > 0.5

