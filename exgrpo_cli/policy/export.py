@@ -70,7 +70,7 @@ def export_hf(model: torch.nn.Module, folder: Path, tokenizer: Any, dist: DistIn
         folder.mkdir(parents=True, exist_ok=True)
     for name in names:
         t = state[name]
-        full = gather_full(t, dist.device if dist else None)  # a collective under FSDP2
+        full = gather_full(t)  # a collective under FSDP2 (on the GPU when the shard is offloaded)
         if not main:
             continue
         full = full.detach().to("cpu").contiguous()

@@ -105,14 +105,16 @@ class HostAdamW(torch.optim.AdamW):
             torch.cuda.synchronize()  # the host copies are complete before anyone reads them
 
 
-def gather_full(t: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+def gather_full(t: torch.Tensor) -> torch.Tensor:
     """The full tensor of an FSDP2 DTensor shard (a collective: every rank calls it in step), else
-    `t` itself. `device`: the compute device, where a shard offloaded to host memory goes before
-    its gather (the result is then on `device` too)."""
+    `t` itself. A shard offloaded to host memory while its mesh is CUDA's (trainer.offload=all on
+    GPUs: the group is NCCL's) moves to the current CUDA device, the trainer's (init_distributed
+    set it), before its gather; the full tensor is then there too."""
     if not hasattr(t, "full_tensor"):
         return t
-    if device is not None and t.device != device:
-        t = t.to(device)  # a DTensor keeps its placements: only the local shard moves
+    mesh = getattr(t, "device_mesh", None)
+    if mesh is not None and t.device.type != mesh.device_type:
+        t = t.to(mesh.device_type)  # a DTensor keeps its placements: only the local shard moves
     return t.full_tensor()  # type: ignore[no-any-return]
 
 

@@ -127,8 +127,6 @@ class VLLMEngine:
         self.dtype = TORCH_DTYPES.get(dtype)  # what the sync casts to (None: read from the engine)
         # torchrun + tensor parallelism: this rank's group of ranks (None otherwise)
         device = _cuda_device() if on_cuda else None  # the trainer's GPU: vLLM's too
-        # where the sync gathers FSDP2 shards (offloaded ones are in host memory; NCCL needs CUDA)
-        self._gather_device = torch.device("cuda", device) if device is not None else None
         kwargs, self._tp_group = launcher_kwargs(in_process, rank, world, tp, device)
         if world > 1:
             seed += rank // tp  # one seed per engine: the ranks of a tensor-parallel group share it
@@ -318,7 +316,7 @@ class VLLMEngine:
         """
         t0 = time.perf_counter()
         self._wake("weights")
-        weights = named_tensors(model, self.dtype, self._gather_device)
+        weights = named_tensors(model, self.dtype)
         if self.in_process:
             counts = self.llm.collective_rpc("exgrpo_reload_weights", args=(weights,))
         else:

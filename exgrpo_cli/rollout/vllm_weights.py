@@ -62,22 +62,19 @@ def check_reload_api(vllm: ModuleType) -> None:
 
 
 def named_tensors(
-    model: torch.nn.Module | Mapping[str, torch.Tensor],
-    dtype: torch.dtype | None = None,
-    device: torch.device | None = None,
+    model: torch.nn.Module | Mapping[str, torch.Tensor], dtype: torch.dtype | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) pairs, one at a time, floating-point ones cast to `dtype` (None: as
     they are). An FSDP2 DTensor shard is cast before its gather, so the all-gather moves `dtype`
-    bytes; the gathered tensor is this one parameter only. `device`: the trainer's compute device,
-    where a shard offloaded to host memory (trainer.offload=all) is gathered: NCCL refuses CPU
-    tensors."""
+    bytes; the gathered tensor is this one parameter only. A shard offloaded to host memory
+    (trainer.offload=all) is gathered on the GPU: NCCL refuses CPU tensors (policy/offload.py)."""
     from exgrpo_cli.policy.offload import gather_full
 
     items = model.items() if isinstance(model, Mapping) else model.state_dict().items()
     for name, t in items:
         if dtype is not None and t.is_floating_point() and t.dtype != dtype:
             t = t.to(dtype)
-        yield name, gather_full(t, device).detach()
+        yield name, gather_full(t).detach()
 
 
 def save_safetensors(weights: Iterator[tuple[str, torch.Tensor]], path: str) -> None:

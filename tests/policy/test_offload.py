@@ -5,6 +5,7 @@ gradient (issue #11 points 4 and 5)."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -116,8 +117,10 @@ HOST = torch.device("cpu")
 
 
 class HostShard:
-    """An FSDP2 DTensor shard in host memory on a mesh whose process group is NCCL's: its gather
+    """An FSDP2 DTensor shard in host memory on a CUDA mesh (its process group NCCL's): its gather
     refuses a CPU local tensor, as NCCL does; `.to(device)` moves it (keeping the placement)."""
+
+    device_mesh = SimpleNamespace(device_type="cuda")
 
     def __init__(self, value: torch.Tensor, device: torch.device = HOST) -> None:
         self.value, self.device, self.dtype = value, device, value.dtype
@@ -125,10 +128,10 @@ class HostShard:
     def is_floating_point(self) -> bool:
         return True
 
-    def to(self, target: torch.device | torch.dtype) -> HostShard:
+    def to(self, target: torch.device | torch.dtype | str) -> HostShard:
         if isinstance(target, torch.dtype):
             return HostShard(self.value.to(target), self.device)
-        return HostShard(self.value, target)
+        return HostShard(self.value, torch.device(target))
 
     def full_tensor(self) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -140,11 +143,11 @@ def test_the_vllm_sync_gathers_offloaded_shards_on_the_compute_device() -> None:
     from exgrpo_cli.rollout.vllm_weights import named_tensors
 
     shards = {"a": HostShard(torch.ones(2)), "b": HostShard(torch.full((3,), 2.0))}
-    got = dict(named_tensors(shards, torch.bfloat16, CUDA))  # type: ignore[arg-type]
+    got = dict(named_tensors(shards, torch.bfloat16))  # type: ignore[arg-type]
     assert {k: v.tolist() for k, v in got.items()} == {"a": [1.0] * 4, "b": [2.0] * 6}
     assert all(v.dtype == torch.bfloat16 for v in got.values())
     with pytest.raises(RuntimeError, match="NCCL stand-in"):  # gathered where it lies: refused
-        dict(named_tensors(shards, torch.bfloat16))  # type: ignore[arg-type]
+        shards["a"].full_tensor()
 
 
 def test_the_checkpoint_export_gathers_on_the_compute_device(

