@@ -45,9 +45,11 @@ _ALLOWED = {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch.serialization", "_get_layout"),  # a layout by its name (str -> torch.layout)
     ("torch", "Size"),
-    ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id: where the files were written
-    ("pathlib", "PurePosixPath"),
 }
+# StorageMeta.checkpoint_id, where the files were written: a path. Python 3.13 pickles the path
+# classes under pathlib._local, other versions under pathlib; both resolve to this Python's class
+_PATH_MODULES = ("pathlib", "pathlib._local")
+_PATH_CLASSES = ("PosixPath", "PurePosixPath")
 
 
 class NotDataError(ValueError):
@@ -60,6 +62,10 @@ class _DataOnlyUnpickler(pickle.Unpickler):
 
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
+        if module in _PATH_MODULES and name in _PATH_CLASSES:
+            import pathlib
+
+            return getattr(pathlib, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise NotDataError(f"it names {module}.{name}, which is not one of the checkpoint-metadata types")
@@ -81,13 +87,17 @@ def read_metadata(path: Path) -> Metadata:
         raise NotDataError(f"it does not parse as checkpoint metadata ({type(err).__name__}: {err})") from err
     if not isinstance(meta, Metadata):
         raise NotDataError(f"it holds a {type(meta).__name__}, not torch's checkpoint Metadata")
-    for key, entry in (meta.state_dict_metadata or {}).items():
+    # allowed types can still be filled with the wrong shapes: checked, never assumed
+    entries, storage = getattr(meta, "state_dict_metadata", None), getattr(meta, "storage_data", None)
+    if not isinstance(entries, dict) or not isinstance(storage, dict):
+        raise NotDataError("its entries or storage index are not mappings, as torch writes them")
+    for key, entry in entries.items():
         if not isinstance(entry, TensorStorageMetadata):
             raise NotDataError(
                 f"entry {key!r} is a {type(entry).__name__}, not a tensor "
                 "(torch would unpickle it unrestricted)"
             )
-    for info in (meta.storage_data or {}).values():
+    for info in storage.values():
         name = getattr(info, "relative_path", None)
         if not isinstance(name, str) or not name or PurePosixPath(name).name != name or name in (".", ".."):
             raise NotDataError(f"a data file is named {name!r}, not a plain file name inside the folder")

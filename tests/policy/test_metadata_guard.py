@@ -107,6 +107,8 @@ def _metadata_with(tmp_path: Path, change: str) -> Path:
     meta = pickle.loads((folder / METADATA_FILE).read_bytes())  # our own file, just written
     if change == "bytes-entry":  # torch loads a bytes entry with torch.load(weights_only=False)
         meta.state_dict_metadata["state.weight.step"] = BytesStorageMetadata()
+    elif change == "entries-not-a-mapping":
+        meta.state_dict_metadata = ["state.weight.step"]
     elif change == "path-escape":
         info = next(iter(meta.storage_data.values()))
         info.relative_path = "../../elsewhere.distcp"
@@ -116,7 +118,11 @@ def _metadata_with(tmp_path: Path, change: str) -> Path:
 
 @pytest.mark.parametrize(
     ("change", "said"),
-    [("bytes-entry", "BytesStorageMetadata"), ("path-escape", "not a plain file name")],
+    [
+        ("bytes-entry", "BytesStorageMetadata"),
+        ("path-escape", "not a plain file name"),
+        ("entries-not-a-mapping", "not mappings"),
+    ],
 )
 def test_metadata_built_from_allowed_types_is_still_checked(tmp_path: Path, change: str, said: str) -> None:
     folder = _metadata_with(tmp_path, change)
@@ -129,3 +135,25 @@ def test_a_garbled_file_is_refused_with_a_reason(tmp_path: Path) -> None:
     (tmp_path / METADATA_FILE).write_bytes(b"\x80\x05not a pickle at all")
     reason = refusal(tmp_path)
     assert reason is not None and "does not parse as checkpoint metadata" in reason
+
+
+def test_python_313s_module_name_for_paths_is_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python 3.13 pickles PosixPath as pathlib._local.PosixPath: a checkpoint written there is
+    still data. The metadata is re-pickled here as 3.13 names the class (the name swapped in for
+    the dump only), then read where no pathlib._local module exists."""
+    import pathlib
+    import sys
+    import types
+
+    _trained(tmp_path)
+    meta = pickle.loads((tmp_path / METADATA_FILE).read_bytes())  # our own file, just written
+    local = types.ModuleType("pathlib._local")
+    local.PosixPath = pathlib.PosixPath  # type: ignore[attr-defined]
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "pathlib._local", local)
+        m.setattr(pathlib.PosixPath, "__module__", "pathlib._local")
+        data = pickle.dumps(meta)
+    assert b"pathlib._local" in data and "pathlib._local" not in sys.modules
+    (tmp_path / METADATA_FILE).write_bytes(data)
+    back = read_metadata(tmp_path / METADATA_FILE)
+    assert back.storage_meta is not None and back.storage_meta.checkpoint_id == Path(tmp_path)
