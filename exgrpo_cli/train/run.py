@@ -15,7 +15,7 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -32,6 +32,9 @@ from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.train import notices
 from exgrpo_cli.train.loop import Trainer
 from exgrpo_cli.train.setup import build_trainer, decide_resume, share_run_dir, warn_low_precision_weights
+
+if TYPE_CHECKING:
+    from exgrpo_cli.train.state import RunState
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +212,7 @@ def _loop(
 ) -> None:
     st, dist, t = trainer.state, trainer.dist, trainer.cfg.trainer
     switch, ratio, warned = st.switch, trainer.cfg.replay.ratio, False
-    best = _Best(out / "checkpoints", dist) if t.keep_best else None
+    best = _Best(out / "checkpoints", st, dist) if t.keep_best else None
     with StopRequested() as stop:
         for step in range(st.step + 1, t.steps + 1):
             raw = trainer.train_step(step)
@@ -235,6 +238,8 @@ def _loop(
             # a signal may reach one rank only: all ranks stop at the same step
             stop.flag = bool(D.all_reduce_dict({"stop": float(stop.flag)}, dist, op="max")["stop"])
             improved = best is not None and best.improved(metrics.get(_Best.METRIC))
+            if improved and best is not None:
+                best.record(step, metrics[_Best.METRIC])
             if last or stop.flag or give_up or improved or (t.save_every and step % t.save_every == 0):
                 saved = st.save(out / "checkpoints", t.keep_checkpoints, trainer.tokenizer, dist)
                 if improved and best is not None:
@@ -256,25 +261,40 @@ def _loop(
 
 
 class _Best:
-    """trainer.keep_best: the best validation score so far (from checkpoints/best, so that a resumed
-    run goes on comparing with it) and the save that keeps a new best (policy/checkpoint.py)."""
+    """trainer.keep_best: the best validation score so far and the save that keeps a new best
+    (policy/checkpoint.py). The score lives in the run state (`RunState.best`, in every
+    checkpoint), so a resumed run compares with the best of the history it continues, also after
+    a roll-back; `checkpoints/best` is the copy a user evaluates."""
 
     METRIC = "val/accuracy"
 
-    def __init__(self, root: Path, dist: D.DistInfo) -> None:
-        self.root, self.dist = root, dist
-        record = ckpt.best_record(root) if dist.is_main else None
-        self.score: float | None = D.broadcast_object(None if record is None else record["score"], dist)
+    def __init__(self, root: Path, state: RunState, dist: D.DistInfo) -> None:
+        self.root, self.state, self.dist = root, state, dist
+        best, folder = state.best, root / f"step_{state.step}"
+        if (
+            dist.is_main
+            and best is not None
+            and best["step"] == state.step
+            and (folder / ckpt.COMPLETE).is_file()
+        ):
+            record = ckpt.best_record(root)
+            if record is None or record["step"] != state.step:
+                # the run stopped between publishing this step and linking it as the best
+                ckpt.keep_best(root, folder, state.step, float(best["score"]), self.METRIC)
 
     def improved(self, score: float | None) -> bool:
         """Whether this validation beats the best so far; every rank takes rank 0's decision (a
         save is a collective)."""
         if score is None:  # no validation this step (on every rank alike)
             return False
-        return bool(D.broadcast_object(self.score is None or score > self.score, self.dist))
+        best = self.state.best
+        return bool(D.broadcast_object(best is None or score > float(best["score"]), self.dist))
+
+    def record(self, step: int, score: float) -> None:
+        """Before the save: the checkpoint of this step holds its own best record."""
+        self.state.best = {"step": step, "score": score}
 
     def keep(self, saved: Path | None, step: int, score: float) -> None:
-        self.score = score
         if saved is not None:  # rank 0
             ckpt.keep_best(self.root, saved, step, score, self.METRIC)
 

@@ -12,7 +12,8 @@ Files of a checkpoint folder (written atomically by policy/checkpoint.py):
   optimizer/              the optimizer state, a shard per rank (reshardable) + param_groups.json
   replay/                 the experience buffer (arrays in safetensors + JSON index)
   rng.safetensors         torch's RNG state
-  trainer_state.json      `state_dict()`: step, sampler, delayed start, counters, Python/NumPy RNGs
+  trainer_state.json      `state_dict()`: step, sampler, delayed start, counters, best validation,
+                          Python/NumPy RNGs
 
 RNG states. A resumed run repeats its steps exactly without them: every draw of a step comes from
 generators derived from (trainer.seed, step) (train/loop.py `step_rng`, the rollout seed) or from
@@ -60,6 +61,9 @@ class RunState:
     step: int = 0  # the last finished step
     skipped_in_a_row: int = 0  # optimizer updates skipped in a row, across steps (`count_updates`)
     wandb_id: str | None = None
+    # trainer.keep_best: {"step", "score"} of the best validation so far, saved with the state so
+    # that a resumed or rolled-back run compares with the best of the history it continues
+    best: dict[str, Any] | None = None
 
     def count_updates(self, applied: list[bool]) -> None:
         """Keep `skipped_in_a_row` for a step's updates in order (False: skipped, for a non-finite
@@ -81,6 +85,7 @@ class RunState:
             "delayed_start": self.switch.state_dict(),
             "skipped_in_a_row": self.skipped_in_a_row,
             "wandb_id": self.wandb_id,
+            "best": self.best,
             "python_random": [version, list(mt), gauss],
             "numpy_random": {
                 "name": name,
@@ -97,6 +102,7 @@ class RunState:
         self.switch.load_state_dict(state["delayed_start"])
         self.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
         self.wandb_id = state.get("wandb_id")
+        self.best = state.get("best")
         version, mt, gauss = state["python_random"]
         random.setstate((version, tuple(mt), gauss))
         n = state["numpy_random"]

@@ -36,3 +36,49 @@ def test_keep_best_keeps_the_best_validation_checkpoint_for_eval(tiny_model: Pat
     )  # fmt: skip
     assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
     assert (tmp_path / "eval" / "results.json").is_file()
+
+
+def _published(root: Path, step: int) -> Path:
+    from exgrpo_cli.policy import checkpoint as ckpt
+
+    def write(tmp: Path) -> None:
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step}))
+
+    folder = ckpt.save_checkpoint(root, step, write, keep=5)
+    assert folder is not None
+    return folder
+
+
+def test_the_best_score_comes_from_the_resumed_state_not_from_an_abandoned_future(tmp_path: Path) -> None:
+    """A run rolled back to step 2 compares with the best of the history it continues (step 1's
+    0.2), not with checkpoints/best left by the abandoned steps (0.9)."""
+    from types import SimpleNamespace
+
+    from exgrpo_cli.policy import checkpoint as ckpt
+    from exgrpo_cli.policy.distributed import DistInfo
+    from exgrpo_cli.train.run import _Best
+
+    root = tmp_path / "checkpoints"
+    ckpt.keep_best(root, _published(root, 5), 5, 0.9, "val/accuracy")  # the abandoned future's best
+    state = SimpleNamespace(step=2, best={"step": 1, "score": 0.2})
+    best = _Best(root, state, DistInfo())  # type: ignore[arg-type]
+    assert best.improved(0.3) and not best.improved(0.2)
+    best.record(3, 0.3)
+    assert state.best == {"step": 3, "score": 0.3}
+
+
+def test_a_stop_between_the_save_and_the_best_link_is_finished_at_resume(tmp_path: Path) -> None:
+    """The run published step 3 (its state names step 3 as the best) and died before linking it
+    as checkpoints/best: the resumed run links it."""
+    from types import SimpleNamespace
+
+    from exgrpo_cli.policy import checkpoint as ckpt
+    from exgrpo_cli.policy.distributed import DistInfo
+    from exgrpo_cli.train.run import _Best
+
+    root = tmp_path / "checkpoints"
+    ckpt.keep_best(root, _published(root, 1), 1, 0.2, "val/accuracy")
+    _published(root, 3)
+    _Best(root, SimpleNamespace(step=3, best={"step": 3, "score": 0.5}), DistInfo())  # type: ignore[arg-type]
+    assert ckpt.best_record(root) == {"step": 3, "score": 0.5, "metric": "val/accuracy"}
+    assert ckpt.verify(root / ckpt.BEST) is None
