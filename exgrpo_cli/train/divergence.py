@@ -14,6 +14,7 @@ checkpoints on disk stay those of the last healthy step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -69,10 +70,20 @@ def check_engine_logprobs(
     return gap
 
 
+def nucleus_slack(top_p: float) -> float:
+    """How far a healthy engine's log-prob of a token can be from the trainer's under top-p
+    sampling: vLLM returns log-probs renormalised over the nucleus (mass >= top_p), the trainer
+    over the whole vocabulary, so each token's gap is at most -log(top_p) (0 at top_p = 1)."""
+    return -math.log(top_p) if 0.0 < top_p < 1.0 else 0.0
+
+
 def engine_check(
-    limit: float | None, step: int, dist: DistInfo
+    limit: float | None, step: int, dist: DistInfo, top_p: float = 1.0
 ) -> Callable[[Mapping[int, Sequence[float]], MixedBatch], object] | None:
-    """The update's `before_first_step` hook for `rollout.max_logprob_diff` (None: no check)."""
+    """The update's `before_first_step` hook for `rollout.max_logprob_diff` (None: no check).
+    Under top-p sampling the limit grows by `nucleus_slack(top_p)`: a healthy vLLM engine is
+    that far from the trainer by construction, and a broken sync is still many nats away."""
     if limit is None:
         return None
-    return lambda logp, batch: check_engine_logprobs(logp, batch, limit=limit, step=step, dist=dist)
+    bound = limit + nucleus_slack(top_p)
+    return lambda logp, batch: check_engine_logprobs(logp, batch, limit=bound, step=step, dist=dist)

@@ -125,7 +125,8 @@ class Trainer:
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
         # the engine's log-probs against the trainer's, before the first optimizer step (may stop the run)
         plan = replace(
-            self.update_plan(), before_first_step=engine_check(cfg.rollout.max_logprob_diff, step, self.dist)
+            self.update_plan(),
+            before_first_step=engine_check(cfg.rollout.max_logprob_diff, step, self.dist, cfg.rollout.top_p),
         )
         with t("update"), mem("update"):
             result = policy_update(st.model, st.optimizer, batch, advantages, plan, self.pad_id, self.dist)

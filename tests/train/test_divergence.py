@@ -11,6 +11,7 @@ with exit 1 and no checkpoint; the healthy stand-in run is unaffected.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,13 @@ from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.policy.model import load_model, load_tokenizer
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
-from exgrpo_cli.train.divergence import EngineDivergence, check_engine_logprobs, engine_check, fresh_gap
+from exgrpo_cli.train.divergence import (
+    EngineDivergence,
+    check_engine_logprobs,
+    engine_check,
+    fresh_gap,
+    nucleus_slack,
+)
 from exgrpo_cli.train.update import UpdatePlan, policy_update
 
 from conftest import REPO, run_cli
@@ -58,6 +65,21 @@ def test_the_gap_counts_fresh_tokens_only_and_stops_past_the_limit() -> None:
     with pytest.raises(EngineDivergence):
         check_engine_logprobs(nan, batch, limit=0.1, step=1, dist=DistInfo())  # type: ignore[arg-type]
     assert engine_check(None, 1, DistInfo()) is None
+
+
+def test_top_p_widens_the_limit_by_the_nucleus_renormalisation() -> None:
+    """vLLM's log-probs under top_p < 1 are renormalised over the nucleus: up to -log(top_p) per
+    token from the trainer's on a healthy engine. A 0.6-nat gap passes at top_p 0.5 (slack 0.69)
+    and stops at top_p 1."""
+    batch, _ = _batch([-1.0, -2.0, -3.0], [])
+    trainer = {0: [-1.6, -2.6, -3.6]}
+    assert nucleus_slack(1.0) == 0.0 and nucleus_slack(0.5) == pytest.approx(math.log(2))
+    healthy = engine_check(0.5, 2, DistInfo(), top_p=0.5)
+    assert healthy is not None and healthy(trainer, batch) == pytest.approx(0.6)  # type: ignore[arg-type]
+    strict = engine_check(0.5, 2, DistInfo(), top_p=1.0)
+    assert strict is not None
+    with pytest.raises(EngineDivergence):
+        strict(trainer, batch)  # type: ignore[arg-type]
 
 
 def test_the_update_stops_before_its_first_optimizer_step(tiny_model: Path) -> None:
