@@ -166,20 +166,26 @@ class _Forward:
 class _TorchLogToFile:
     """While the ranks run: torch's own log (the elastic agent's reports, a failed rank's traceback)
     goes to the run's log file, not the console, where one line says what failed. torch gives
-    its "torch" logger a console handler and keeps it from propagating; Hydra's root logger
-    writes the run's log file."""
+    its loggers ("torch", "torch.distributed", ...) console handlers and keeps them from
+    propagating; Hydra's root logger writes the run's log file."""
 
     def __enter__(self) -> _TorchLogToFile:
-        self.logger = logging.getLogger("torch")
-        self.saved = (list(self.logger.handlers), self.logger.propagate)
-        for h in self.saved[0]:
-            if type(h) is logging.StreamHandler:  # the console, not a file
-                self.logger.removeHandler(h)
-        self.logger.propagate = True
+        self.saved: dict[str, tuple[list[logging.Handler], bool]] = {}
+        for name, logger in list(logging.root.manager.loggerDict.items()):
+            if not (isinstance(logger, logging.Logger) and (name + ".").startswith("torch.")):
+                continue
+            console = [h for h in logger.handlers if type(h) is logging.StreamHandler]
+            if console:
+                self.saved[name] = (list(logger.handlers), logger.propagate)
+                for h in console:
+                    logger.removeHandler(h)
+                logger.propagate = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.logger.handlers, self.logger.propagate = self.saved
+        for name, (handlers, propagate) in self.saved.items():
+            logger = logging.getLogger(name)
+            logger.handlers, logger.propagate = handlers, propagate
 
 
 def rank_pids(parent: int | None = None) -> list[int]:

@@ -30,7 +30,8 @@ def _what(exitcode: int) -> str:
 
 
 def step_in_flight(out: Path, steps: int) -> str:
-    """'during step k' from the last step metrics.jsonl holds ('before step 1' without one)."""
+    """'during step k' from the last step metrics.jsonl holds ('before step 1' without one), or
+    the checkpoint write of that step when its temporary folder is there."""
     last = None
     try:
         lines = (out / "metrics.jsonl").read_text().splitlines()
@@ -42,6 +43,8 @@ def step_in_flight(out: Path, steps: int) -> str:
         pass
     if last is None:
         return "before step 1 (while starting)"
+    if (out / "checkpoints" / f".tmp-step_{last}").is_dir():  # a write the death left torn
+        return f"while writing step {last}'s checkpoint"
     if last >= steps:
         return f"after its last step ({steps})"
     return f"during step {last + 1}"

@@ -109,3 +109,16 @@ def test_under_submitit_its_own_handler_requeues(tmp_path: Path, no_slurm: pytes
     no_slurm.setenv("SUBMITIT_FOLDER", str(tmp_path))
     assert preempt.requeue_after_stop(handlers, slurm_requeue=True) == "requeued by submitit"
     assert got == [signal.SIGUSR2] and not calls.exists()
+
+
+def test_the_step_a_rank_died_in(tmp_path: Path) -> None:
+    from exgrpo_cli.train.rank_failure import step_in_flight
+
+    assert step_in_flight(tmp_path, 10) == "before step 1 (while starting)"
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n')
+    assert step_in_flight(tmp_path, 10) == "during step 3"
+    (tmp_path / "checkpoints" / ".tmp-step_2").mkdir(parents=True)
+    assert step_in_flight(tmp_path, 10) == "while writing step 2's checkpoint"
+    assert step_in_flight(tmp_path, 2) == "while writing step 2's checkpoint"
+    (tmp_path / "checkpoints" / ".tmp-step_2").rmdir()
+    assert step_in_flight(tmp_path, 2) == "after its last step (2)"

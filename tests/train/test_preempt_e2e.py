@@ -105,10 +105,12 @@ def test_two_ranks_warning_then_a_dead_rank_in_one_line(tiny_model: Path, tmp_pa
     _, err = again.communicate(timeout=300)
     assert again.returncode == 1
     line = next(x for x in err.splitlines() if "of 2 (pid" in x)
-    assert f"(pid {ranks[-1]}) was killed by SIGKILL during step " in line
+    assert re.search(
+        rf"\(pid {ranks[-1]}\) was killed by SIGKILL (during step \d+|while writing step \d+'s checkpoint);",
+        line,
+    )
     newest = max(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*"))
     assert f"newest verified checkpoint: {out / 'checkpoints' / f'step_{newest}'};" in line
     assert "resume with: exgrpo train trainer.slurm_requeue=true" in line
     assert line.endswith(f"hydra.run.dir={out}")
     assert "Traceback" not in err, err[-3000:]
-    print(err)
