@@ -64,12 +64,16 @@ class StopRequested:
         self.received_at: float | None = None  # time.monotonic() of the first signal
         self._old: dict[int, Any] = {}
         self._run_code = NO_STOP
+        self._depth = 0
 
     @property
     def flag(self) -> bool:
         return self.signum is not None or self._run_code != NO_STOP
 
     def __enter__(self) -> StopRequested:
+        self._depth += 1  # re-entered (the run, then its step loop): the handlers go in once
+        if self._depth > 1:
+            return self
         for sig in STOP_SIGNALS:
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
@@ -114,6 +118,9 @@ class StopRequested:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
         for sig, old in self._old.items():
             signal.signal(sig, old)
 

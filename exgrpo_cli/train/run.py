@@ -67,9 +67,10 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     t0 = time.time()
     # torchrun: one process per device, all running this function; without torchrun: one rank
     dist = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
-    stop = StopRequested()
     try:
-        final = _train(cfg, dist, stop)
+        # from the start: a warning while the model loads (minutes at scale) stops after step 1
+        with StopRequested() as stop:
+            final = _train(cfg, dist, stop)
     finally:
         D.close_distributed()
     final["time/total_s"] = time.time() - t0

@@ -39,6 +39,16 @@ def test_a_warning_asks_for_a_requeue_and_repeats_do_not_abort() -> None:
     assert signal.getsignal(signal.SIGUSR1) == before
 
 
+def test_entered_twice_the_handlers_go_in_once_and_come_back_at_the_end() -> None:
+    before = signal.getsignal(signal.SIGUSR2)
+    with StopRequested() as stop:
+        with stop:  # the step loop inside the run
+            pass
+        assert signal.getsignal(signal.SIGUSR2) == stop._handle
+        assert stop.displaced()[signal.SIGUSR2] == before  # not its own handler
+    assert signal.getsignal(signal.SIGUSR2) == before
+
+
 def test_a_rank_the_signal_missed_stops_and_requeues_with_the_others() -> None:
     with StopRequested() as stop:
         stop.agree(0)
