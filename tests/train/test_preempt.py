@@ -21,7 +21,9 @@ from exgrpo_cli.train.preempt import STOP, STOP_AND_REQUEUE, StopRequested
 
 @pytest.fixture
 def no_slurm(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SUBMITIT_FOLDER"):
+    # EXGRPO_COMMAND: the run dir's command part, which an in-process CLI call may have left set
+    names = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SUBMITIT_FOLDER", "EXGRPO_COMMAND")
+    for var in names:
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
 
