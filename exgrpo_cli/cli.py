@@ -82,8 +82,10 @@ def run_hydra(command: str, overrides: list[str]) -> None:
 
     from exgrpo_cli.config import register_configs
     from exgrpo_cli.paths import config_dir
+    from exgrpo_cli.slurm import register_run_name_resolver
 
     register_configs()
+    register_run_name_resolver()  # the default run dir's name (conf/config.yaml)
     # conf/config.yaml names the job (log file, run dir) after this variable; passing it as one
     # more override instead would break argparse when the user mixes flags and overrides.
     os.environ["EXGRPO_COMMAND"] = command.replace("-", "_")

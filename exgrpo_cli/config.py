@@ -207,6 +207,10 @@ class TrainerConfig:
     # ranks `exgrpo train` starts on this node: auto = one per visible GPU (one process on a CPU),
     # or a number (gloo ranks on a CPU); under torchrun nothing more is started
     nproc: str = "auto"
+    # after a stop for SLURM's time-limit warning (SIGUSR1, `#SBATCH --signal=USR1@<s>`) or
+    # submitit's (SIGUSR2), inside a SLURM job: `scontrol requeue` it (under submitit, submitit's
+    # own requeue runs instead); the requeued job resumes in the same run dir (train/preempt.py)
+    slurm_requeue: bool = False
     # torchrun runs on CUDA: "" (compute in model.dtype) | bf16 | fp16: compute dtype over fp32
     # master weights (with model.dtype=float32: bf16 weights round lr~1e-6 updates away)
     fsdp_mixed_precision: str = ""

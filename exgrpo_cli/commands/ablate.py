@@ -8,6 +8,7 @@ How the runs are launched:
 - with a Hydra launcher plugin chosen on the ablate command line (`hydra/launcher=joblib`, plus
   any `hydra.launcher.*` settings), each variant becomes one `exgrpo train -m` multirun over its
   seeds, launched by that plugin into the same dirs (wall times are then estimated from file times);
+  for `hydra/launcher=submitit_slurm` (each run a SLURM job) every variant is submitted at once;
 - `ablation.dry_run=true` prints the commands instead, to run elsewhere.
 
 Restarts: runs whose training finished (final checkpoint at the configured last step, recorded in
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING, NoReturn
@@ -162,25 +164,26 @@ def _start(argv: list[str], log: IO[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _wait(proc: subprocess.Popen[bytes]) -> int:
-    """Wait for a run. SIGINT/SIGTERM are passed on to it (it saves a checkpoint and exits; a
-    second signal aborts it), then the sweep stops with KeyboardInterrupt once it has exited."""
+def _wait(*procs: subprocess.Popen[bytes]) -> list[int]:
+    """Wait for runs. SIGINT/SIGTERM are passed on to them (each saves a checkpoint and exits; a
+    second signal aborts it), then the sweep stops with KeyboardInterrupt once they have exited."""
     caught: list[int] = []
 
     def forward(signum: int, frame: FrameType | None) -> None:
         caught.append(signum)
-        if proc.poll() is None:
-            proc.send_signal(signum)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        rc = proc.wait()
+        codes = [proc.wait() for proc in procs]
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
     if caught:
         raise KeyboardInterrupt
-    return rc
+    return codes
 
 
 def _run_sequential(todo: list[sw.Job], console: Console) -> list[sw.Job]:
@@ -199,7 +202,7 @@ def _run_sequential(todo: list[sw.Job], console: Console) -> list[sw.Job]:
             fh.flush()
             proc = _start(argv, fh)
             try:
-                rc = _wait(proc)
+                (rc,) = _wait(proc)
             except KeyboardInterrupt:
                 sw.write_marker(job, sw.training_finished(job.run_dir), time.time() - t0, None)
                 raise
@@ -226,6 +229,10 @@ def _run_sequential(todo: list[sw.Job], console: Console) -> list[sw.Job]:
     return failed
 
 
+# launchers whose jobs queue on a cluster: every variant's jobs are submitted at once
+SUBMIT_ALL_AT_ONCE = ("submitit_slurm",)
+
+
 def _run_with_launcher(
     todo: list[sw.Job],
     variants: list[sw.Variant],
@@ -233,28 +240,38 @@ def _run_with_launcher(
     launcher_overrides: list[str],
     console: Console,
 ) -> list[sw.Job]:
-    failed: list[sw.Job] = []
-    for v in variants:
-        jobs = [j for j in todo if j.variant == v]
-        if not jobs:
-            continue
-        argv = sw.multirun_argv(jobs, launcher, launcher_overrides)
-        vdir = jobs[0].run_dir.parent
-        vdir.mkdir(parents=True, exist_ok=True)
-        console.print(
-            f"{v.name}: seeds {', '.join(str(j.seed) for j in jobs)} via hydra/launcher={launcher}",
-            highlight=False,
-        )
-        with open(vdir / sw.TRAIN_LOG, "a", encoding="utf-8") as fh:
+    """One `exgrpo train -m` per variant over its seeds, run by the plugin: one after another, or
+    all at once for a cluster's queue (SUBMIT_ALL_AT_ONCE)."""
+    batches = [(v, [j for j in todo if j.variant == v]) for v in variants]
+    batches = [(v, jobs) for v, jobs in batches if jobs]
+    codes: list[int] = []
+    with ExitStack() as logs:
+        started = []
+        for v, jobs in batches:
+            argv = sw.multirun_argv(jobs, launcher, launcher_overrides)
+            vdir = jobs[0].run_dir.parent
+            vdir.mkdir(parents=True, exist_ok=True)
+            console.print(
+                f"{v.name}: seeds {', '.join(str(j.seed) for j in jobs)} via hydra/launcher={launcher}",
+                highlight=False,
+            )
+            fh = logs.enter_context(open(vdir / sw.TRAIN_LOG, "a", encoding="utf-8"))
             fh.write(f"$ {sw.shell_command(argv)}\n")
             fh.flush()
-            rc = _wait(_start(argv, fh))
+            if launcher in SUBMIT_ALL_AT_ONCE:
+                started.append(_start(argv, fh))
+            else:
+                codes += _wait(_start(argv, fh))
+        codes += _wait(*started)
+    failed: list[sw.Job] = []
+    for (_, jobs), rc in zip(batches, codes):
         for j in jobs:
             finished = sw.training_finished(j.run_dir)
             sw.write_marker(j, finished, sw.wall_from_files(j.run_dir) if finished else None, rc)
             if not finished:
                 failed.append(j)
-                console.print(f"  [red]failed[/]: {j.label} (see {vdir / sw.TRAIN_LOG})", highlight=False)
+                log = j.run_dir.parent / sw.TRAIN_LOG
+                console.print(f"  [red]failed[/]: {j.label} (see {log})", highlight=False)
     return failed
 
 

@@ -39,7 +39,7 @@ def run(cfg: ExgrpoConfig) -> None:
         from exgrpo_cli.train.run import run_training
 
         final = run_training(cfg)
-    if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 reports for the run
+    if os.environ.get("RANK", "0") != "0" or not final:  # rank 0 reports; stopped ranks did
         return
     parts = [f"{k}={v:.4f}" for k, v in sorted(final.items())]
     print("exgrpo train done: " + "  ".join(parts))

@@ -9,7 +9,10 @@ LOCAL_RANK, WORLD_SIZE and MASTER_* and runs `run_training` on the same, already
 initialises CUDA: it counts the GPUs with torch (`visible_gpus`: NVML or the driver, no context),
 and the memory plan asks nvidia-smi or a throwaway subprocess for their size; it exits with the
 worst rank's exit code. Ctrl-C reaches every rank (the terminal signals the whole process group):
-each finishes its step, the checkpoint is written once, and the ranks exit.
+each finishes its step, the checkpoint is written once, and the ranks exit. A scheduler's stop or
+warning (SIGTERM, SIGUSR1, SIGUSR2) sent to this process is passed on to the ranks, which do the
+same; after a warning this process requeues the job (train/preempt.py). A rank that dies is said
+in one line (train/rank_failure.py); torch's report goes to the log file.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.errors import ExgrpoError
+from exgrpo_cli.train import preempt
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,9 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, float]:
         if os.environ.get("RANK", "0") == "0":
             print(f"exgrpo train: {err}", file=sys.stderr)
         raise SystemExit(err.exit_code) from None
+    except Exception:  # the traceback to the rank's log; the parent says which rank failed
+        log.exception("rank %s failed", os.environ.get("RANK", "0"))
+        raise SystemExit(1) from None
 
 
 def launch(cfg: ExgrpoConfig, nproc: int, target: Callable[[ExgrpoConfig], Any] | None = None) -> Any:
@@ -101,21 +108,112 @@ def launch(cfg: ExgrpoConfig, nproc: int, target: Callable[[ExgrpoConfig], Any] 
         max_restarts=0,
         monitor_interval=0.5,
         start_method="spawn",
-        # Ctrl-C reaches the ranks from the terminal: the agent leaves SIGINT alone (a second
-        # signal would abort a rank that is saving its checkpoint); on SIGTERM (a scheduler's stop)
-        # it passes one SIGTERM on and gives the ranks time to write their checkpoint
-        signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",
+        # Ctrl-C reaches the ranks from the terminal. A scheduler's stop (SIGTERM) or warning
+        # (USR1: sbatch --signal, USR2: submitit) this process passes on itself (_Forward): the
+        # agent's own handling ends in a shutdown in which the ranks, done with their checkpoint,
+        # wait for a result collection that never comes, until shutdown_timeout kills them
+        signals_to_handle="SIGHUP,SIGQUIT",
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
     log.info("starting %d ranks (trainer.nproc=%s)", nproc, cfg.trainer.nproc)
     # the parent only waits on Ctrl-C (the ranks stop themselves, see above)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ[preempt.PARENT_REQUEUES_ENV] = "1"  # the ranks inherit it: this process requeues
     try:
-        results: dict[int, Any] = elastic_launch(config, target or rank_main)(cfg)
+        with _Forward() as forward, _TorchLogToFile():
+            results: dict[int, Any] = elastic_launch(config, target or rank_main)(cfg)
     except ChildFailedError as err:
-        codes = [f.exitcode for f in err.failures.values()]
-        worst = max(codes, key=lambda c: abs(c))
-        raise SystemExit(worst if worst > 0 else 1) from None
+        raise SystemExit(_report_failure(cfg, nproc, err)) from None
     finally:
+        os.environ.pop(preempt.PARENT_REQUEUES_ENV, None)
         signal.signal(signal.SIGINT, previous)
+    if forward.signum in preempt.WARNING_SIGNALS:  # the ranks stopped and saved: requeue the job
+        log.info(preempt.requeue_after_stop(forward.displaced, cfg.trainer.slurm_requeue))
     return results.get(0)
+
+
+class _Forward:
+    """While the ranks run: SIGTERM, SIGUSR1 and SIGUSR2 sent to this process go on to each rank
+    (a rank that also had it directly ignores the repeat); the first one is remembered. The
+    handlers it displaces (submitit's requeue handler, under submitit) come back afterwards."""
+
+    SIGNALS = (signal.SIGTERM, *preempt.WARNING_SIGNALS)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.displaced: dict[int, Any] = {}
+
+    def __enter__(self) -> _Forward:
+        self.displaced = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        ranks = rank_pids()
+        log.warning("signal %s: passed on to the ranks (pids %s)", signum, ranks)
+        for pid in ranks:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:  # it has just exited
+                pass
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.displaced.items():
+            signal.signal(s, handler)
+
+
+class _TorchLogToFile:
+    """While the ranks run: torch's own log (the elastic agent's reports, a failed rank's traceback)
+    goes to the run's log file, not the console, where one line says what failed. torch gives
+    its loggers ("torch", "torch.distributed", ...) console handlers and keeps them from
+    propagating; Hydra's root logger writes the run's log file."""
+
+    def __enter__(self) -> _TorchLogToFile:
+        self.saved: dict[str, tuple[list[logging.Handler], bool]] = {}
+        for name, logger in list(logging.root.manager.loggerDict.items()):
+            if not (isinstance(logger, logging.Logger) and (name + ".").startswith("torch.")):
+                continue
+            console = [h for h in logger.handlers if type(h) is logging.StreamHandler]
+            if console:
+                self.saved[name] = (list(logger.handlers), logger.propagate)
+                for h in console:
+                    logger.removeHandler(h)
+                logger.propagate = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, (handlers, propagate) in self.saved.items():
+            logger = logging.getLogger(name)
+            logger.handlers, logger.propagate = handlers, propagate
+
+
+def rank_pids(parent: int | None = None) -> list[int]:
+    """The ranks `parent` (default: this process) started: its children that run
+    multiprocessing's spawn entry point (not its resource tracker), read from /proc (the elastic
+    agent does not expose them)."""
+    me, found = parent or os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after the command name, which may hold spaces
+            if ppid == me and b"spawn_main" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+    return sorted(found)
+
+
+def _report_failure(cfg: ExgrpoConfig, nproc: int, err: Any) -> int:
+    """One line on stderr for the rank that failed first, torch's report in the log; the exit code
+    (the worst rank's, 1 for a rank killed by a signal)."""
+    from exgrpo_cli.train.rank_failure import dead_rank_line
+
+    log.error("%s", err)
+    rank, first = err.get_first_failure()
+    print(dead_rank_line(cfg, rank, first.pid, first.exitcode, nproc), file=sys.stderr)
+    codes = [f.exitcode for f in err.failures.values()]
+    worst = max(codes, key=lambda c: abs(c))
+    return worst if worst > 0 else 1

@@ -2,19 +2,19 @@
 
 `run_training` is the whole of `exgrpo train`: train/setup.py builds the parts (resuming when
 there is a checkpoint), then every step is trained, logged, validated every
-`trainer.eval_every` steps and checkpointed every `trainer.save_every`. SIGINT/SIGTERM finish the
-step in flight, save a checkpoint and exit; a run whose updates keep being skipped stops with its
-last good state saved.
+`trainer.eval_every` steps and checkpointed every `trainer.save_every`. SIGINT/SIGTERM and a
+scheduler's warnings (SIGUSR1/SIGUSR2) finish the step in flight, save a checkpoint and exit, and
+after a warning the job is requeued (train/preempt.py); a run whose updates keep being skipped
+stops with its last good state saved.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
+import os
 import time
 from pathlib import Path
-from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -29,8 +29,9 @@ from exgrpo_cli.metrics.logger import resume_point
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.rollout.base import SamplingSpec
-from exgrpo_cli.train import notices
+from exgrpo_cli.train import notices, preempt
 from exgrpo_cli.train.loop import Trainer
+from exgrpo_cli.train.preempt import StopRequested
 from exgrpo_cli.train.setup import build_trainer, decide_resume, share_run_dir, warn_low_precision_weights
 
 if TYPE_CHECKING:
@@ -41,34 +42,6 @@ log = logging.getLogger(__name__)
 
 class TrainingAborted(ExgrpoError):
     """The run could not go on; its last good state is saved."""
-
-
-class StopRequested:
-    """Turns SIGINT/SIGTERM into a flag checked at step boundaries (a second signal aborts)."""
-
-    def __init__(self) -> None:
-        self.flag = False
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> StopRequested:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        return self
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.flag:
-            raise KeyboardInterrupt
-        self.flag = True
-        log.warning("signal %s: saving a checkpoint at the end of this step", signum)
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 class Logger(Protocol):
@@ -99,14 +72,19 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     # torchrun: one process per device, all running this function; without torchrun: one rank
     dist = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
     try:
-        final = _train(cfg, dist)
+        # from the start: a warning while the model loads (minutes at scale) stops after step 1
+        with StopRequested() as stop:
+            final = _train(cfg, dist, stop)
     finally:
         D.close_distributed()
     final["time/total_s"] = time.time() - t0
+    # the job's owner requeues it after a warning (the parent of trainer.nproc ranks does it itself)
+    if stop.requeue and dist.is_main and preempt.PARENT_REQUEUES_ENV not in os.environ:
+        log.info(preempt.requeue_after_stop(stop.displaced(), cfg.trainer.slurm_requeue))
     return final
 
 
-def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
+def _train(cfg: ExgrpoConfig, dist: D.DistInfo, stop: StopRequested) -> dict[str, float]:
     _refuse_before_start(cfg, dist)
     cfg = share_run_dir(cfg, dist)
     out = Path(cfg.trainer.output_dir)
@@ -144,7 +122,7 @@ def _train(cfg: ExgrpoConfig, dist: D.DistInfo) -> dict[str, float]:
             first = validate(trainer, val_qs)
             logger.log(0, {**first, "data/skipped_rows": float(report.skipped)})
             final["val/accuracy@0"] = first["val/accuracy"]
-        _loop(trainer, val_qs, logger, out, final)
+        _loop(trainer, val_qs, logger, out, final, stop)
         return final
     finally:
         logger.close()
@@ -208,12 +186,17 @@ def _start_logger(cfg: ExgrpoConfig, dist: D.DistInfo, out: Path, resume_from: P
 
 
 def _loop(
-    trainer: Trainer, val_qs: list[Question], logger: Logger, out: Path, final: dict[str, float]
+    trainer: Trainer,
+    val_qs: list[Question],
+    logger: Logger,
+    out: Path,
+    final: dict[str, float],
+    stop: StopRequested,
 ) -> None:
     st, dist, t = trainer.state, trainer.dist, trainer.cfg.trainer
     switch, ratio, warned = st.switch, trainer.cfg.replay.ratio, False
     best = _Best(out / "checkpoints", st, dist) if t.keep_best else None
-    with StopRequested() as stop:
+    with stop:
         for step in range(st.step + 1, t.steps + 1):
             raw = trainer.train_step(step)
             peaks = {k: v for k, v in raw.items() if k.startswith("memory/")}
@@ -235,15 +218,18 @@ def _loop(
                 warned = True
             final.update({k: v for k, v in metrics.items() if k.startswith("val/")})
             give_up = st.skipped_in_a_row >= t.max_skipped_steps
-            # a signal may reach one rank only: all ranks stop at the same step
-            stop.flag = bool(D.all_reduce_dict({"stop": float(stop.flag)}, dist, op="max")["stop"])
+            # a signal may reach one rank only: all ranks stop at the same step (and requeue or not)
+            code = D.all_reduce_dict({"stop": float(stop.code)}, dist, op="max")["stop"]
+            stop.agree(int(code))
             improved = best is not None and best.improved(metrics.get(_Best.METRIC))
             if improved and best is not None:
                 best.record(step, metrics[_Best.METRIC])
+            saved_s = time.monotonic()
             if last or stop.flag or give_up or improved or (t.save_every and step % t.save_every == 0):
                 saved = st.save(out / "checkpoints", t.keep_checkpoints, trainer.tokenizer, dist)
                 if improved and best is not None:
                     best.keep(saved, step, metrics[_Best.METRIC])
+            saved_s = time.monotonic() - saved_s
             if give_up:
                 raise TrainingAborted(
                     f"{st.skipped_in_a_row} optimizer updates in a row were skipped (non-finite loss "
@@ -251,7 +237,10 @@ def _loop(
                     f"trainer.max_skipped_steps={t.max_skipped_steps}); the last good state is saved"
                 )
             if stop.flag:
-                logger.print(f"stopped at step {step}; resume with the same command")
+                logger.print(
+                    f"stopped at step {step}{stop.since()}, its checkpoint written in {saved_s:.1f} s; "
+                    "resume with the same command"
+                )
                 break
     summary = notices.replay_summary(ratio, switch.active, switch.started_at, switch.threshold, st.step)
     if summary:
