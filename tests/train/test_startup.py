@@ -19,6 +19,7 @@ from exgrpo_cli.errors import ExgrpoError, UsageError
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.train import run
+from exgrpo_cli.train.preempt import StopRequested
 
 
 def _cfg(questions: int, updates: int) -> ExgrpoConfig:
@@ -44,7 +45,7 @@ def test_more_updates_than_a_ranks_questions_are_refused() -> None:
     """4 questions over 2 ranks: 2 each, so at most 2 mini-batches per step; a third would be
     empty on every rank and the step would make 2 updates instead of 3."""
     with pytest.raises(UsageError, match=r"algo.updates_per_step=3 .*algo.questions_per_step=4") as err:
-        run._train(_cfg(4, 3), DistInfo(rank=0, world_size=2))
+        run._train(_cfg(4, 3), DistInfo(rank=0, world_size=2), StopRequested())
     assert err.value.exit_code == 2
     run._refuse_before_start(_cfg(4, 2), DistInfo(rank=0, world_size=2))  # one question per update
     run._refuse_before_start(_cfg(4, 3), DistInfo())  # one process: config validation's business
@@ -52,7 +53,7 @@ def test_more_updates_than_a_ranks_questions_are_refused() -> None:
 
 def test_questions_not_divisible_by_the_ranks_are_refused() -> None:
     with pytest.raises(UsageError, match="multiple of the 3 ranks"):
-        run._train(_cfg(4, 1), DistInfo(rank=0, world_size=3))
+        run._train(_cfg(4, 1), DistInfo(rank=0, world_size=3), StopRequested())
 
 
 class Broadcast:
@@ -119,7 +120,7 @@ def test_offload_all_on_one_cpu_process_is_refused() -> None:
     cfg = _cfg(4, 1)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, offload="all"))
     with pytest.raises(UsageError, match="trainer.offload=all") as err:
-        run._train(cfg, DistInfo())
+        run._train(cfg, DistInfo(), StopRequested())
     assert err.value.exit_code == 2
     run._refuse_before_start(cfg, DistInfo(device=torch.device("cuda", 0)))  # one GPU: FSDP2 applies it
     run._refuse_before_start(cfg, DistInfo(rank=0, world_size=2))  # gloo ranks: FSDP2 applies it
