@@ -1,5 +1,5 @@
 """The package's import graph (function-level imports included): no cycles, and lower layers
-never import upward (DESIGN.md): algo/ imports nothing of the package, replay/ only algo/ (and
+never import upward: algo/ imports nothing of the package, replay/ only algo/ (and
 the plain Question type of data/types.py, a leaf), config.py only the errors module."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan). Every edge counts, a
-    package's __init__ importing its own submodules too (as ../shared/tools/import_cycles.py
+    package's __init__ importing its own submodules too (as the project's import-cycle check
     counts them): a submodule that imports its package back closes a cycle."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
