@@ -320,6 +320,8 @@ def summarize_dir(
     # Off a terminal (a log, CI) rich would fold the table into 80 columns.
     wide = console if console.is_terminal else Console(file=console.file, width=max(console.width, 110))
     wide.print(sm.rich_table(rows, title))
+    if judged:  # the comparisons as summary.md has them (markdown reads as plain text too)
+        wide.print(judged, markup=False, highlight=False, soft_wrap=True)
     console.print(
         f"wrote {sweep / 'summary.md'}, summary.csv, comparisons.csv, curves.png and dynamics.png",
         highlight=False,

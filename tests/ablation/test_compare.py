@@ -152,7 +152,9 @@ def test_summarize_dir_writes_comparisons_and_dynamics(pair_sweep: Path):
 
     from exgrpo_cli.commands.ablate import summarize_dir
 
-    summarize_dir(pair_sweep, "", Console(file=StringIO(), width=150))
+    out = StringIO()
+    summarize_dir(pair_sweep, "", Console(file=out, width=150))
+    assert "| ex | on | +0.375 ± 0.125 (z +3.0) | higher |" in out.getvalue()  # also on the console
     with open(pair_sweep / "comparisons.csv", newline="") as fh:
         (row,) = list(csv.DictReader(fh))
     assert (row["variant"], row["reference"], row["delta_final"], row["delta_final_verdict"]) == (
@@ -215,3 +217,9 @@ def test_stability_presets_plan_their_runs(tmp_path: Path):
         ["ablate", "ablation=stability-quick", "ablation.dry_run=true", f"hydra.run.dir={tmp_path}"]
     )
     assert quick.returncode == 0 and len(quick.stdout.strip().splitlines()) == 4
+
+
+def test_the_plan_keeps_compare_to_for_a_later_summary(tmp_path: Path):
+    vs = sw.parse_variants({"on": ["replay.ratio=0"], "ex": []})
+    sw.write_plan(tmp_path, "pairs", vs, [0], "on", [], [], {"ex": "on"})
+    assert sw.read_plan(tmp_path)["compare_to"] == {"ex": "on"}
