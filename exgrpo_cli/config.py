@@ -248,6 +248,7 @@ class AblationConfig:
     variants: dict[str, Any] = field(default_factory=dict)  # name -> list of overrides (first: baseline)
     base: list[str] = field(default_factory=list)  # overrides of every run (the command line's win)
     baseline: str = ""  # the variant the differences are taken against ("": the first)
+    compare_to: dict[str, str] = field(default_factory=dict)  # variant -> its own reference (else baseline)
     sweep_dir: str = ""  # where the runs go ("": this command's run dir); finished runs are kept
     dry_run: bool = False  # print the runs' `exgrpo train` commands and stop
     summarize: str = ""  # a sweep dir: only redo the summary

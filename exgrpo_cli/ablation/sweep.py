@@ -279,11 +279,13 @@ def write_plan(
     baseline: str,
     base: list[str],
     inherited: list[str],
+    compare_to: Mapping[str, str] | None = None,
 ) -> None:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     plan = {
         "name": name,
         "baseline": baseline,
+        "compare_to": dict(compare_to or {}),
         "seeds": seeds,
         "base": base,
         "inherited": inherited,

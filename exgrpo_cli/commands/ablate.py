@@ -26,9 +26,10 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
-from typing import IO, TYPE_CHECKING, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from exgrpo_cli.ablation import sweep as sw
+from exgrpo_cli.ablation.compare import check_compare_to
 from exgrpo_cli.config import ExgrpoConfig
 
 if TYPE_CHECKING:  # rich is imported when a command runs
@@ -74,7 +75,7 @@ def run(cfg: ExgrpoConfig) -> None:
 
     a, console = cfg.ablation, Console()
     if a.summarize:
-        summarize_dir(Path(a.summarize).expanduser(), a.baseline, console)
+        summarize_dir(Path(a.summarize).expanduser(), a.baseline, console, dict(a.compare_to))
         return
     hc = HydraConfig.get()
     try:
@@ -85,7 +86,8 @@ def run(cfg: ExgrpoConfig) -> None:
         inherited = sw.passthrough(hc.overrides.task)
         group = sw.slugify(a.name) if a.name else ""
         jobs = sw.plan_jobs(variants, seeds, sweep, list(a.base), inherited, group)
-    except sw.SweepError as err:
+        check_compare_to(dict(a.compare_to), [v.name for v in variants])
+    except (sw.SweepError, ValueError) as err:
         hint = f" (presets: {_presets()})" if not a.variants else ""
         _fail(f"{err}{hint}")
     launcher = hc.runtime.choices.get("hydra/launcher") or "basic"
@@ -94,7 +96,9 @@ def run(cfg: ExgrpoConfig) -> None:
         _print_commands(jobs, variants, launcher, launcher_overrides)
         return
     _check_variants(jobs)
-    sw.write_plan(sweep, a.name or sweep.name, variants, seeds, baseline, list(a.base), inherited)
+    sw.write_plan(
+        sweep, a.name or sweep.name, variants, seeds, baseline, list(a.base), inherited, dict(a.compare_to)
+    )
     done = [j for j in jobs if sw.is_finished(j.run_dir)]
     _warn_changed(done, console)
     todo = [j for j in jobs if j not in done]
@@ -115,7 +119,7 @@ def run(cfg: ExgrpoConfig) -> None:
             failed = _run_with_launcher(todo, variants, launcher, launcher_overrides, console)
     except KeyboardInterrupt:
         _fail(f"interrupted; to continue, rerun the same command with ablation.sweep_dir={sweep}", 130)
-    summarize_dir(sweep, a.baseline, console)
+    summarize_dir(sweep, a.baseline, console, dict(a.compare_to))
     if failed:
         _fail(
             f"{len(failed)} run(s) failed: "
@@ -275,12 +279,16 @@ def _run_with_launcher(
     return failed
 
 
-def summarize_dir(sweep: Path, baseline: str, console: Console) -> None:
-    """Write summary.md, summary.csv and curves.png into the sweep dir and print the table."""
+def summarize_dir(
+    sweep: Path, baseline: str, console: Console, compare_to: dict[str, str] | None = None
+) -> None:
+    """Write summary.md, summary.csv, curves.png, comparisons.csv and dynamics.png into the sweep dir
+    and print the table. compare_to entries add to (and win over) the plan's."""
     from rich.console import Console
 
     from exgrpo_cli.ablation import summary as sm
     from exgrpo_cli.ablation.plot import plot_curves
+    from exgrpo_cli.ablation.report import write_judgement
 
     try:
         plan = sw.read_plan(sweep)
@@ -289,11 +297,13 @@ def summarize_dir(sweep: Path, baseline: str, console: Console) -> None:
     except sw.SweepError as err:
         _fail(str(err))
     groups: list[tuple[str, list[sm.RunResult]]] = []
+    metric_rows: list[tuple[str, list[list[dict[str, Any]]]]] = []
     notes: list[str] = []
     for v in plan["variants"]:
         vdir = sweep / v["dir"]
         dirs = [vdir / f"seed{s}" for s in plan["seeds"]] if plan.get("seeds") else sorted(vdir.glob("seed*"))
         runs: list[sm.RunResult] = []
+        rows_of_runs: list[list[dict[str, Any]]] = []
         for d in dirs:
             if not ((d / "metrics.jsonl").is_file() and sw.is_finished(d)):
                 notes.append(f"{v['name']}: {d.name} not finished, left out")
@@ -301,16 +311,15 @@ def summarize_dir(sweep: Path, baseline: str, console: Console) -> None:
             marker = sw.read_json(d / sw.MARKER) or {}
             wall = marker.get("wall_s")
             try:
+                metrics = sm.read_metrics(d / "metrics.jsonl")
                 runs.append(
-                    sm.run_result(
-                        sm.read_metrics(d / "metrics.jsonl"),
-                        sm.NAN if wall is None else float(wall),
-                        marker.get("seed"),
-                    )
+                    sm.run_result(metrics, sm.NAN if wall is None else float(wall), marker.get("seed"))
                 )
+                rows_of_runs.append(metrics)
             except ValueError as err:
                 notes.append(f"{v['name']}: {d.name} left out ({err})")
         groups.append((v["name"], runs))
+        metric_rows.append((v["name"], rows_of_runs))
     rows = sm.summarize(groups, base)
     title = f"exgrpo ablate {plan.get('name') or sweep.name}"
     notes += [f"{v['name']}: {' '.join(v['overrides']) or '(defaults)'}" for v in plan["variants"]]
@@ -318,9 +327,19 @@ def summarize_dir(sweep: Path, baseline: str, console: Console) -> None:
     if shared:
         notes.append("every run: " + " ".join(shared))
     sm.write_csv(rows, sweep / "summary.csv")
-    (sweep / "summary.md").write_text(sm.to_markdown(rows, title, notes), encoding="utf-8")
+    try:
+        pairs = {**plan.get("compare_to", {}), **(compare_to or {})}
+        judged = write_judgement(sweep, groups, metric_rows, base, pairs, title)
+    except ValueError as err:
+        _fail(str(err))
+    (sweep / "summary.md").write_text(sm.to_markdown(rows, title, notes) + "\n" + judged, encoding="utf-8")
     plot_curves(groups, sweep / "curves.png", title, base)
     # Off a terminal (a log, CI) rich would fold the table into 80 columns.
     wide = console if console.is_terminal else Console(file=console.file, width=max(console.width, 110))
     wide.print(sm.rich_table(rows, title))
-    console.print(f"wrote {sweep / 'summary.md'}, summary.csv and curves.png", highlight=False)
+    if judged:  # the comparisons as summary.md has them (markdown reads as plain text too)
+        wide.print(judged, markup=False, highlight=False, soft_wrap=True)
+    console.print(
+        f"wrote {sweep / 'summary.md'}, summary.csv, comparisons.csv, curves.png and dynamics.png",
+        highlight=False,
+    )

@@ -310,6 +310,11 @@ class Trainer:
             "reward/solved_all": float(np.mean([g.num_correct == len(g.responses) for g in groups])),
             "reward/solved_none": float(np.mean([g.num_correct == 0 for g in groups])),
         }
+        # A replayed group always holds a correct response, so solved_none falls with the replay
+        # share alone; the fresh groups' share is what compares on-policy and ExGRPO runs.
+        fresh_groups = [g for g in groups if not g.from_buffer]
+        if fresh_groups:
+            out["reward/fresh_solved_none"] = float(np.mean([g.num_correct == 0 for g in fresh_groups]))
         if replayed:
             out["reward/replayed_accuracy"] = float(np.mean(replayed))
         return out
