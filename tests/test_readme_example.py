@@ -21,7 +21,7 @@ def _example() -> str:
 def test_readme_library_example_runs_and_matches_full_logits():
     torch.manual_seed(0)
     ns: dict = {}
-    exec(compile(_example(), "docs/library.md example", "exec"), ns)  # the project's own doc, not model output
+    exec(compile(_example(), "docs/library.md", "exec"), ns)  # the project's own doc, not model output
     B, T, V = ns["B"], ns["T"], ns["V"]
     hidden, head, targets = ns["hidden"].detach(), ns["head"], ns["targets"]
 
