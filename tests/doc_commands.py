@@ -44,7 +44,7 @@ def _logical_lines(lines: list[str]) -> list[str]:
     return out
 
 
-def _fenced(text: str) -> list[tuple[str, list[str]]]:
+def fenced_blocks(text: str) -> list[tuple[str, list[str]]]:
     """(info string, lines) of every fenced block."""
     blocks, info, body = [], None, []
     for line in text.splitlines():
@@ -87,7 +87,7 @@ def page_commands(path: Path) -> list[DocCommand]:
     text = path.read_text()
     page = str(path.relative_to(REPO))
     found: list[str] = []
-    for info, body in _fenced(text):
+    for info, body in fenced_blocks(text):
         for line in _logical_lines(body):
             if info in SHELL_FENCES:
                 stripped = line.strip()

@@ -31,7 +31,7 @@ from doc_checks import (
     schema_has,
     sweep_points,
 )
-from doc_commands import all_commands, doc_pages, inline_spans
+from doc_commands import all_commands, doc_pages, fenced_blocks, inline_spans
 
 from conftest import REPO, SHARED_DATA
 
@@ -186,6 +186,19 @@ def test_documented_scripts_parse():
             continue
         proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, f"`{text}`: bash -n {path.name} failed:\n{proc.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("page", doc_pages(), ids=_rel)
+def test_shell_blocks_parse(page: Path, tmp_path: Path):
+    """Every ```bash block (the job script of scaling-up.md included) is valid shell: `bash -n`,
+    with each <placeholder> read as a word."""
+    for n, (info, body) in enumerate(fenced_blocks(page.read_text())):
+        if info not in ("bash", "sh"):
+            continue
+        script = tmp_path / f"block{n}.sh"
+        script.write_text(re.sub(r"<[^<>\n]+>", "PLACEHOLDER", "\n".join(body)) + "\n")
+        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, f"{_rel(page)}: a ```{info} block is not valid shell: {proc.stderr}"
 
 
 def test_sbatch_script_runs_exgrpo_train():
