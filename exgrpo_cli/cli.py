@@ -21,6 +21,14 @@ COMMANDS = {
     "inspect-buffer": "show what a run's replay buffer holds (text, JSON or plots)",
 }
 
+# Each command's page in the repository (its --help footer names it too; tests/test_docs.py).
+DOC_PAGES = {
+    "train": "docs/training-and-configs.md",
+    "eval": "docs/evaluation.md",
+    "ablate": "docs/ablations-and-results.md",
+    "inspect-buffer": "docs/replay-buffer.md",
+}
+
 USAGE = """usage: exgrpo <command> [hydra overrides ...]
 
 ExGRPO: GRPO with a quality-aware experience replay buffer ("Learning to Reason from
@@ -35,13 +43,17 @@ config, `-m` for a multirun sweep, and `--help` for its config groups. Examples:
   exgrpo train replay.ratio=0 trainer.steps=20  # plain on-policy GRPO
   exgrpo eval eval=paper model=qwen2.5-math-7b  # the paper's benchmarks
   exgrpo inspect-buffer outputs/train/<run>     # the replay buffer of a run
+
+Docs, in the exgrpo repository: README.md, and docs/README.md for every page; per command:
+{pages}
 """
 
 
 def _usage() -> str:
     width = max(len(c) for c in COMMANDS)
     lines = "\n".join(f"  {c.ljust(width)}  {h}" for c, h in COMMANDS.items())
-    return USAGE.format(commands=lines)
+    pages = "\n".join(f"  {c.ljust(width)}  {DOC_PAGES[c]}" for c in COMMANDS)
+    return USAGE.format(commands=lines, pages=pages)
 
 
 def _translate_inspect_args(args: list[str]) -> list[str]:
@@ -89,6 +101,7 @@ def run_hydra(command: str, overrides: list[str]) -> None:
     # conf/config.yaml names the job (log file, run dir) after this variable; passing it as one
     # more override instead would break argparse when the user mixes flags and overrides.
     os.environ["EXGRPO_COMMAND"] = command.replace("-", "_")
+    os.environ["EXGRPO_DOC_PAGE"] = DOC_PAGES[command]  # named by --help's footer (conf/config.yaml)
     # Hydra reads sys.argv itself; give it the argv of a program named after the command.
     sys.argv = [f"exgrpo {command}", *overrides]
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
