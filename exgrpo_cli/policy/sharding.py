@@ -111,15 +111,15 @@ class Shards:
     # ------------------------------------------------------------------ run-wide scalars
     def mean(self, values: Mapping[str, float]) -> dict[str, float]:
         """The ranks' mean of each value (every rank passes the same keys)."""
-        return D.all_reduce_dict(dict(values), self.dist)
+        return self._reduce(values, "mean")
 
     def total(self, values: Mapping[str, float]) -> dict[str, float]:
         """The ranks' sum of each value."""
-        return D.all_reduce_dict(dict(values), self.dist, op="sum")
+        return self._reduce(values, "sum")
 
     def max(self, values: Mapping[str, float]) -> dict[str, float]:
         """The largest rank's value of each."""
-        return D.all_reduce_dict(dict(values), self.dist, op="max")
+        return self._reduce(values, "max")
 
     def any(self, flag: bool) -> bool:
         """Whether any rank's `flag` is set: a decision every rank must take alike."""
@@ -127,4 +127,7 @@ class Shards:
 
     def from_main(self, value: T) -> T:
         """Rank 0's `value` on every rank: rank 0 decides (pickled, keep it small)."""
-        return D.broadcast_object(value, self.dist)
+        return value if self.alone else D.broadcast_object(value, self.dist)
+
+    def _reduce(self, values: Mapping[str, float], op: str) -> dict[str, float]:
+        return dict(values) if self.alone else D.all_reduce_dict(dict(values), self.dist, op=op)
