@@ -154,10 +154,10 @@ class ExperienceBuffer:
         the order they are stored: the fresh correct responses of the groups it collects
         (lbound < k <= rbound, docs/algorithm.md §2); none before the delayed start (``bounds``
         None). Every rank finds the same from the same groups."""
+        collected = [(gi, g) for gi, g in enumerate(groups) if _collects(g, bounds)]
         return [
             (gi, ri)
-            for gi, g in enumerate(groups)
-            if _collects(g, bounds)
+            for gi, g in collected
             for ri, r in enumerate(g.responses)
             if r.reward > 0.5 and not r.replayed
         ]
@@ -294,14 +294,8 @@ class ExperienceBuffer:
         """What two ranks' buffers must agree on, in 16 hex digits: bucket membership, the retired
         set, the sizes and the running checksum of every stored token and log-prob. O(questions):
         the checksum is kept up to date as experiences come and go."""
-        content = [
-            [self.questions_in_bucket(i) for i in range(self.num_buckets)],
-            sorted(self._retired),
-            self.num_questions,
-            self._num_experiences,
-            self._tokens,
-            self.checksum,
-        ]
+        sizes = [self.num_questions, self._num_experiences, self._tokens, self.checksum]
+        content = [[list(b) for b in self._buckets], sorted(self._retired), *sizes]
         return hashlib.blake2b(json.dumps(content).encode(), digest_size=8).hexdigest()
 
     @property
