@@ -12,7 +12,7 @@ import torch
 from conftest import torchrun, worker_env
 
 WORKER = Path(__file__).resolve().parent / "shard_worker.py"
-# every test starts torchrun ranks: 23-27 s each on a loaded 2-core machine
+# every test starts torchrun ranks: 11-27 s each measured on the shared 2-core machine
 pytestmark = pytest.mark.slow
 
 
