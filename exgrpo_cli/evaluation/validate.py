@@ -82,19 +82,20 @@ def sample_and_grade(
     when given, picks the answer rule of each question's samples from its rendered prompt (else
     the scorer grades with its own rule). Under torchrun (`dist`), the ranks share the chunks and
     the grading, and every rank returns the whole result: the one a single process returns."""
+    from exgrpo_cli.policy.sharding import Shards  # deferred: torch.distributed
+
     texts_in = [template.render(q, tokenizer, data_system) for q in questions]
     rules = [] if rule_for_prompt is None else [rule_for_prompt(t) for t in texts_in]
     prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts_in]
     per_call = max(1, chunk // n)
     starts = list(range(0, len(questions), per_call))
-    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
-    # each rank samples every W-th chunk, with the chunk's own seed, so that the samples are those
-    # one process draws; every rank makes as many calls (an FSDP-sharded model's generation is a
-    # collective): a rank out of chunks takes part with an empty one
-    mine = starts[rank::world]
-    calls = len(mine) if world == 1 else -(-len(starts) // world)
+    shards = Shards(dist) if dist is not None else Shards()
+    # each rank samples its share of the chunks, with the chunk's own seed, so that the samples are
+    # those one process draws; every rank makes as many calls (an FSDP-sharded model's generation
+    # is a collective): a rank out of chunks takes part with an empty one
+    mine = [starts[i] for i in shards.mine(len(starts))]
     texts: dict[int, list[str]] = {}
-    for k in range(calls):
+    for k in range(shards.rounds(len(starts))):
         if k >= len(mine):
             engine.generate([], [], spec)
             if progress is not None:
@@ -108,34 +109,29 @@ def sample_and_grade(
         for r in outs:
             by_q[r.prompt_index].append(decode_response(tokenizer, r.response_ids))
         texts.update(zip(idx, by_q))
-        if progress is not None:  # the ranks go in step: after k+1 calls, (k+1) x W chunks are done
-            done = (k + 1) * world
+        if progress is not None:  # the ranks go in step: after k+1 calls each, all ranks' chunks
+            done = shards.done_after(k + 1, len(starts))
             progress(starts[done] if done < len(starts) else len(questions))
     graded = _grade(sorted(texts), texts, questions, scorer, n, kinds, rules)
-    if world > 1:  # every rank gets every question's samples and grades
-        from exgrpo_cli.policy.distributed import all_gather_object
-
-        assert dist is not None
-        parts = all_gather_object((texts, graded), dist)
-        texts = {i: t for part, _ in parts for i, t in part.items()}
-        graded = _merge([g for _, g in parts])
-    order = range(len(questions))
+    # every rank gets every question's samples and grades
+    got = shards.merge(graded.per_question, timeouts=graded.timeouts, errors=graded.errors)
+    per_question = got.in_order(len(questions), ([], [], []))
     return SampledResult(
         questions,
-        [texts[i] for i in order],
-        [graded.correct[i] for i in order],
-        [graded.extracted[i] for i in order],
+        [q[0] for q in per_question],
+        [q[1] for q in per_question],
+        [q[2] for q in per_question],
         texts_in,
-        graded.timeouts,
-        graded.errors,
+        got.counts["timeouts"],
+        got.counts["errors"],
         rules,
     )
 
 
 @dataclass
 class _Graded:
-    correct: dict[int, list[float]]  # question index -> its samples' rewards
-    extracted: dict[int, list[str | None]]
+    # question index -> (its samples' texts, their rewards, their graded answers)
+    per_question: dict[int, tuple[list[str], list[float], list[str | None]]]
     timeouts: int = 0
     errors: int = 0
 
@@ -154,20 +150,12 @@ def _grade(
     flat_gold = [questions[i].answer for i in idx for _ in range(n)]
     flat_kind = None if kinds is None else [kinds[i] for i in idx for _ in range(n)]
     if not flat_resp:
-        return _Graded({}, {})
+        return _Graded({})
     # no rules (training's validation): the scorer's own rule
     flat_rules = [rules[i] for i in idx for _ in range(n)] if rules else None
     graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind, rules=flat_rules)
-    correct = {i: list(graded.rewards[k * n : (k + 1) * n]) for k, i in enumerate(idx)}
-    extracted = {i: list(graded.extracted[k * n : (k + 1) * n]) for k, i in enumerate(idx)}
-    return _Graded(correct, extracted, graded.timeouts, graded.errors)
-
-
-def _merge(parts: list[_Graded]) -> _Graded:
-    out = _Graded({}, {})
-    for p in parts:
-        out.correct.update(p.correct)
-        out.extracted.update(p.extracted)
-        out.timeouts += p.timeouts
-        out.errors += p.errors
-    return out
+    per_question = {
+        i: (texts[i], list(graded.rewards[k * n : (k + 1) * n]), list(graded.extracted[k * n : (k + 1) * n]))
+        for k, i in enumerate(idx)
+    }
+    return _Graded(per_question, graded.timeouts, graded.errors)

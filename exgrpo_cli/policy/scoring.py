@@ -14,8 +14,9 @@ from typing import Literal
 
 import torch
 
-from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, local_dist
+from exgrpo_cli.policy.distributed import DistInfo, local_dist
 from exgrpo_cli.policy.forward import forward_logprobs, synced_micro_batches
+from exgrpo_cli.policy.sharding import Shards
 
 
 @torch.no_grad()
@@ -39,8 +40,8 @@ def score_candidates(
     if not responses:
         return []
     dist = dist if dist is not None else local_dist(model)
-    rank, world = dist.rank, dist.world_size
-    mine = list(range(rank, len(responses), world))
+    shards = Shards(dist)
+    mine = shards.mine(len(responses))
     # the compute device: under CPU offload the parameters are in host memory
     passes = synced_micro_batches(
         prompts, responses, mine, token_budget, pad_id, dist.device, dist, max_rows=max_rows
@@ -69,6 +70,5 @@ def score_candidates(
         reshard = getattr(model, "reshard", None)
         if callable(reshard):
             reshard()
-    if world > 1:
-        scores = {i: v for part in all_gather_object(scores, dist) for i, v in part.items()}
-    return [scores[i] for i in range(len(responses))]
+    every = shards.merge(scores).items
+    return [every[i] for i in range(len(responses))]

@@ -1,7 +1,8 @@
 """Experience buffer: what ExGRPO remembers between steps (docs/algorithm.md §2).
 
-Place in the train step: after the rollouts of a step are scored, the loop calls
-``observe_group`` once per group (fresh and replayed questions alike) and then ``end_step``.
+Place in the train step: after the rollouts of a step are scored and the policy updated, the loop
+calls ``observe_groups`` with the step's groups (fresh and replayed questions alike; which of their
+responses are stored is the buffer's rule, ``storable``) and then ``end_step``.
 At the start of the next step ``selection.select_questions`` reads the buckets to pick the
 questions to replay, and ``experiences(uid)`` hands over the stored candidates that the
 trajectory selection scores. Buffer, buckets and retired set go into every checkpoint
@@ -20,10 +21,12 @@ and with it seeded selection, survives a save/load round trip.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import json
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +36,11 @@ from exgrpo_cli.replay.indexed_set import IndexedSet
 from exgrpo_cli.replay.persistence import FORMAT_VERSION, checked_arrays, load_buffer, save_buffer
 from exgrpo_cli.replay.persistence import META_LEN as _LEN
 from exgrpo_cli.replay.persistence import META_SEQ as _SEQ
+
+if TYPE_CHECKING:
+    from exgrpo_cli.replay.mixing import Group
+
+Bounds = tuple[int, int]  # (lbound, rbound): groups with lbound < k <= rbound are collected
 
 
 class ExperienceBuffer:
@@ -140,6 +148,44 @@ class ExperienceBuffer:
             self._add_to_checksum(sum(value_hash(a, lp) for a, lp in zip(ids, logps)))
             self._enforce_cap()
 
+    @staticmethod
+    def storable(groups: Sequence[Group], bounds: Bounds | None) -> list[tuple[int, int]]:
+        """(group, response) of every response ``observe_groups`` stores from a step's groups, in
+        the order they are stored: the fresh correct responses of the groups it collects
+        (lbound < k <= rbound, docs/algorithm.md §2); none before the delayed start (``bounds``
+        None). Every rank finds the same from the same groups."""
+        collected = [(gi, g) for gi, g in enumerate(groups) if _collects(g, bounds)]
+        return [
+            (gi, ri)
+            for gi, g in collected
+            for ri, r in enumerate(g.responses)
+            if r.reward > 0.5 and not r.replayed
+        ]
+
+    def observe_groups(
+        self,
+        groups: Sequence[Group],
+        step: int,
+        bounds: Bounds | None,
+        logprobs: Mapping[tuple[int, int], np.ndarray] | None,
+    ) -> None:
+        """``observe_group`` for each of a step's scored groups, storing its ``storable``
+        responses with ``logprobs[(group, response)]`` (the trainer's), or with the rollout
+        engine's when ``logprobs`` is None (then a response the engine gave none for is not
+        stored: there would be nothing to weight its replay with)."""
+        correct: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in groups]
+        for gi, ri in self.storable(groups, bounds):
+            r = groups[gi].responses[ri]
+            if logprobs is not None:
+                logp = logprobs[(gi, ri)]
+            elif r.behavior_logp:
+                logp = np.asarray(r.behavior_logp, dtype=np.float32)
+            else:
+                continue
+            correct[gi].append((np.asarray(r.ids, dtype=np.int32), logp))
+        for gi, g in enumerate(groups):
+            self.observe_group(g.question.uid, g.num_correct, correct[gi], step, collect=_collects(g, bounds))
+
     def end_step(self) -> list[str]:
         """Retire the questions that reached k == K this step; returns them."""
         done = list(self._pending)
@@ -244,6 +290,14 @@ class ExperienceBuffer:
         checksums, whatever the order the experiences came in."""
         return f"{self._checksum:016x}"
 
+    def digest(self) -> str:
+        """What two ranks' buffers must agree on, in 16 hex digits: bucket membership, the retired
+        set, the sizes and the running checksum of every stored token and log-prob. O(questions):
+        the checksum is kept up to date as experiences come and go."""
+        sizes = [self.num_questions, self._num_experiences, self._tokens, self.checksum]
+        content = [[list(b) for b in self._buckets], sorted(self._retired), *sizes]
+        return hashlib.blake2b(json.dumps(content).encode(), digest_size=8).hexdigest()
+
     @property
     def nbytes(self) -> int:
         """Array payload: 8 bytes per token + 32 per experience (Python objects not counted)."""
@@ -340,3 +394,8 @@ class ExperienceBuffer:
         buf = cls(index["group_size"], index["bucket_edges"], index["max_experiences"])
         buf.load_state_dict(state)
         return buf
+
+
+def _collects(group: Group, bounds: Bounds | None) -> bool:
+    """Whether the buffer stores responses of `group`: after the delayed start, lbound < k <= rbound."""
+    return bounds is not None and bounds[0] < group.num_correct <= bounds[1]

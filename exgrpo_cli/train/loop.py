@@ -29,11 +29,13 @@ from exgrpo_cli.data.sampler import FreshDraw
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.metrics.memory import PhaseMemory
-from exgrpo_cli.policy.distributed import DistInfo, all_gather_object
+from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.policy.forward import token_budget
 from exgrpo_cli.policy.scoring import score_candidates
+from exgrpo_cli.policy.sharding import Shards
+from exgrpo_cli.replay.buffer import Bounds
 from exgrpo_cli.replay.experience import Experience
-from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, update_order
+from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, row_keys, update_order
 from exgrpo_cli.replay.selection import n_replay, select_questions
 from exgrpo_cli.replay.trajectory import TrajectoryRule
 from exgrpo_cli.reward.scorer import RewardScorer
@@ -76,16 +78,18 @@ class Trainer:
     engine: RolloutEngine
     scorer: RewardScorer
     choices: Choices
-    # data parallel: every rank draws the same questions and holds the same buffer; rank r
-    # generates and grades groups r, r+W, ... and trains on them; the graded rollouts are
-    # all-gathered in between, and `check_ranks_agree` verifies the shared state every step
+    # data parallel (policy/sharding.py): every rank draws the same questions and holds the same
+    # buffer; each generates, grades and trains on its share of the groups, every rank gets every
+    # share's rollouts and rewards, and `check_ranks_agree` verifies the shared state every step
     dist: DistInfo = field(default_factory=DistInfo)
     questions: dict[str, Question] = field(default_factory=dict)  # uid -> question, for replay prompts
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
+    shards: Shards = field(init=False)  # this rank's share of the step's work, from `dist`
 
     def __post_init__(self) -> None:
         if not self.questions:
             self.questions = {q.uid: q for q in self.state.sampler.questions}
+        self.shards = Shards(self.dist)
 
     @property
     def replay_enabled(self) -> bool:
@@ -118,9 +122,10 @@ class Trainer:
             reward_metrics = self.score(groups)
         if self.replay_enabled:
             st.switch.update(step, reward_metrics["reward/accuracy"])
-        # this rank trains on groups r, r+W, ... (group-relative advantages: a slice by group is exact)
-        mine = list(range(self.dist.rank, len(groups), self.dist.world_size))
-        mine = update_order(mine, cfg.algo.updates_per_step, step_rng(cfg.trainer.seed, step, 4))
+        # this rank trains on its share of the groups (group-relative advantages: a slice by group is exact)
+        mine = update_order(
+            self.shards.mine(len(groups)), cfg.algo.updates_per_step, step_rng(cfg.trainer.seed, step, 4)
+        )
         batch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
         # the engine's log-probs against the trainer's, before the first optimizer step (may stop the run)
@@ -141,8 +146,7 @@ class Trainer:
                 self.maybe_readmit(step)
         st.step = step
         st.count_updates(result.applied)
-        if self.dist.distributed:
-            self.check_ranks_agree(step)
+        self.check_ranks_agree(step)
         metrics = {
             **reward_metrics,
             **rollout_metrics(groups, batch),
@@ -233,9 +237,9 @@ class Trainer:
                 )
             for u, s in zip(owners, flat):
                 scores[u].append(s)
-        # every rank picks alike with no broadcast: the same candidates (buffers agree, checked
-        # every step), the same scores (each computed by one rank, then all-gathered) and the
-        # same generator (seed, step)
+        # every rank picks alike without asking rank 0: the same candidates (buffers agree,
+        # checked every step), the same scores (each computed by one rank, then shared with all)
+        # and the same generator (seed, step)
         picks = [rule.pick(cands[u], scores[u], rng) for u in uids]
         chosen = [(self.questions[u], cands[u][i]) for u, i in zip(uids, picks)]
         picked = [scores[u][i] for u, i in zip(uids, picks) if scores[u]]
@@ -250,25 +254,23 @@ class Trainer:
         prompts = [self.prompt_ids(q) for q in questions]
         seed = int(step_rng(self.cfg.trainer.seed, step, 1).integers(2**62))
         r = self.cfg.rollout
-        W, rank = self.dist.world_size, self.dist.rank
-        spec = SamplingSpec(r.temperature, r.top_p, self.cfg.model.max_response_tokens, seed + rank)
-        mine = list(range(rank, len(questions), W))
+        spec = SamplingSpec(
+            r.temperature, r.top_p, self.cfg.model.max_response_tokens, self.shards.seed(seed)
+        )
+        mine = self.shards.mine(len(questions))
         outs = self.engine.generate([prompts[i] for i in mine], [counts[i] for i in mine], spec)
         # vLLM with rollout.sleep_mode on CUDA frees its weights and KV cache for the update (the
         # sync after it wakes the weights, the next generation the cache); other engines: no-op
         self.engine.release()
+        samples: dict[int, list[Response]] = {i: [] for i in mine}
         for o in outs:
-            o.prompt_index = mine[o.prompt_index]
-        if W > 1:  # every rank scores and stores every group: buffers stay identical across ranks
-            outs = [o for part in all_gather_object(outs, self.dist) for o in part]
-            outs.sort(key=lambda o: o.prompt_index)  # stable: a prompt's samples keep their order
+            samples[mine[o.prompt_index]].append(Response(o.response_ids, o.logprobs, finished=o.finished))
+        # every rank scores and stores every group: buffers stay identical across ranks
+        responses = self.shards.merge(samples).in_order(len(questions), [])
         groups = [
-            Group(q, p, from_buffer=i >= len(fresh)) for i, (q, p) in enumerate(zip(questions, prompts))
+            Group(q, p, list(rs), from_buffer=i >= len(fresh))
+            for i, (q, p, rs) in enumerate(zip(questions, prompts, responses))
         ]
-        for o in outs:
-            groups[o.prompt_index].responses.append(
-                Response(ids=o.response_ids, behavior_logp=o.logprobs, finished=o.finished)
-            )
         for g, (_, exp) in zip(groups[len(fresh) :], replayed):
             g.responses.append(
                 Response(
@@ -280,27 +282,26 @@ class Trainer:
     def score(self, groups: list[Group]) -> dict[str, float]:
         """Rewards for every response, the replayed ones included (docs/algorithm.md §4).
 
-        Under torchrun each rank grades its own groups (r, r+W, ...) and the rewards are
-        all-gathered. Grading has a wall-clock timeout per answer, so if every rank graded every
+        Under torchrun each rank grades its share of the groups and every rank gets every
+        group's rewards. Grading has a wall-clock timeout per answer, so if every rank graded every
         group, a timeout on one rank only would leave the ranks with different rewards, then
         different buffers, and then mismatched collectives when they select replay candidates.
         """
-        W, rank = self.dist.world_size, self.dist.rank
-        texts, golds, where = [], [], []
-        for gi in range(rank, len(groups), W):
-            for ri, r in enumerate(groups[gi].responses):
-                texts.append(decode_response(self.tokenizer, r.ids))
-                golds.append(groups[gi].question.answer)
-                where.append((gi, ri))
+        mine = self.shards.mine(len(groups))
+        texts = [decode_response(self.tokenizer, r.ids) for gi in mine for r in groups[gi].responses]
+        golds = [groups[gi].question.answer for gi in mine for _ in groups[gi].responses]
         result = self.scorer.score(texts, golds)
-        graded = [(gi, ri, float(rew)) for (gi, ri), rew in zip(where, result.rewards)]
-        timeouts, errors = result.timeouts, result.errors
-        if W > 1:
-            parts = all_gather_object((graded, timeouts, errors), self.dist)
-            graded = [x for part, _, _ in parts for x in part]
-            timeouts, errors = sum(p[1] for p in parts), sum(p[2] for p in parts)
-        for gi, ri, rew in graded:
-            groups[gi].responses[ri].reward = rew
+        rewards: dict[int, list[float]] = {}
+        start = 0
+        for gi in mine:
+            end = start + len(groups[gi].responses)
+            rewards[gi] = [float(x) for x in result.rewards[start:end]]
+            start = end
+        graded = self.shards.merge(rewards, timeouts=result.timeouts, errors=result.errors)
+        for gi, group_rewards in graded.items.items():
+            for resp, rew in zip(groups[gi].responses, group_rewards):
+                resp.reward = rew
+        timeouts, errors = graded.counts["timeouts"], graded.counts["errors"]
         fresh = [r.reward for g in groups for r in g.responses if not r.replayed]
         replayed = [r.reward for g in groups for r in g.responses if r.replayed]
         out = {
@@ -319,35 +320,31 @@ class Trainer:
             out["reward/replayed_accuracy"] = float(np.mean(replayed))
         return out
 
-    def collected_groups(self, groups: list[Group]) -> set[int]:
-        """The groups whose correct fresh responses the buffer stores this step: after the delayed
-        start, lbound < k <= rbound (docs/algorithm.md §2). The same on every rank."""
+    def bounds(self) -> Bounds | None:
+        """The success counts whose groups the buffer collects (lbound, rbound) this step; None
+        before the delayed start (docs/algorithm.md §2)."""
         if not self.state.switch.active:
-            return set()
-        replay = self.cfg.replay  # the bounds are a method of the replay config, not a key
-        low, high = replay.experience_bounds(self.cfg.rollout.n)
-        return {gi for gi, g in enumerate(groups) if low < g.num_correct <= high}
+            return None
+        return self.cfg.replay.experience_bounds(self.cfg.rollout.n)
 
     def trainer_logprobs(
         self, groups: list[Group], mine: list[int], result: UpdateResult
     ) -> dict[tuple[int, int], np.ndarray]:
-        """(group, response) -> the trainer's pre-update log-probs of the correct fresh responses
-        the buffer stores this step, from every rank (each computed them for its own groups
-        only): all ranks store the same. Empty, and no collective, when none is stored or the
+        """(group, response) -> the trainer's pre-update log-probs of the responses the buffer
+        stores this step, from every rank (each computed them for its own groups, `mine`, in this
+        order): all ranks store the same. Empty, and nothing exchanged, when none is stored or the
         buffer stores the engine's log-probs (every rank decides alike)."""
-        wanted = self.collected_groups(groups) if self.cfg.replay.store_trainer_logprobs else set()
+        if not self.cfg.replay.store_trainer_logprobs:
+            return {}
+        wanted = set(self.state.buffer.storable(groups, self.bounds()))
         if not wanted:
             return {}
-        local: dict[tuple[int, int], np.ndarray] = {}
-        row = 0
-        for gi in mine:  # build_mixed_batch's row order: group by group, responses in order
-            for ri, r in enumerate(groups[gi].responses):
-                if gi in wanted and r.reward > 0.5 and not r.replayed:
-                    local[(gi, ri)] = np.asarray(result.trainer_logp[row], dtype=np.float32)
-                row += 1
-        if not self.dist.distributed:
-            return local
-        return {k: v for part in all_gather_object(local, self.dist) for k, v in part.items()}
+        local = {
+            key: np.asarray(result.trainer_logp[row], dtype=np.float32)
+            for row, key in enumerate(row_keys(groups, mine))
+            if key in wanted
+        }
+        return self.shards.merge(local).items
 
     def observe(
         self, groups: list[Group], step: int, trainer_logp: dict[tuple[int, int], np.ndarray]
@@ -355,35 +352,13 @@ class Trainer:
         """docs/algorithm.md §2: retire K/K questions, bucket and store the rest (after the delayed start,
         when lbound < k <= rbound). The stored log-probs are the trainer's (`trainer_logp`), or the
         rollout engine's with `replay.store_trainer_logprobs=false`."""
-        p = self.cfg.replay
-        collected = self.collected_groups(groups)
-        for gi, g in enumerate(groups):
-            correct = []
-            for ri, r in enumerate(g.responses):
-                if gi not in collected or r.reward <= 0.5 or r.replayed:
-                    continue  # the buffer reads responses only of the groups it collects
-                if p.store_trainer_logprobs:
-                    logp = trainer_logp[(gi, ri)]
-                elif r.behavior_logp:
-                    logp = np.asarray(r.behavior_logp, dtype=np.float32)
-                else:
-                    continue  # an engine that gives no log-probs: nothing to weight a replay with
-                correct.append((np.asarray(r.ids, dtype=np.int32), logp))
-            self.state.buffer.observe_group(
-                g.question.uid, g.num_correct, correct, step=step, collect=gi in collected
-            )
+        logprobs = trainer_logp if self.cfg.replay.store_trainer_logprobs else None
+        self.state.buffer.observe_groups(groups, step, self.bounds(), logprobs)
 
     def check_ranks_agree(self, step: int) -> None:
-        """Every rank must hold the same buffer, switch and sampler position: they pick the same
-        replay questions from them, and the candidate scoring is a collective forward. Diverged
-        ranks would hang in it (until trainer.dist_timeout_s) or train on mismatched batches;
-        this fails the run at once with a message instead. Costs one small all-gather per step."""
-        digests = all_gather_object(self.state.digest(), self.dist)
-        if any(d != digests[0] for d in digests):
-            raise RuntimeError(
-                f"step {step}: the ranks' replay buffers / sampler / delayed-start states "
-                f"diverged (digest per rank: {digests})"
-            )
+        """Every rank holds the same buffer, switch and sampler position (policy/sharding.py
+        `check_agree`); a no-op on one rank."""
+        self.shards.check_agree(self.state.digest, step)
 
     def maybe_readmit(self, step: int) -> None:
         p = self.cfg.replay

@@ -28,6 +28,7 @@ from exgrpo_cli.metrics import MetricLogger
 from exgrpo_cli.metrics.logger import resume_point
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.sharding import Shards
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.train import notices, preempt
 from exgrpo_cli.train.loop import Trainer
@@ -174,9 +175,9 @@ def _start_logger(cfg: ExgrpoConfig, dist: D.DistInfo, out: Path, resume_from: P
                 str(out), cfg.logger, dataclasses.asdict(cfg), cfg.trainer.steps, start, wandb_id
             )
         except Exception as err:
-            D.broadcast_object((isinstance(err, UsageError), type(err).__name__, str(err)), dist)
+            Shards(dist).from_main((isinstance(err, UsageError), type(err).__name__, str(err)))
             raise
-    failure = D.broadcast_object(failure, dist)
+    failure = Shards(dist).from_main(failure)
     if failure is not None:
         refused, kind, message = failure
         if refused:
@@ -193,17 +194,15 @@ def _loop(
     final: dict[str, float],
     stop: StopRequested,
 ) -> None:
-    st, dist, t = trainer.state, trainer.dist, trainer.cfg.trainer
+    st, dist, t, shards = trainer.state, trainer.dist, trainer.cfg.trainer, trainer.shards
     switch, ratio, warned = st.switch, trainer.cfg.replay.ratio, False
     best = _Best(out / "checkpoints", st, dist) if t.keep_best else None
     with stop:
         for step in range(st.step + 1, t.steps + 1):
             raw = trainer.train_step(step)
             peaks = {k: v for k, v in raw.items() if k.startswith("memory/")}
-            metrics = D.all_reduce_dict(
-                {k: v for k, v in raw.items() if k not in peaks}, dist
-            )  # run-wide means
-            metrics.update(D.all_reduce_dict(peaks, dist, op="max"))  # memory: the fullest rank
+            metrics = shards.mean({k: v for k, v in raw.items() if k not in peaks})  # run-wide means
+            metrics.update(shards.max(peaks))  # memory: the fullest rank
             last = step == t.steps
             if val_qs and (last or (t.eval_every and step % t.eval_every == 0)):
                 metrics.update(validate(trainer, val_qs))
@@ -219,7 +218,7 @@ def _loop(
             final.update({k: v for k, v in metrics.items() if k.startswith("val/")})
             give_up = st.skipped_in_a_row >= t.max_skipped_steps
             # a signal may reach one rank only: all ranks stop at the same step (and requeue or not)
-            code = D.all_reduce_dict({"stop": float(stop.code)}, dist, op="max")["stop"]
+            code = shards.max({"stop": float(stop.code)})["stop"]
             stop.agree(int(code))
             improved = best is not None and best.improved(metrics.get(_Best.METRIC))
             if improved and best is not None:
@@ -277,7 +276,7 @@ class _Best:
         if score is None:  # no validation this step (on every rank alike)
             return False
         best = self.state.best
-        return bool(D.broadcast_object(best is None or score > float(best["score"]), self.dist))
+        return bool(Shards(self.dist).from_main(best is None or score > float(best["score"])))
 
     def record(self, step: int, score: float) -> None:
         """Before the save: the checkpoint of this step holds its own best record."""

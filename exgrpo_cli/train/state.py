@@ -111,18 +111,9 @@ class RunState:
 
     def digest(self) -> str:
         """A digest of what every rank must hold alike: the shared part of `state_dict` and the
-        buffer's membership, buckets, retired set, sizes and running checksum of the stored tokens
-        and log-probs (kept up to date as experiences come and go: O(questions) here)."""
+        buffer's own digest (its content, stored tokens and log-probs included)."""
         shared = {k: v for k, v in self.state_dict().items() if k not in LOCAL_KEYS}
-        b = self.buffer
-        shared["buffer"] = [
-            [b.questions_in_bucket(i) for i in range(b.num_buckets)],
-            sorted(b.retired),
-            b.num_questions,
-            b.num_experiences,
-            b.stored_tokens,
-            b.checksum,  # every stored token and log-prob
-        ]
+        shared["buffer"] = self.buffer.digest()
         return hashlib.blake2b(json.dumps(shared, sort_keys=True).encode(), digest_size=8).hexdigest()
 
     # ------------------------------------------------------------------ checkpoint files

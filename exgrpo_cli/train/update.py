@@ -33,9 +33,10 @@ from exgrpo_cli.algo.losses import (
     behaviour_logprobs,
     loss_stats,
 )
-from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, all_reduce_dict, local_dist
+from exgrpo_cli.policy.distributed import DistInfo, local_dist
 from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows, synced_micro_batches
 from exgrpo_cli.policy.offload import clip_grad_norm
+from exgrpo_cli.policy.sharding import Shards
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
 
 
@@ -127,9 +128,9 @@ def policy_update(
         res.grad_norms.append(norm)
         # every rank must take the same decision, and a non-finite loss may be on one rank only;
         # judged per update: a non-finite earlier mini-batch must not condemn this one
-        bad_loss = all_reduce_dict({"bad": float(not math.isfinite(mb_loss))}, dist, op="max")["bad"]
+        bad_loss = Shards(dist).any(not math.isfinite(mb_loss))
         # skip-on-non-finite (and on huge norms, as the paper)
-        skip = not math.isfinite(norm) or norm > plan.skip_grad_norm_above or bool(bad_loss)
+        skip = not math.isfinite(norm) or norm > plan.skip_grad_norm_above or bad_loss
         if not skip:
             optimizer.step()
         res.applied.append(not skip)
@@ -155,8 +156,8 @@ def _accumulate(
     res: UpdateResult,
 ) -> tuple[LossStats, float]:
     """Back-propagate one update's objective, micro-batch by micro-batch; (its stats, its loss)."""
-    device = dist.device
-    rows_mean = all_reduce_dict({"rows": len(rows)}, dist)["rows"]
+    device, shards = dist.device, Shards(dist)
+    rows_mean = shards.mean({"rows": len(rows)})["rows"]
     shape = UpdateShape(
         response_lengths=[len(batch.response_ids[i]) for i in rows],
         sequence_lengths=[len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows],
@@ -164,7 +165,7 @@ def _accumulate(
         max_response_tokens=plan.max_response_tokens,
         row_keys=_row_keys(batch, rows),
     )
-    norms = plan.aggregation(shape, lambda obj: all_gather_object(obj, dist))
+    norms = plan.aggregation(shape, shards.gather)
     position = {row: k for k, row in enumerate(rows)}
     stats, total = LossStats(), 0.0
     with_entropy = plan.entropy_coef > 0

@@ -62,6 +62,7 @@ def test_decoder_layers_refuses_unknown_models() -> None:
         D.decoder_layers(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.slow  # two torchrun ranks: 56 s measured on the shared 2-core machine
 def test_rank0_reads_the_weights_and_a_two_rank_optimizer_resumes_on_one(tmp_path: Path) -> None:
     """Under torchrun rank 0 alone reads the model files (rank 1 opens none) and every rank ends
     with rank 0's weights; the optimizer state written sharded by two ranks loads, exactly, into a

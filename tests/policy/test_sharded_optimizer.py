@@ -12,6 +12,8 @@ import torch
 from conftest import torchrun, worker_env
 
 WORKER = Path(__file__).resolve().parent / "shard_worker.py"
+# every test starts torchrun ranks: 11-27 s each measured on the shared 2-core machine
+pytestmark = pytest.mark.slow
 
 
 def _run(mode: str, ranks: int, tmp_path: Path) -> dict:

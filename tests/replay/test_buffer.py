@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay import ExperienceBuffer, bucket_probabilities, select_questions
+from exgrpo_cli.replay.mixing import Group, Response
 
 
 def resp(*tokens: int, logp: float = -0.5):
@@ -288,3 +290,73 @@ def test_checksum_follows_cap_eviction() -> None:
     survivors.observe_group("q2", 1, [_exp(2)], step=2, collect=True)
     survivors.observe_group("q3", 1, [_exp(3)], step=3, collect=True)
     assert capped.num_experiences == 2 and capped.checksum == survivors.checksum
+
+
+def test_digest_is_the_content_that_ranks_must_share(tmp_path: Path) -> None:
+    """Equal content, equal digest, also through a save/load round trip; a stored log-prob, a
+    retirement or a bucket move changes it."""
+
+    def filled(logp: float = -1.0) -> ExperienceBuffer:
+        buf = ExperienceBuffer(4)
+        buf.observe_group("x", 2, [_exp(1, 2), _exp(3)], step=1, collect=True)
+        buf.observe_group("y", 1, [_exp(5, 6, logp=logp)], step=1, collect=True)
+        return buf
+
+    a = filled()
+    a.save(str(tmp_path / "r"))
+    assert a.digest() == filled().digest() == ExperienceBuffer.load(str(tmp_path / "r")).digest()
+    assert filled(logp=-1.000001).digest() != a.digest()
+    moved = filled()
+    moved.observe_group("y", 3, [], step=2, collect=True)  # bucket of k=1 -> k=3, nothing new stored
+    assert moved.checksum == a.checksum and moved.digest() != a.digest()
+    retired = filled()
+    retired.observe_group("z", 4, [], step=2, collect=True)  # never stored, but retired
+    retired.end_step()
+    assert retired.num_questions == a.num_questions and retired.digest() != a.digest()
+
+
+def _scored(uid: str, rewards: list[float], replayed: bool = False, engine_logp: bool = True) -> Group:
+    """One group; response j is token [10 * len(uid) + j] with engine log-prob -j - 1 (or none)."""
+    responses = [
+        Response([10 * len(uid) + j], [-j - 1.0] if engine_logp else None, reward=r)
+        for j, r in enumerate(rewards)
+    ]
+    if replayed:  # the replayed experience is correct but never stored again
+        responses[-1].replayed = True
+    return Group(Question(uid, uid, "1"), [1], responses)
+
+
+def test_storable_is_the_fresh_correct_responses_of_the_collected_groups() -> None:
+    groups = [
+        _scored("a", [1, 0, 1, 0]),  # k = 2: collected
+        _scored("bb", [1, 1, 1, 1]),  # k = K: retires, nothing stored
+        _scored("ccc", [0, 1, 0, 1], replayed=True),  # k = 2, the replayed response is not stored
+        _scored("dddd", [0, 0, 0, 0]),
+    ]
+    assert ExperienceBuffer.storable(groups, (0, 3)) == [(0, 0), (0, 2), (2, 1)]
+    assert ExperienceBuffer.storable(groups, (1, 3)) == [(0, 0), (0, 2), (2, 1)]  # k=2 > lbound 1
+    assert ExperienceBuffer.storable(groups, (2, 3)) == []
+    assert ExperienceBuffer.storable(groups, None) == []  # before the delayed start
+
+
+def test_observe_groups_stores_the_storable_responses_with_the_given_logprobs() -> None:
+    groups = [_scored("a", [1, 0, 1, 0]), _scored("bb", [1, 1, 1, 1]), _scored("ccc", [0, 1, 0, 0])]
+    trainer = ExperienceBuffer(4)
+    logp = {
+        key: np.full(1, -0.25 * (i + 1), np.float32) for i, key in enumerate(trainer.storable(groups, (0, 3)))
+    }
+    trainer.observe_groups(groups, step=1, bounds=(0, 3), logprobs=logp)
+    assert [e.behavior_logp.tolist() for e in trainer.experiences("a")] == [[-0.25], [-0.5]]
+    assert [e.behavior_logp.tolist() for e in trainer.experiences("ccc")] == [[-0.75]]
+    trainer.end_step()
+    assert trainer.is_retired("bb")
+    engine = ExperienceBuffer(4)
+    engine.observe_groups(groups, step=1, bounds=(0, 3), logprobs=None)  # the engine's log-probs
+    assert [e.behavior_logp.tolist() for e in engine.experiences("a")] == [[-1.0], [-3.0]]
+    silent = ExperienceBuffer(4)  # an engine that gives no log-probs: nothing to weight a replay with
+    silent.observe_groups([_scored("a", [1, 0, 1, 0], engine_logp=False)], 1, (0, 3), None)
+    assert silent.num_experiences == 0
+    before = ExperienceBuffer(4)
+    before.observe_groups(groups, step=1, bounds=None, logprobs=None)
+    before.end_step()
+    assert before.num_questions == 0 and before.is_retired("bb")  # K/K retires before the start too

@@ -10,7 +10,7 @@ from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.policy.forward import micro_batches, pack, synced_micro_batches
-from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, split_groups, update_order
+from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, row_keys, split_groups, update_order
 from exgrpo_cli.replay.schedule import DelayedStart
 
 
@@ -144,3 +144,15 @@ def test_step_rngs_are_independent_of_history():
     step_rng(0, 4, 2).integers(1 << 30, size=100)
     assert np.array_equal(a, step_rng(0, 5, 2).integers(1 << 30, size=3))
     assert not np.array_equal(a, step_rng(1, 5, 2).integers(1 << 30, size=3))
+
+
+def test_row_keys_name_each_row_of_the_mixed_batch() -> None:
+    """row_keys(groups, order) is the (group, response) of each row of the batch of those groups in
+    that order: how the step finds the trainer's log-probs of the responses the buffer stores."""
+    groups = [Group(_q(g), [g], [Response([100 * g + j], [-1.0]) for j in range(2 + g)]) for g in range(4)]
+    order = [3, 1, 2]
+    batch = build_mixed_batch([groups[i] for i in order], step_groups=order)
+    keys = row_keys(groups, order)
+    assert len(keys) == len(batch) == 5 + 3 + 4
+    assert [groups[g].responses[r].ids for g, r in keys] == batch.response_ids
+    assert [order[i] for i in batch.group_index.tolist()] == [g for g, _ in keys]

@@ -38,21 +38,26 @@ def test_train_smoke(tiny_model: Path, tmp_path: Path):
     assert rows[1]["rollout/logprob_diff_mean"] < 1e-3  # HF engine: the trainer's own weights
     ckpt = out / "checkpoints" / "step_2"
     assert (out / "checkpoints" / "latest").read_text() == "step_2"
-    # the checkpoint reloads as the shipped architecture with trained weights, deterministically
-    trained, again, shipped = (
-        AutoModelForCausalLM.from_pretrained(folder).eval()
-        for folder in (ckpt / "model", ckpt / "model", tiny_model)
+    # the checkpoint reloads as the shipped architecture with trained weights: its exported config
+    # computes what the shipped config computes with the same weights (a config the export got
+    # wrong, e.g. rope or norm settings or the tied head, would change the logits)
+    trained, shipped = (
+        AutoModelForCausalLM.from_pretrained(folder).eval() for folder in (ckpt / "model", tiny_model)
     )
     shapes = [{k: tuple(v.shape) for k, v in m.state_dict().items()} for m in (trained, shipped)]
     assert shapes[0] == shapes[1] and len(shapes[0]) > 0
-    ids = AutoTokenizer.from_pretrained(tiny_model)("Compute 37 + 58.", return_tensors="pt").input_ids
-    with torch.no_grad():
-        logits = [m(ids).logits for m in (trained, again, shipped)]
-    assert logits[0].shape == (1, ids.shape[1], trained.config.vocab_size)
-    assert torch.equal(logits[0], logits[1])
-    assert (logits[0] - logits[2]).abs().max() > 1e-3  # two steps moved them by ~0.1
     before = load_file(str(tiny_model / "model.safetensors"))
     after = load_file(str(ckpt / "model" / "model.safetensors"))
+    ids = AutoTokenizer.from_pretrained(tiny_model)("Compute 37 + 58.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = [m(ids).logits for m in (trained, shipped)]
+        rebuilt = AutoModelForCausalLM.from_pretrained(tiny_model).eval()  # the shipped config...
+        missing, unexpected = rebuilt.load_state_dict(after, strict=False)  # ...the trained weights
+        assert not unexpected and set(missing) <= {"lm_head.weight"}  # a tied head is not stored
+        logits.append(rebuilt(ids).logits)
+    assert logits[0].shape == (1, ids.shape[1], trained.config.vocab_size)
+    assert torch.equal(logits[0], logits[2])
+    assert (logits[0] - logits[1]).abs().max() > 1e-3  # two steps moved them by ~0.1
     unchanged = [k for k, v in before.items() if torch.equal(v, after[k])]
     assert not unchanged, f"parameters that did not train: {unchanged}"
 

@@ -1,0 +1,51 @@
+"""One rank of the 2-rank check of policy/sharding.py, launched by tests/policy/test_sharding.py
+under torchrun (gloo, CPU): `python sharding_worker.py OUT_JSON`. Every rank works out its share of
+7 items, the shares are merged, scalars reduced, rank 0's value shared and the digests checked
+(first equal, then different); rank 0 writes what it got to OUT_JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.sharding import Shards
+
+
+def main(out: str) -> None:
+    dist = D.init_distributed(timeout_s=60, device="cpu")
+    shards = Shards(dist)
+    mine = shards.mine(7)
+    merged = shards.merge({i: f"item {i} by rank {dist.rank}" for i in mine}, done=len(mine))
+    report = {
+        "world_size": dist.world_size,
+        "mine": shards.gather(mine),
+        "rounds": shards.rounds(7),
+        "in_order": merged.in_order(7, "missing"),
+        "counts": merged.counts,
+        "mean": shards.mean({"x": float(dist.rank)}),
+        "total": shards.total({"x": float(dist.rank + 1)}),
+        "max": shards.max({"x": float(dist.rank)}),
+        "any": [shards.any(dist.rank == 1), shards.any(False)],
+        "from_main": shards.from_main(f"rank {dist.rank}'s"),
+        "seeds": shards.gather(shards.seed(100)),
+    }
+    shards.check_agree(lambda: "same", step=1)
+    try:
+        shards.check_agree(lambda: f"rank {dist.rank}", step=2)
+        report["diverged"] = "not detected"
+    except RuntimeError as err:
+        report["diverged"] = str(err)
+    try:
+        shards.merge({0: dist.rank})  # both ranks claim item 0
+        report["claimed_twice"] = "not detected"
+    except RuntimeError as err:
+        report["claimed_twice"] = str(err)
+    if dist.is_main:
+        with open(out, "w") as f:
+            json.dump(report, f)
+    D.close_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

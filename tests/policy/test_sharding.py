@@ -1,0 +1,139 @@
+"""policy/sharding.py: which items are a rank's, and every rank's results put back together.
+
+One process (nothing exchanged), two ranks simulated by threads exchanging objects (the step's
+use: rewards and log-probs keyed by group), and two real gloo ranks (sharding_worker.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.policy.sharding import Shards
+
+from conftest import torchrun, worker_env
+
+WORKER = Path(__file__).resolve().parent / "sharding_worker.py"
+
+
+def _ranks(world: int) -> list[Shards]:
+    return [Shards(DistInfo(rank=r, world_size=world)) for r in range(world)]
+
+
+def test_the_shares_cover_every_item_once_and_rank_0_alone_takes_all() -> None:
+    for n in (0, 1, 5, 8):
+        shares = [s.mine(n) for s in _ranks(3)]
+        assert sorted(i for share in shares for i in share) == list(range(n))
+        assert max(map(len, shares)) == _ranks(3)[0].rounds(n)  # the calls every rank makes
+    assert [s.mine(8) for s in _ranks(3)] == [[0, 3, 6], [1, 4, 7], [2, 5]]
+    assert Shards().mine(5) == [0, 1, 2, 3, 4] and Shards().rounds(5) == 5
+    # after one item each, 3 ranks have done 3 of 8 items; after three, all 8
+    assert [_ranks(3)[0].done_after(k, 8) for k in (1, 2, 3)] == [3, 6, 8]
+    assert [s.seed(100) for s in _ranks(2)] == [100, 101] and Shards().seed(100) == 100
+
+
+def test_one_process_exchanges_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_exchange(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a one-process run exchanged something")
+
+    for name in ("all_gather_object", "broadcast_object"):
+        monkeypatch.setattr(D, name, no_exchange)
+    alone = Shards()
+    merged = alone.merge({2: "b", 0: "a"}, timeouts=3)
+    assert merged.items == {2: "b", 0: "a"} and merged.counts == {"timeouts": 3}
+    assert merged.in_order(3, "-") == ["a", "-", "b"]
+    assert alone.gather("x") == ["x"] and alone.from_main("mine") == "mine"
+    assert alone.mean({"a": 2.0}) == {"a": 2.0} and alone.any(True) and not alone.any(False)
+
+    def digest() -> str:
+        raise AssertionError("digest computed with no rank to compare it with")
+
+    alone.check_agree(digest, step=1)
+
+
+class Exchange:
+    """all_gather_object for W threads: each one's object, in rank order, for every thread."""
+
+    def __init__(self, world: int) -> None:
+        self.slots: list = [None] * world
+        self.barrier = threading.Barrier(world, timeout=30)
+
+    def __call__(self, obj: object, dist: DistInfo) -> list:
+        self.slots[dist.rank] = obj
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        return out
+
+
+def _on_threads(world: int, fn: Callable[[Shards], object]) -> list:
+    results: list = [None] * world
+    errors: list = []
+
+    def work(r: int) -> None:
+        try:
+            results[r] = fn(_ranks(world)[r])
+        except BaseException as err:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_two_ranks_merge_their_shares_in_the_one_process_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+
+    def rank(s: Shards) -> tuple[list[str], dict[str, int]]:
+        mine = s.mine(5)
+        merged = s.merge({i: f"{i}:{s.dist.rank}" for i in mine}, timeouts=len(mine))
+        return merged.in_order(5, "-"), merged.counts
+
+    got = _on_threads(2, rank)
+    assert got[0] == got[1] == (["0:0", "1:1", "2:0", "3:1", "4:0"], {"timeouts": 5})
+
+
+def test_a_result_two_ranks_return_is_a_split_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+    with pytest.raises(RuntimeError, match="rank 1 returned results another rank returned too"):
+        _on_threads(2, lambda s: s.merge({(0, 1): s.dist.rank}))
+
+
+def test_diverged_digests_stop_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+    _on_threads(2, lambda s: s.check_agree(lambda: "same", step=3))
+    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+    with pytest.raises(RuntimeError, match=r"step 4: .* diverged \(digest per rank: \['0', '1'\]\)"):
+        _on_threads(2, lambda s: s.check_agree(lambda: str(s.dist.rank), step=4))
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks(tmp_path: Path) -> None:
+    if not torch.distributed.is_available():
+        pytest.skip("torch built without torch.distributed")
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        torchrun(str(WORKER), str(out)), env=worker_env(), capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    r = json.loads(out.read_text())
+    assert r["world_size"] == 2
+    assert r["mine"] == [[0, 2, 4, 6], [1, 3, 5]] and r["rounds"] == 4
+    assert r["in_order"] == [f"item {i} by rank {i % 2}" for i in range(7)]
+    assert r["counts"] == {"done": 7}
+    assert r["mean"] == {"x": 0.5} and r["total"] == {"x": 3.0} and r["max"] == {"x": 1.0}
+    assert r["any"] == [True, False] and r["from_main"] == "rank 0's" and r["seeds"] == [100, 101]
+    assert "step 2: the ranks' replay buffers" in r["diverged"]
+    assert "rank 1 returned results another rank returned too" in r["claimed_twice"]
