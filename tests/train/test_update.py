@@ -175,8 +175,10 @@ def test_skipped_updates_are_counted_in_order(tiny_model: Path) -> None:
 
 def test_without_is_correction_replayed_rows_are_weighed_against_the_steps_pi_old(tiny_model: Path) -> None:
     """The "w/o IS correction" ablation (replay.importance_correction=false): b of a replayed row is
-    the step's pi_old, as the official code has it, not the current policy. The first mini-batch's
-    replayed ratios are exactly 1; the second's, after a real first update, are not."""
+    the step's pi_old, as the official code has it: neither the stored log-probs nor the current
+    policy. Every replayed row's behaviour log-probs, in both mini-batches, must be those of the
+    model before the update (computed here by an independent pass); in the second mini-batch, after
+    a real first update, they must differ from the current policy's."""
     torch.manual_seed(0)
     cfg = ModelConfig(path=str(tiny_model))
     tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
@@ -190,12 +192,21 @@ def test_without_is_correction_replayed_rows_are_weighed_against_the_steps_pi_ol
         groups.append(Group(Question(str(g), str(g), "1"), batch.prompt_ids[rows[0]], responses))
     batch = build_mixed_batch(groups)
     adv = group_advantages(batch.rewards, batch.group_index)
-    replayed: list[tuple[float, int]] = []
+    # pi_old of each replayed row (sum over its tokens), from the model before any update
+    before = _seq_logps(model, batch)
+    pi_old = sorted(before[i] for i in range(len(batch)) if bool(batch.replay_mask[i]))
+    stored_sums = {-1.0 * len(batch.response_ids[i]) for i in range(len(batch)) if bool(batch.replay_mask[i])}
+    seen: list[tuple[list[float], list[float]]] = []  # per mini-batch: (behaviour, current) row sums
 
     def loss(x: LossInputs, s: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
-        rep = x.response_mask.bool() & x.replay_mask.bool().unsqueeze(-1)
-        w = (x.logp.detach() - x.behaviour_logp).exp()
-        replayed.append((float(w[rep].sum()), int(rep.sum())))
+        rows = [i for i in range(x.logp.shape[0]) if bool(x.replay_mask[i])]
+        m = x.response_mask
+        seen.append(
+            (
+                [float((x.behaviour_logp[i] * m[i]).sum()) for i in rows],
+                [float((x.logp.detach()[i] * m[i]).sum()) for i in rows],
+            )
+        )
         return exgrpo_loss(x, s)
 
     plan = dataclasses.replace(
@@ -203,10 +214,14 @@ def test_without_is_correction_replayed_rows_are_weighed_against_the_steps_pi_ol
     )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
     res = policy_update(model, opt, batch, adv, plan, pad_id=tok.pad_token_id)
-    (first, first_n), (second, second_n) = replayed
-    assert res.skipped == 0 and first_n > 0 and second_n > 0
-    assert first == first_n  # the first mini-batch: pi_old is the current policy
-    assert abs(second - second_n) > 1e-3  # the second: pi_old is the policy before the first update
+    assert res.skipped == 0 and len(seen) == 2 and all(b for b, _ in seen)
+    behaviour = sorted(v for b, _ in seen for v in b)
+    assert len(behaviour) == len(pi_old)  # every replayed row, once
+    torch.testing.assert_close(torch.tensor(behaviour), torch.tensor(pi_old), atol=1e-4, rtol=0)
+    assert not stored_sums & {round(v, 3) for v in behaviour}  # not the stored -1.0 per token
+    second_behaviour, second_current = seen[1]
+    # the second mini-batch runs after a real update: the current policy has moved away from pi_old
+    assert min(abs(b - c) for b, c in zip(second_behaviour, second_current)) > 1e-3
 
 
 def test_rollout_and_trainer_logprobs_agree_at_temperature_0_6(tiny_model: Path) -> None:
