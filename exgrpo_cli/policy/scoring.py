@@ -14,6 +14,7 @@ from typing import Literal
 
 import torch
 
+from exgrpo_cli.algo.logprobs import masked_mean
 from exgrpo_cli.policy.distributed import DistInfo, all_gather_object, local_dist
 from exgrpo_cli.policy.forward import forward_logprobs, synced_micro_batches
 
@@ -59,9 +60,7 @@ def score_candidates(
                 per_tok = ent
             if idle:  # took part in the collective forwards; its row is another rank's
                 continue
-            m = batch.response_mask
-            mean = (per_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-            scores.update(zip(batch.rows, mean.tolist()))
+            scores.update(zip(batch.rows, masked_mean(per_tok, batch.response_mask).tolist()))
     finally:
         model.train(was_training)
         # FSDP2 keeps its root unit gathered after a forward (a backward would reshard it): these
