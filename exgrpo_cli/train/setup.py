@@ -36,6 +36,7 @@ from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer
 from exgrpo_cli.policy.offload import HostAdamW
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 from exgrpo_cli.registry import pick
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
@@ -102,7 +103,7 @@ def decide_resume(cfg: ExgrpoConfig, dist: D.DistInfo) -> tuple[Path | None, lis
 def make_optimizer(cfg: ExgrpoConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     a = cfg.algo
     # trainer.offload=optimizer: the same AdamW with its moments in host memory
-    cls = HostAdamW if cfg.trainer.offload == "optimizer" else torch.optim.AdamW
+    cls = HostAdamW if OFFLOAD_MODES[cfg.trainer.offload].host_adamw else torch.optim.AdamW
     return cls(
         [p for p in model.parameters() if p.requires_grad],
         lr=a.lr,
