@@ -8,6 +8,7 @@ the score the official code computes wrongly, issue #57 there).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,6 +32,29 @@ def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+@dataclass(frozen=True)
+class CandidateScore:
+    """What a trajectory rule scores each stored response by under the current policy
+    (replay/trajectory.py): a per-token value from the response tokens' log-probs (and entropies
+    when `needs_entropy`), averaged over the response with `masked_mean`. A new score is one more
+    instance here, named by the rule that uses it."""
+
+    name: str
+    needs_entropy: bool  # the scoring forward computes the full-vocabulary entropies too
+    per_token: Callable[[Tensor, Tensor | None], Tensor]  # (log-probs [B,T], entropies [B,T]) -> [B,T]
+
+
+def _entropy(logp: Tensor, ent: Tensor | None) -> Tensor:
+    assert ent is not None  # needs_entropy: the forward computed them
+    return ent
+
+
+# the mean full-vocabulary token entropy of softmax(logits / T), and the mean negative
+# log-likelihood of the response tokens under the same softmax
+ENTROPY = CandidateScore("entropy", needs_entropy=True, per_token=_entropy)
+NLL = CandidateScore("nll", needs_entropy=False, per_token=lambda logp, ent: -logp)
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:

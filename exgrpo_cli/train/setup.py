@@ -40,6 +40,7 @@ from exgrpo_cli.policy.placement import OFFLOAD_MODES
 from exgrpo_cli.registry import pick
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
+from exgrpo_cli.replay.selection import QUESTION_SELECTION
 from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 from exgrpo_cli.reward import RewardScorer
 from exgrpo_cli.rollout import build_engine
@@ -119,6 +120,7 @@ def choices(cfg: ExgrpoConfig) -> Choices:
             AggregationSettings(**dataclasses.asdict(cfg.algo.official_batch))
         ),
         trajectory=pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection),
+        questions=pick(QUESTION_SELECTION, "replay.question_selection", cfg.replay.question_selection),
         draw=pick(FRESH_DRAWS, "data.draw", cfg.data.draw),
     )
 
