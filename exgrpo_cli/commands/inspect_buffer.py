@@ -13,17 +13,16 @@ nothing else there; messages go to stderr. Exit code 1 when the target or the qu
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import NoReturn
 
 from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.errors import ExgrpoError
 
 
 def _fail(msg: str) -> NoReturn:
-    print(f"exgrpo inspect-buffer: {msg}", file=sys.stderr)
-    raise SystemExit(1)
+    raise ExgrpoError(msg)  # exit code 1: `dispatch` says it
 
 
 def run(cfg: ExgrpoConfig) -> None:
