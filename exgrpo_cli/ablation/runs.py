@@ -1,12 +1,7 @@
-"""Running a sweep's jobs (ablation/sweep.py) as child processes, and what their exits mean.
-
-Place: `exgrpo ablate` (commands/ablate.py), after the plan is written and before the summary.
-Each job is its own `exgrpo train` process in its own session: a crash, an out-of-memory kill or a
-leaked thread in one run cannot affect the next, and a Ctrl-C reaches the runs exactly once (this
-process passes SIGINT/SIGTERM on; each run then saves a checkpoint and exits). With a Hydra
-launcher plugin each variant is one `exgrpo train -m` over its seeds; a cluster's queue
-(SUBMIT_ALL_AT_ONCE) gets every variant at once. Each run dir is then marked (`ablate.json`) as
-finished or not, and the runs that did not finish are returned.
+"""Running a sweep's jobs (ablation/sweep.py) as child processes: after the plan is written and
+before the summary of `exgrpo ablate`. Each job runs in its own session, so that a Ctrl-C reaches
+it once (passed on by `wait_for`; the run saves and exits); each run dir is then marked
+(`ablate.json`) as finished or not, and the runs that did not finish are returned.
 """
 
 from __future__ import annotations

@@ -36,10 +36,9 @@ def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
 
 @dataclass(frozen=True)
 class CandidateScore:
-    """What a trajectory rule scores each stored response by under the current policy
-    (replay/trajectory.py): a per-token value from the response tokens' log-probs (and entropies
-    when `needs_entropy`), averaged over the response with `masked_mean`. A new score is one more
-    instance here, named by the rule that uses it."""
+    """What a trajectory rule (replay/trajectory.py) scores each stored response by under the
+    current policy: a per-token value averaged over the response (`masked_mean`). A new score is
+    one more instance here."""
 
     name: str
     needs_entropy: bool  # the scoring forward computes the full-vocabulary entropies too
@@ -51,8 +50,7 @@ def _entropy(logp: Tensor, ent: Tensor | None) -> Tensor:
     return ent
 
 
-# the mean full-vocabulary token entropy of softmax(logits / T), and the mean negative
-# log-likelihood of the response tokens under the same softmax
+# the full-vocabulary token entropy of softmax(logits / T); the response tokens' NLL under it
 ENTROPY = CandidateScore("entropy", needs_entropy=True, per_token=_entropy)
 NLL = CandidateScore("nll", needs_entropy=False, per_token=lambda logp, ent: -logp)
 

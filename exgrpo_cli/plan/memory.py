@@ -70,10 +70,9 @@ class EngineModel(Protocol):
     @property
     def label(self) -> str: ...  # its name in the plan's table and notes
 
-    # generates with the trainer's own (FSDP) module: the root and layers are gathered in the
-    # rollout; otherwise it holds its own weights and KV cache in a share of the device
-    # (rollout.gpu_memory_utilization), frees them under rollout.sleep_mode on a GPU, and its
-    # sequences reach vllm_max_len (eval.max_new_tokens included)
+    # the trainer's own (FSDP) module generates (root and layers gathered in the rollout), else the
+    # engine holds its weights and KV cache in its share (rollout.gpu_memory_utilization), frees them
+    # under rollout.sleep_mode on a GPU, and its sequences reach vllm_max_len
     @property
     def needs_trainer_model(self) -> bool: ...
 

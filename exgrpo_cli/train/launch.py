@@ -72,8 +72,7 @@ def rank_logging(out: Path) -> None:
 
 
 class RanksFailed(ExgrpoError):
-    """A rank of `launch` failed: the message says which, how and how to resume; the exit code is
-    the worst rank's (1 for a rank killed by a signal)."""
+    """A rank of `launch` failed (which, how, how to resume); the exit code is the worst rank's."""
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
