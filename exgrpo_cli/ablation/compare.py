@@ -1,6 +1,6 @@
 """Each variant against its reference over seeds: the differences and the rule that judges them.
 
-Place: after summary.summarize in `exgrpo ablate` (commands/ablate.py summarize_dir), on the same
+Place: after summary.summarize in `exgrpo ablate` (ablation/report.py summarize_dir), on the same
 RunResults. A variant's reference is `ablation.compare_to[variant]`, else the sweep's baseline; a
 stability sweep pairs each method with the other method at the same learning rate.
 
