@@ -200,11 +200,8 @@ def wrap_fsdp2(
             log.warning(
                 "FSDP mixed precision %s ignored on a CPU (bf16 is ~100x slower there)", mixed_precision
             )
-    placement = (
-        CPUOffloadPolicy(pin_memory=dist.device.type == "cuda")
-        if OFFLOAD_MODES[offload].params_on_host
-        else OffloadPolicy()
-    )
+    on_host = OFFLOAD_MODES[offload].params_on_host
+    placement = CPUOffloadPolicy(pin_memory=dist.device.type == "cuda") if on_host else OffloadPolicy()
     mesh = init_device_mesh(dist.device.type, (dist.world_size,))
     for layer in decoder_layers(model):
         fully_shard(
