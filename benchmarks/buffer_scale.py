@@ -10,7 +10,7 @@ steps at that scale and times each buffer operation of a step:
 - insert: `observe_group` for the step's 128 groups (new and already buffered questions, so
   buckets change too), with the content hashes and de-duplication;
 - retire: `end_step` (questions that reached K/K leave);
-- select: `select_questions` of 64 questions (bucket Gaussian) plus fetching their stored
+- select: `QUESTION_SELECTION["gaussian"]` of 64 questions (bucket Gaussian) plus fetching their stored
   experiences (`experiences(uid)`), i.e. everything but the entropy forward.
 
 Memory: bytes per stored token, both the buffer's array payload (`nbytes`) and the process's RSS
@@ -77,7 +77,7 @@ def fill(buf: ExperienceBuffer, synth: Synth, target: int) -> tuple[int, float]:
 
 def run(quick: bool, experiences: int | None = None, steps: int | None = None) -> dict:
     from exgrpo_cli.replay.buffer import ExperienceBuffer
-    from exgrpo_cli.replay.selection import select_questions
+    from exgrpo_cli.replay.selection import QUESTION_SELECTION
 
     experiences = experiences or (100_000 if quick else 1_000_000)
     steps = steps or 20
@@ -94,7 +94,7 @@ def run(quick: bool, experiences: int | None = None, steps: int | None = None) -
     for s in range(steps):
         step = fill_steps + 1 + s
         t0 = time.perf_counter()
-        uids = select_questions(buf, SELECT, mode="gaussian", mu=0.5, sigma=0.125, rng=rng)
+        uids = QUESTION_SELECTION["gaussian"](buf, SELECT, mu=0.5, sigma=0.125, rng=rng)
         cands = [buf.experiences(u) for u in uids]
         ops["select"].append(time.perf_counter() - t0)
         assert len(cands) == SELECT

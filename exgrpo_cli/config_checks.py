@@ -35,7 +35,6 @@ ARCH_REQUIRED = (
     "num_key_value_heads",
     "vocab_size",
 )
-OFFLOAD = ("none", "optimizer", "all")
 
 
 def parse_plan_devices(value: str) -> tuple[int, float]:
@@ -210,7 +209,6 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _one_of(
         "trainer.fsdp_mixed_precision", t.fsdp_mixed_precision, ("", "bf16", "bfloat16", "fp16", "float16")
     )
-    _one_of("trainer.offload", t.offload, OFFLOAD)
     _check(
         t.nproc == "auto" or (t.nproc.isdigit() and int(t.nproc) >= 1),
         "trainer.nproc",

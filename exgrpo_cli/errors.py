@@ -1,11 +1,17 @@
-"""The exceptions library code raises instead of exiting; `commands/` turns them into exit codes.
+"""The exceptions library code raises instead of exiting, and `exit_on_error`, the one place where
+they become exit codes (a command's `dispatch`, and the entry of each rank a command starts).
 
 `UsageError` (exit 2) is a refusal the user can fix from the command line: a bad config value, a
-missing file, a refused resume. Any other `ExgrpoError` (exit 1) is a run that started and could
-not go on (e.g. too many skipped updates). Library code never calls `sys.exit`.
+missing file, a refused resume. Any other `ExgrpoError` (exit 1 unless it says otherwise) is a run
+that started and could not go on (e.g. too many skipped updates). Library code never calls
+`sys.exit`.
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class ExgrpoError(Exception):
@@ -18,3 +24,15 @@ class UsageError(ExgrpoError):
     """Bad input: the message names the key, file or value, and what is allowed."""
 
     exit_code = 2
+
+
+@contextmanager
+def exit_on_error(command: str, say: bool = True) -> Iterator[None]:
+    """An `ExgrpoError` raised inside becomes one line on stderr, `exgrpo <command>: <message>`
+    (unless not `say`: the ranks other than 0 leave it to rank 0), and its exit code."""
+    try:
+        yield
+    except ExgrpoError as err:
+        if say:
+            print(f"exgrpo {command}: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None

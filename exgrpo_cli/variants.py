@@ -22,6 +22,7 @@ def check_variants(cfg: ExgrpoConfig, command: str) -> None:
     from exgrpo_cli.data.templates import TEMPLATES
     from exgrpo_cli.policy.model import BUILTIN
     from exgrpo_cli.policy.packaged import missing_requirement
+    from exgrpo_cli.policy.placement import OFFLOAD_MODES
     from exgrpo_cli.rollout import ENGINES
 
     m = cfg.model
@@ -32,6 +33,7 @@ def check_variants(cfg: ExgrpoConfig, command: str) -> None:
         raise ConfigError(missing)
     pick(TEMPLATES, "model.template", m.template)
     pick(ENGINES, "rollout.engine", cfg.rollout.engine)
+    pick(OFFLOAD_MODES, "trainer.offload", cfg.trainer.offload)
     if command == "eval":
         from exgrpo_cli.evaluation.benchmarks import SUITES
 

@@ -78,6 +78,7 @@ def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) ->
     """The plan's inputs for the update of `sizes` on one device: fp32 master weights, bf16
     compute under FSDP2 (on CUDA), gradient checkpointing, the HF engine, no replay scoring."""
     from exgrpo_cli.plan.memory import AUTO_TOKEN_BUDGET, PlanInputs
+    from exgrpo_cli.rollout import ENGINES
 
     seq = sizes.prompt_tokens + sizes.response_tokens
     return PlanInputs(
@@ -90,7 +91,7 @@ def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) ->
         checkpointing=True,
         token_budget=sizes.micro_batch_tokens or AUTO_TOKEN_BUDGET[device],
         seq_tokens=seq,
-        engine="hf",
+        engine=ENGINES["hf"],
         vllm_share=0.0,
         vllm_sleep=False,
         vllm_max_len=seq,

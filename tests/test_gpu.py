@@ -85,7 +85,7 @@ def _gap(model: PreTrainedModel, sb: SequenceBatch, adv: torch.Tensor) -> float:
 def _train_steps(model: PreTrainedModel, steps: int = 5, lr: float = 1e-3) -> tuple[float, float]:
     """A few policy-gradient steps with fixed advantages; returns the positive-minus-negative
     log-prob gap before and after (it must grow: the update goes the way the advantages say)."""
-    from exgrpo_cli.algo import exgrpo_policy_loss
+    from exgrpo_cli.algo import exgrpo_token_losses
     from exgrpo_cli.policy.forward import forward_logprobs, pack
 
     prompts, responses = _rows()
@@ -96,7 +96,7 @@ def _train_steps(model: PreTrainedModel, steps: int = 5, lr: float = 1e-3) -> tu
     for _ in range(steps):
         logp, _ = forward_logprobs(model, sb)
         assert logp.dtype in (DTYPE, torch.float32)
-        loss = exgrpo_policy_loss(
+        losses, _ = exgrpo_token_losses(
             logp,
             logp.detach(),
             adv,
@@ -104,8 +104,8 @@ def _train_steps(model: PreTrainedModel, steps: int = 5, lr: float = 1e-3) -> tu
             torch.zeros(8, dtype=torch.bool, device=DEVICE),
             clip_eps=0.2,
             beta=0.1,
-            normalizer=8 * 48.0,
         )
+        loss = losses.sum() / (8 * 48.0)
         opt.zero_grad()
         loss.backward()
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -8,6 +8,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, cli_env
 
 
@@ -18,6 +20,7 @@ def test_explicit_package_list_matches_the_folders():
     assert listed == found | {"exgrpo_cli.conf"}
 
 
+@pytest.mark.slow  # builds and installs a wheel
 def test_non_editable_install_finds_its_configs(tmp_path: Path):
     wheels = tmp_path / "wheels"
     subprocess.run(

@@ -1,10 +1,10 @@
 """Each variant against its reference over seeds: the differences and the rule that judges them.
 
-Place: after summary.summarize in `exgrpo ablate` (commands/ablate.py summarize_dir), on the same
+Place: after summary.summarize in `exgrpo ablate` (ablation/report.py summarize_dir), on the same
 RunResults. A variant's reference is `ablation.compare_to[variant]`, else the sweep's baseline; a
 stability sweep pairs each method with the other method at the same learning rate.
 
-The rule (stated in the README's "Where replay pays" before its final runs):
+The rule (stated in docs/ablations-and-results.md, "Where replay pays", before its final runs):
 - a difference is the difference of the two variants' seed means;
 - its standard error is Welch's, sqrt(s_a^2 / n_a + s_b^2 / n_b), with the sample std (ddof=1) of
   each variant over its seeds (undefined below two seeds each);

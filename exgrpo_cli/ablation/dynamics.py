@@ -1,6 +1,6 @@
 """What a sweep's runs did along the way: per-step training metrics, mean and band over seeds.
 
-Place: `exgrpo ablate`'s summary (commands/ablate.py summarize_dir) reads every finished run's
+Place: `exgrpo ablate`'s summary (ablation/report.py summarize_dir) reads every finished run's
 metrics.jsonl (summary.read_metrics) and plot.plot_dynamics draws these series as dynamics.png:
 the quantities a collapse shows in (token entropy, response length, the share of fresh groups with
 no correct response, the training accuracy, the gradient norm) next to validation accuracy, all

@@ -25,13 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exgrpo_cli.errors import UsageError
+
 PLAN_FILE = "sweep.json"
 MARKER = "ablate.json"
 TRAIN_LOG = "ablate_train.log"
 
 
-class SweepError(ValueError):
-    """The sweep cannot be planned; the message names the key."""
+class SweepError(UsageError):
+    """The sweep cannot be planned (exit code 2); the message names the key."""
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,13 @@ from exgrpo_cli.algo.aggregation import (
     entropy_norms,
     objective,
 )
-from exgrpo_cli.algo.logprobs import chunked_token_logprobs, mean_token_entropy, token_entropy, token_logprobs
+from exgrpo_cli.algo.logprobs import chunked_token_logprobs, masked_mean, token_entropy, token_logprobs
 from exgrpo_cli.algo.losses import (
     POLICY_LOSSES,
     LossInputs,
     LossSettings,
     LossStats,
     behaviour_logprobs,
-    exgrpo_policy_loss,
     exgrpo_token_losses,
     policy_shaping,
 )
@@ -40,10 +39,9 @@ __all__ = [
     "behaviour_logprobs",
     "chunked_token_logprobs",
     "entropy_norms",
-    "exgrpo_policy_loss",
     "exgrpo_token_losses",
     "group_advantages",
-    "mean_token_entropy",
+    "masked_mean",
     "objective",
     "policy_shaping",
     "token_entropy",

@@ -1,13 +1,14 @@
 """Per-token log-probabilities and entropies from logits.
 
 Used twice per step: in the training forward (log-probs with gradient, entropy bonus) and in the
-no-grad scoring of replay candidates (mean token entropy, docs/algorithm.md §3: the score the official
-code computes wrongly, issue #57 there).
+no-grad scoring of replay candidates (`masked_mean` of the token entropies, docs/algorithm.md §3:
+the score the official code computes wrongly, issue #57 there).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,14 +34,33 @@ def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
-def mean_token_entropy(logits: Tensor, mask: Tensor, temperature: float = 1.0) -> Tensor:
-    """Mean entropy over the masked positions of each row. logits [B,T,V], mask [B,T] -> [B].
+@dataclass(frozen=True)
+class CandidateScore:
+    """What a trajectory rule (replay/trajectory.py) scores each stored response by under the
+    current policy: a per-token value averaged over the response (`masked_mean`). A new score is
+    one more instance here."""
 
-    Rows with no masked position get 0.
-    """
-    ent = token_entropy(logits, temperature)
-    m = mask.to(ent.dtype)
-    return (ent * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    name: str
+    needs_entropy: bool  # the scoring forward computes the full-vocabulary entropies too
+    per_token: Callable[[Tensor, Tensor | None], Tensor]  # (log-probs [B,T], entropies [B,T]) -> [B,T]
+
+
+def _entropy(logp: Tensor, ent: Tensor | None) -> Tensor:
+    assert ent is not None  # needs_entropy: the forward computed them
+    return ent
+
+
+# the full-vocabulary token entropy of softmax(logits / T); the response tokens' NLL under it
+ENTROPY = CandidateScore("entropy", needs_entropy=True, per_token=_entropy)
+NLL = CandidateScore("nll", needs_entropy=False, per_token=lambda logp, ent: -logp)
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean of each row's values over its masked positions: [B,T], mask [B,T] -> [B]. Rows with
+    no masked position get 0 (not nan). A replay candidate's score is this mean of its tokens'
+    entropies or negative log-likelihoods (docs/algorithm.md §3)."""
+    m = mask.to(values.dtype)
+    return (values * m).sum(-1) / m.sum(-1).clamp(min=1.0)
 
 
 # ----------------------------------------------------------------------------- from hidden states

@@ -8,13 +8,11 @@ Per token, with w = exp(logp_theta - logp_b):
 
 Where it sits in the step: inside the update, once per micro-batch. `POLICY_LOSSES` (the
 `algo.loss` names) is the seam: a loss takes `LossInputs` and `LossSettings` and returns per-token
-losses; how they add up to the objective is algo/aggregation.py's business. `exgrpo_policy_loss`
-is the one-call form with the Dr.GRPO constant normaliser, for use in other trainers.
+losses; how they add up to the objective is algo/aggregation.py's business.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -74,12 +72,8 @@ def exgrpo_token_losses(
         fresh = -adv * ratio
         clip_hit = torch.zeros_like(mask)
 
-    if beta is not None:
-        # w/(w+beta) == sigmoid(log w - log beta): the same value, but finite for any log-ratio
-        shaped = torch.sigmoid(log_ratio - math.log(beta))
-        replay = -adv * shaped
-    else:
-        replay = -adv * ratio
+    # w is finite here (the log-ratio is capped), so the published f(w) is the one that trains
+    replay = -adv * (policy_shaping(ratio, beta) if beta is not None else ratio)
 
     is_replay = replay_mask.bool().unsqueeze(-1)
     losses = torch.where(is_replay, replay, fresh)
@@ -137,29 +131,6 @@ def behaviour_logprobs(
     differ from the current policy's on every mini-batch after the first)."""
     replayed = replay_mask.bool().unsqueeze(-1)
     return torch.where(replayed, stored, fresh_old) if importance_correction else fresh_old
-
-
-def exgrpo_policy_loss(
-    logp: Tensor,
-    behavior_logp: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    replay_mask: Tensor,
-    *,
-    clip_eps: float | None,
-    beta: float | None,
-    normalizer: float,
-) -> Tensor:
-    """Scalar ExGRPO policy loss.
-
-    logp, behavior_logp: [B,T] log-probs of the response tokens under the current and the
-    behaviour policy; advantages: [B]; response_mask: [B,T] (1 on response tokens);
-    replay_mask: bool [B] (True for replayed rows); normalizer: the Dr.GRPO constant.
-    """
-    losses, _ = exgrpo_token_losses(
-        logp, behavior_logp, advantages, response_mask, replay_mask, clip_eps=clip_eps, beta=beta
-    )
-    return losses.sum() / normalizer
 
 
 def loss_stats(x: LossInputs, losses: Tensor, clip_hit: Tensor, normalizer: float) -> LossStats:

@@ -2,13 +2,12 @@
 
 `dispatch` turns Hydra's DictConfig into the typed `ExgrpoConfig`, validates it (ranges, then the
 variants' names against their registries: exit code 2 with a message naming the key, before any
-model is loaded) and calls the command. Library code raises `ExgrpoError`s; here they become one
-line on stderr and the error's exit code.
+model is loaded) and calls the command. Library code and commands raise `ExgrpoError`s; here
+(`errors.exit_on_error`) they become one line on stderr and the error's exit code.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 from omegaconf import DictConfig
@@ -16,7 +15,7 @@ from omegaconf import DictConfig
 from exgrpo_cli.commands.compose import hydra_choices, to_typed, with_preset_name
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.config_checks import validate
-from exgrpo_cli.errors import ExgrpoError
+from exgrpo_cli.errors import exit_on_error
 
 __all__ = ["dispatch", "hydra_choices", "to_typed", "with_preset_name"]
 
@@ -36,13 +35,10 @@ def _command(command: str) -> Callable[[ExgrpoConfig], None]:
 
 
 def dispatch(command: str, cfg: DictConfig) -> None:
-    try:
+    with exit_on_error(command):
         typed = with_preset_name(to_typed(cfg), hydra_choices())
         validate(typed, command)
         from exgrpo_cli.variants import check_variants
 
         check_variants(typed, command)
         _command(command)(typed)
-    except ExgrpoError as err:
-        print(f"exgrpo {command}: {err}", file=sys.stderr)
-        raise SystemExit(err.exit_code) from None

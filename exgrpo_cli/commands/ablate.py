@@ -19,26 +19,22 @@ checkpoint. `ablation.summarize=<dir>` only redoes summary.md, summary.csv and c
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
-from contextlib import ExitStack
 from pathlib import Path
-from types import FrameType
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING
 
+from exgrpo_cli.ablation import runs
 from exgrpo_cli.ablation import sweep as sw
 from exgrpo_cli.ablation.compare import check_compare_to
+from exgrpo_cli.ablation.report import summarize_dir
 from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.errors import ExgrpoError, UsageError
 
 if TYPE_CHECKING:  # rich is imported when a command runs
     from rich.console import Console
 
 
-def _fail(msg: str, code: int = 2) -> NoReturn:
-    print(f"exgrpo ablate: {msg}", file=sys.stderr)
-    raise SystemExit(code)
+class SweepInterrupted(ExgrpoError):
+    exit_code = 130  # as a shell reports a Ctrl-C
 
 
 def _presets() -> str:
@@ -64,9 +60,9 @@ def _check_variants(jobs: list[sw.Job]) -> None:
             validate(typed, "train")
             check_variants(typed, "train")  # the names (selection rules, losses...), as `exgrpo train`
         except ConfigError as err:
-            _fail(f"variant {job.variant.name!r}: {err}")
+            raise UsageError(f"variant {job.variant.name!r}: {err}") from None
         except Exception as err:  # Hydra's own errors: unknown key, bad override syntax
-            _fail(f"variant {job.variant.name!r}: {type(err).__name__}: {err}")
+            raise UsageError(f"variant {job.variant.name!r}: {type(err).__name__}: {err}") from None
 
 
 def run(cfg: ExgrpoConfig) -> None:
@@ -89,7 +85,7 @@ def run(cfg: ExgrpoConfig) -> None:
         check_compare_to(dict(a.compare_to), [v.name for v in variants])
     except (sw.SweepError, ValueError) as err:
         hint = f" (presets: {_presets()})" if not a.variants else ""
-        _fail(f"{err}{hint}")
+        raise UsageError(f"{err}{hint}") from None
     launcher = hc.runtime.choices.get("hydra/launcher") or "basic"
     launcher_overrides = [o for o in hc.overrides.hydra if sw.override_key(o).startswith("hydra.launcher.")]
     if a.dry_run:
@@ -114,18 +110,19 @@ def run(cfg: ExgrpoConfig) -> None:
     )
     try:
         if launcher == "basic":
-            failed = _run_sequential(todo, console)
+            failed = runs.run_sequential(todo, console)
         else:
-            failed = _run_with_launcher(todo, variants, launcher, launcher_overrides, console)
+            failed = runs.run_with_launcher(todo, variants, launcher, launcher_overrides, console)
     except KeyboardInterrupt:
-        _fail(f"interrupted; to continue, rerun the same command with ablation.sweep_dir={sweep}", 130)
+        raise SweepInterrupted(
+            f"interrupted; to continue, rerun the same command with ablation.sweep_dir={sweep}"
+        ) from None
     summarize_dir(sweep, a.baseline, console, dict(a.compare_to))
     if failed:
-        _fail(
+        raise ExgrpoError(
             f"{len(failed)} run(s) failed: "
             + ", ".join(j.label for j in failed)
-            + f"; rerun with ablation.sweep_dir={sweep} to retry only those",
-            1,
+            + f"; rerun with ablation.sweep_dir={sweep} to retry only those"
         )
 
 
@@ -153,193 +150,3 @@ def _warn_changed(done: list[sw.Job], console: Console) -> None:
                 f"({' '.join(marker['overrides'])}); kept (delete {j.run_dir} to rerun it)",
                 highlight=False,
             )
-
-
-def _tail(path: Path, n: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
-
-
-def _start(argv: list[str], log: IO[str]) -> subprocess.Popen[bytes]:
-    # Its own session: a Ctrl-C in the terminal reaches only this process, which passes exactly one
-    # signal on (see _wait); the run would otherwise get two and abort instead of saving.
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _wait(*procs: subprocess.Popen[bytes]) -> list[int]:
-    """Wait for runs. SIGINT/SIGTERM are passed on to them (each saves a checkpoint and exits; a
-    second signal aborts it), then the sweep stops with KeyboardInterrupt once they have exited."""
-    caught: list[int] = []
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        caught.append(signum)
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        codes = [proc.wait() for proc in procs]
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-    if caught:
-        raise KeyboardInterrupt
-    return codes
-
-
-def _run_sequential(todo: list[sw.Job], console: Console) -> list[sw.Job]:
-    from exgrpo_cli.ablation.summary import read_metrics, run_result
-
-    failed: list[sw.Job] = []
-    spent: list[float] = []
-    for i, job in enumerate(todo, 1):
-        job.run_dir.mkdir(parents=True, exist_ok=True)
-        log = job.run_dir / sw.TRAIN_LOG
-        argv = sw.train_argv(job)
-        console.print(f"[{i}/{len(todo)}] {job.label} -> {job.run_dir}", highlight=False)
-        t0 = time.time()
-        with open(log, "a", encoding="utf-8") as fh:
-            fh.write(f"$ {sw.shell_command(argv)}\n")
-            fh.flush()
-            proc = _start(argv, fh)
-            try:
-                (rc,) = _wait(proc)
-            except KeyboardInterrupt:
-                sw.write_marker(job, sw.training_finished(job.run_dir), time.time() - t0, None)
-                raise
-        wall = time.time() - t0
-        finished = rc == 0 and sw.training_finished(job.run_dir)
-        sw.write_marker(job, finished, wall, rc)
-        spent.append(wall)
-        if not finished:
-            failed.append(job)
-            console.print(
-                f"  [red]failed[/] (exit {rc}) after {wall:.0f} s; last lines of {log}:\n{_tail(log)}",
-                highlight=False,
-                markup=False,
-            )
-            continue
-        final = run_result(read_metrics(job.run_dir / "metrics.jsonl")).final
-        eta = sum(spent) / len(spent) * (len(todo) - i)
-        left = f"{eta:.0f} s" if eta < 90 else f"{eta / 60:.0f} min"
-        console.print(
-            f"  done in {wall:.0f} s: final val/accuracy {final:.3f}"
-            + (f"; about {left} to go" if i < len(todo) else ""),
-            highlight=False,
-        )
-    return failed
-
-
-# launchers whose jobs queue on a cluster: every variant's jobs are submitted at once
-SUBMIT_ALL_AT_ONCE = ("submitit_slurm",)
-
-
-def _run_with_launcher(
-    todo: list[sw.Job],
-    variants: list[sw.Variant],
-    launcher: str,
-    launcher_overrides: list[str],
-    console: Console,
-) -> list[sw.Job]:
-    """One `exgrpo train -m` per variant over its seeds, run by the plugin: one after another, or
-    all at once for a cluster's queue (SUBMIT_ALL_AT_ONCE)."""
-    batches = [(v, [j for j in todo if j.variant == v]) for v in variants]
-    batches = [(v, jobs) for v, jobs in batches if jobs]
-    codes: list[int] = []
-    with ExitStack() as logs:
-        started = []
-        for v, jobs in batches:
-            argv = sw.multirun_argv(jobs, launcher, launcher_overrides)
-            vdir = jobs[0].run_dir.parent
-            vdir.mkdir(parents=True, exist_ok=True)
-            console.print(
-                f"{v.name}: seeds {', '.join(str(j.seed) for j in jobs)} via hydra/launcher={launcher}",
-                highlight=False,
-            )
-            fh = logs.enter_context(open(vdir / sw.TRAIN_LOG, "a", encoding="utf-8"))
-            fh.write(f"$ {sw.shell_command(argv)}\n")
-            fh.flush()
-            if launcher in SUBMIT_ALL_AT_ONCE:
-                started.append(_start(argv, fh))
-            else:
-                codes += _wait(_start(argv, fh))
-        codes += _wait(*started)
-    failed: list[sw.Job] = []
-    for (_, jobs), rc in zip(batches, codes):
-        for j in jobs:
-            finished = sw.training_finished(j.run_dir)
-            sw.write_marker(j, finished, sw.wall_from_files(j.run_dir) if finished else None, rc)
-            if not finished:
-                failed.append(j)
-                log = j.run_dir.parent / sw.TRAIN_LOG
-                console.print(f"  [red]failed[/]: {j.label} (see {log})", highlight=False)
-    return failed
-
-
-def summarize_dir(
-    sweep: Path, baseline: str, console: Console, compare_to: dict[str, str] | None = None
-) -> None:
-    """Write summary.md, summary.csv, curves.png, comparisons.csv and dynamics.png into the sweep dir
-    and print the table. compare_to entries add to (and win over) the plan's."""
-    from rich.console import Console
-
-    from exgrpo_cli.ablation import summary as sm
-    from exgrpo_cli.ablation.plot import plot_curves
-    from exgrpo_cli.ablation.report import write_judgement
-
-    try:
-        plan = sw.read_plan(sweep)
-        names = [v["name"] for v in plan["variants"]]
-        base = sw.pick_baseline(names, baseline or plan.get("baseline") or "")
-    except sw.SweepError as err:
-        _fail(str(err))
-    groups: list[tuple[str, list[sm.RunResult]]] = []
-    metric_rows: list[tuple[str, list[list[dict[str, Any]]]]] = []
-    notes: list[str] = []
-    for v in plan["variants"]:
-        vdir = sweep / v["dir"]
-        dirs = [vdir / f"seed{s}" for s in plan["seeds"]] if plan.get("seeds") else sorted(vdir.glob("seed*"))
-        runs: list[sm.RunResult] = []
-        rows_of_runs: list[list[dict[str, Any]]] = []
-        for d in dirs:
-            if not ((d / "metrics.jsonl").is_file() and sw.is_finished(d)):
-                notes.append(f"{v['name']}: {d.name} not finished, left out")
-                continue
-            marker = sw.read_json(d / sw.MARKER) or {}
-            wall = marker.get("wall_s")
-            try:
-                metrics = sm.read_metrics(d / "metrics.jsonl")
-                runs.append(
-                    sm.run_result(metrics, sm.NAN if wall is None else float(wall), marker.get("seed"))
-                )
-                rows_of_runs.append(metrics)
-            except ValueError as err:
-                notes.append(f"{v['name']}: {d.name} left out ({err})")
-        groups.append((v["name"], runs))
-        metric_rows.append((v["name"], rows_of_runs))
-    rows = sm.summarize(groups, base)
-    title = f"exgrpo ablate {plan.get('name') or sweep.name}"
-    notes += [f"{v['name']}: {' '.join(v['overrides']) or '(defaults)'}" for v in plan["variants"]]
-    shared = sw.merge_overrides(plan.get("base", []), plan.get("inherited", []))
-    if shared:
-        notes.append("every run: " + " ".join(shared))
-    sm.write_csv(rows, sweep / "summary.csv")
-    try:
-        pairs = {**plan.get("compare_to", {}), **(compare_to or {})}
-        judged = write_judgement(sweep, groups, metric_rows, base, pairs, title)
-    except ValueError as err:
-        _fail(str(err))
-    (sweep / "summary.md").write_text(sm.to_markdown(rows, title, notes) + "\n" + judged, encoding="utf-8")
-    plot_curves(groups, sweep / "curves.png", title, base)
-    # Off a terminal (a log, CI) rich would fold the table into 80 columns.
-    wide = console if console.is_terminal else Console(file=console.file, width=max(console.width, 110))
-    wide.print(sm.rich_table(rows, title))
-    if judged:  # the comparisons as summary.md has them (markdown reads as plain text too)
-        wide.print(judged, markup=False, highlight=False, soft_wrap=True)
-    console.print(
-        f"wrote {sweep / 'summary.md'}, summary.csv, comparisons.csv, curves.png and dynamics.png",
-        highlight=False,
-    )

@@ -11,11 +11,10 @@ its own copy of the model and engine; rank 0 writes the results, which equal one
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.errors import ExgrpoError
+from exgrpo_cli.errors import exit_on_error
 
 
 def run(cfg: ExgrpoConfig) -> None:
@@ -42,10 +41,7 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, Any] | None:
 
     dist = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
     try:
-        return run_eval(cfg, dist)
-    except ExgrpoError as err:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"exgrpo eval: {err}", file=sys.stderr)
-        raise SystemExit(err.exit_code) from None
+        with exit_on_error("eval", say=os.environ.get("RANK", "0") == "0"):
+            return run_eval(cfg, dist)
     finally:
         D.close_distributed()

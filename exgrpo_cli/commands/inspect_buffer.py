@@ -13,17 +13,11 @@ nothing else there; messages go to stderr. Exit code 1 when the target or the qu
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
-from typing import NoReturn
 
 from exgrpo_cli.config import ExgrpoConfig
-
-
-def _fail(msg: str) -> NoReturn:
-    print(f"exgrpo inspect-buffer: {msg}", file=sys.stderr)
-    raise SystemExit(1)
+from exgrpo_cli.errors import ExgrpoError
 
 
 def run(cfg: ExgrpoConfig) -> None:
@@ -37,17 +31,17 @@ def run(cfg: ExgrpoConfig) -> None:
     try:
         ckpt = resolve_checkpoint(opts.target)
     except TargetError as err:
-        _fail(str(err))
+        raise ExgrpoError(str(err)) from None
     from exgrpo_cli.policy.checkpoint import verify
 
     for part in ("replay/", "trainer_state.json", "model/" if opts.show else None):
         reason = verify(ckpt, prefix=part) if part else None
         if reason:
-            _fail(f"{ckpt} does not verify, its files are not read: {reason}")
+            raise ExgrpoError(f"{ckpt} does not verify, its files are not read: {reason}")
     state_file = ckpt / "trainer_state.json"
     trainer_state = json.loads(state_file.read_text()) if state_file.is_file() else None
     if not (ckpt / "replay" / "index.json").is_file():
-        _fail(f"{ckpt} has no replay buffer (replay/index.json)")
+        raise ExgrpoError(f"{ckpt} has no replay buffer (replay/index.json)")
     buf = ExperienceBuffer.load(str(ckpt / "replay"))
     rep = {"checkpoint": str(ckpt), **buffer_report(buf, trainer_state)}
     rep["seconds"] = round(time.perf_counter() - t0, 3)
@@ -63,7 +57,7 @@ def run(cfg: ExgrpoConfig) -> None:
         try:
             rep["show"] = show_question(ckpt, buf, opts.show, cfg, opts.score)
         except KeyError as err:
-            _fail(err.args[0])
+            raise ExgrpoError(err.args[0]) from None
     elif opts.score:
         err_console.print("inspect.score=true needs inspect.show=<question id>; ignored")
     if opts.format == "json":

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from exgrpo_cli.config import ExgrpoConfig, ModelConfig
 from exgrpo_cli.config_checks import validate
-from exgrpo_cli.errors import UsageError
+from exgrpo_cli.errors import ExgrpoError, UsageError, exit_on_error
 
 if TYPE_CHECKING:
     from exgrpo_cli.plan import Devices, Plan
@@ -34,7 +34,7 @@ def run(cfg: ExgrpoConfig) -> None:
     if cfg.trainer.dry_run:
         return
     if nproc > 1:  # the whole node from one command; this process only waits for the ranks
-        final = launch(cfg, nproc) or {}
+        final = launch(cfg, nproc, rank_main) or {}
     else:
         from exgrpo_cli.train.run import run_training
 
@@ -43,6 +43,26 @@ def run(cfg: ExgrpoConfig) -> None:
         return
     parts = [f"{k}={v:.4f}" for k, v in sorted(final.items())]
     print("exgrpo train done: " + "  ".join(parts))
+
+
+def rank_main(cfg: ExgrpoConfig) -> dict[str, float]:
+    """What every rank `trainer.nproc` starts runs (in a fresh process): rank 0 says an error, each
+    rank exits with its code; a crash's traceback goes to the rank's log (the parent says which
+    rank failed)."""
+    from exgrpo_cli.train.launch import rank_logging
+    from exgrpo_cli.train.run import run_training
+
+    out = Path(cfg.trainer.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rank_logging(out)
+    with exit_on_error("train", say=os.environ.get("RANK", "0") == "0"):
+        try:
+            return run_training(cfg)
+        except ExgrpoError:
+            raise
+        except Exception:
+            log.exception("rank %s failed", os.environ.get("RANK", "0"))
+            raise SystemExit(1) from None
 
 
 def weights_source(cfg: ExgrpoConfig) -> ModelConfig:

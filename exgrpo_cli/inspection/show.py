@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -114,10 +114,12 @@ def _scores(
     """Each response's entropy (into `rows`), and which one the run's rule replays."""
     from transformers.utils import logging as hf_logging
 
+    from exgrpo_cli.algo.logprobs import ENTROPY, CandidateScore
     from exgrpo_cli.policy.forward import token_budget
     from exgrpo_cli.policy.model import load_model, pick_device
     from exgrpo_cli.policy.scoring import score_candidates
-    from exgrpo_cli.replay.trajectory import trajectory_rule
+    from exgrpo_cli.registry import pick
+    from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 
     hf_logging.disable_progress_bar()  # a weights-loading bar would garble the listing
     model = load_model(mcfg, pick_device("auto"))
@@ -125,7 +127,7 @@ def _scores(
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     budget = token_budget(cfg.algo.micro_batch_tokens, next(model.parameters()).device)
 
-    def scored(kind: Literal["entropy", "nll"]) -> list[float]:
+    def scored(kind: CandidateScore) -> list[float]:
         return score_candidates(
             model,
             [ids] * len(exps),
@@ -137,14 +139,14 @@ def _scores(
             max_rows=cfg.replay.entropy_batch_size,
         )
 
-    entropies = scored("entropy")
+    entropies = scored(ENTROPY)
     for row, h in zip(rows, entropies):
         row["entropy"] = h
     name = cfg.replay.trajectory_selection
-    rule = trajectory_rule(name)
+    rule = pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", name)
     replayed = None
     if not rule.draws:
-        by = entropies if rule.score == "entropy" else scored(rule.score) if rule.score else []
+        by = entropies if rule.score is ENTROPY else scored(rule.score) if rule.score else []
         replayed = rule.pick(exps, by, np.random.default_rng(0))
     return {"temperature": cfg.rollout.temperature, "rule": name, "replayed": replayed}
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from exgrpo_cli.plan.arch import Arch
-from exgrpo_cli.plan.memory import Plan, PlanInputs, engine_memory, plan_memory, with_changes
+from exgrpo_cli.plan.memory import Plan, PlanInputs, plan_memory, with_changes
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 VLLM_SHARES = (0.4, 0.3, 0.2)  # smaller vLLM shares tried (a smaller KV cache: slower rollouts)
 MAX_RANKS = 128
@@ -43,7 +44,7 @@ def knobs(x: PlanInputs, offload: bool = True) -> list[list[Option]]:
     """For each runtime setting that can still lower the memory, its options, cheapest first
     (`offload=False`: leave trainer.offload out)."""
     found: list[list[Option]] = []
-    own_share = not engine_memory(x).samples_with_trainer  # vLLM: its share of the GPU
+    own_share = not x.engine.needs_trainer_model  # vLLM: its share of the GPU
     if own_share and x.device == "cuda" and not x.vllm_sleep:
         found.append([Option("rollout.sleep_mode=true", {"vllm_sleep": True}, 1)])
     if not x.checkpointing:
@@ -62,7 +63,8 @@ def knobs(x: PlanInputs, offload: bool = True) -> list[list[Option]]:
                 for i, t in enumerate(budgets)
             ]
         )
-    offloads = {"none": ["optimizer", "all"], "optimizer": ["all"]}.get(x.offload, []) if offload else []
+    modes = list(OFFLOAD_MODES)  # least offloaded first: the ones after the run's own save memory
+    offloads = modes[modes.index(x.offload) + 1 :] if offload else []
     if offloads:
         found.append([Option(f"trainer.offload={o}", {"offload": o}, 4 + i) for i, o in enumerate(offloads)])
     if own_share and x.device == "cuda":

@@ -123,6 +123,9 @@ def attention_kind(cfg: ExgrpoConfig, devices: Devices) -> str:
 
 
 def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
+    from exgrpo_cli.registry import pick
+    from exgrpo_cli.rollout import ENGINES  # here: rollout imports plan.memory (its memory models)
+
     m, r, a = cfg.model, cfg.rollout, cfg.algo
     return PlanInputs(
         ranks=devices.count,
@@ -134,7 +137,7 @@ def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
         checkpointing=m.gradient_checkpointing,
         token_budget=a.micro_batch_tokens or AUTO_TOKEN_BUDGET[devices.kind],
         seq_tokens=m.max_prompt_tokens + m.max_response_tokens,
-        engine=r.engine,
+        engine=pick(ENGINES, "rollout.engine", r.engine),
         vllm_share=r.gpu_memory_utilization,
         vllm_sleep=r.sleep_mode and devices.kind == "cuda",
         vllm_cuda_graphs=r.enforce_eager is not True,

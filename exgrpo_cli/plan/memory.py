@@ -33,9 +33,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from exgrpo_cli.plan.activations import activation_bytes_per_token, kv_bytes_per_token, logit_chunk_bytes
 from exgrpo_cli.plan.arch import Arch
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 GiB = 2**30
 MARGIN = 0.10  # share of a device's memory the plan leaves free (fragmentation, estimates' error)
@@ -58,6 +60,26 @@ VLLM_NON_TORCH_BYTES = GiB // 2  # inside vLLM's share: NCCL and cuBLAS memory o
 VLLM_CUDA_GRAPH_BYTES = 1 * GiB
 
 
+# (arch, inputs) -> an engine's own (terms, problems, notes)
+EngineTerms = Callable[[Arch, "PlanInputs"], tuple[list["Term"], list[str], list[str]]]
+
+
+class EngineModel(Protocol):
+    """What the plan reads of a rollout engine: its `rollout.ENGINES` entry (plan/inputs.py picks it)."""
+
+    @property
+    def label(self) -> str: ...  # its name in the plan's table and notes
+
+    # the trainer's own (FSDP) module generates (root and layers gathered in the rollout), else the
+    # engine holds its weights and KV cache in its share (rollout.gpu_memory_utilization), frees them
+    # under rollout.sleep_mode on a GPU, and its sequences reach vllm_max_len
+    @property
+    def needs_trainer_model(self) -> bool: ...
+
+    @property
+    def memory(self) -> EngineTerms: ...  # hf_rollout_terms, vllm_terms, ...
+
+
 @dataclass(frozen=True)
 class PlanInputs:
     """Everything the plan reads besides the architecture (built from the config by plan.inputs)."""
@@ -67,11 +89,11 @@ class PlanInputs:
     device_bytes: int  # memory of one device (on a CPU: the host's share of one rank)
     weight_bytes: int  # w: 4 for model.dtype=float32
     mixed_bytes: int  # compute bytes under trainer.fsdp_mixed_precision (0: none)
-    offload: str  # none | optimizer | all
+    offload: str  # trainer.offload: a name of policy.placement.OFFLOAD_MODES
     checkpointing: bool  # model.gradient_checkpointing
     token_budget: int  # algo.micro_batch_tokens, 0 resolved to the device's default
     seq_tokens: int  # S: model.max_prompt_tokens + model.max_response_tokens
-    engine: str  # rollout.engine: a name of ROLLOUT_MEMORY (one per rollout.ENGINES name)
+    engine: EngineModel  # rollout.engine's entry of rollout.ENGINES
     vllm_share: float  # u: rollout.gpu_memory_utilization
     vllm_sleep: bool  # rollout.sleep_mode: vLLM frees its weights and KV cache for the update
     vllm_max_len: int  # vLLM's max_model_len: prompt + max(response, eval.max_new_tokens)
@@ -168,12 +190,13 @@ def state_terms(arch: Arch, x: PlanInputs) -> list[Term]:
                      shard (the 7B embedding: 8.1 GiB on one GPU)
     FSDP2 pads each parameter's shard to a multiple of N elements: P/N is rounded up, not padded."""
     shard = x.weight_bytes * _ceil_div(arch.params, x.ranks)
-    on_device = x.offload == "none"
-    weights = shard if x.offload != "all" else 0
+    mode = OFFLOAD_MODES[x.offload]
+    on_device = not mode.moments_on_host
+    weights = shard if not mode.params_on_host else 0
     moments = 2 * shard if on_device else 0
     dtype = {4: "fp32", 2: "16-bit"}.get(x.weight_bytes, "")
     part = " shard" if x.fsdp else ""
-    host_adamw = 16 * _ceil_div(arch.largest_param, x.ranks) if x.offload == "optimizer" else 0
+    host_adamw = 16 * _ceil_div(arch.largest_param, x.ranks) if mode.host_adamw else 0
     return [
         Term(f"weights ({dtype}{part})", _phases(*[weights] * 4)),
         Term(f"gradients ({dtype}{part})", _phases(0, weights, weights, weights)),
@@ -197,7 +220,7 @@ def gathered_terms(arch: Arch, x: PlanInputs) -> list[Term]:
         return []
     c, r = x.compute_bytes, x.reduce_bytes
     root, layer = arch.root_params, arch.layer_params
-    hf = engine_memory(x).samples_with_trainer
+    hf = x.engine.needs_trainer_model
     root_rollout = c * root if hf else 0  # the HF engine's forwards gather the root
     return [
         Term("root unit gathered", _phases(root_rollout, c * root, c * root)),
@@ -307,39 +330,14 @@ def hf_rollout_terms(arch: Arch, x: PlanInputs) -> tuple[list[Term], list[str], 
     return terms, [], []
 
 
-@dataclass(frozen=True)
-class EngineMemory:
-    """How the plan counts a rollout engine: its terms (terms, problems, notes) and what it is."""
-
-    terms: Callable[[Arch, PlanInputs], tuple[list[Term], list[str], list[str]]]
-    label: str  # its name in the plan's table and notes
-    # generates with the trainer's own (FSDP) module: the root and layers are gathered in the
-    # rollout; otherwise it holds its own weights and KV cache in a share of the device
-    # (rollout.gpu_memory_utilization), frees them under rollout.sleep_mode on a GPU, and its
-    # sequences reach vllm_max_len (eval.max_new_tokens included)
-    samples_with_trainer: bool
-
-
-# `rollout.engine` -> its memory model; a test keeps the names equal to rollout.ENGINES'
-ROLLOUT_MEMORY: dict[str, EngineMemory] = {
-    "hf": EngineMemory(hf_rollout_terms, "HF-engine", samples_with_trainer=True),
-    "vllm": EngineMemory(vllm_terms, "vLLM", samples_with_trainer=False),
-}
-
-
-def engine_memory(x: PlanInputs) -> EngineMemory:
-    return ROLLOUT_MEMORY[x.engine]
-
-
 def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
     """The plan for `arch` trained with settings `x` on devices of `x.device_bytes`."""
     terms = state_terms(arch, x) + gathered_terms(arch, x) + compute_terms(arch, x)
-    engine = engine_memory(x)
-    more, problems, notes = engine.terms(arch, x)
+    more, problems, notes = x.engine.memory(arch, x)
     terms += more
     if x.device == "cuda":
         terms.append(Term("CUDA context, NCCL (assumed)", _phases(*[RUNTIME_BYTES] * 4)))
-    longest = max(x.seq_tokens, 0 if engine.samples_with_trainer else x.vllm_max_len)
+    longest = max(x.seq_tokens, 0 if x.engine.needs_trainer_model else x.vllm_max_len)
     if arch.max_positions and longest > arch.max_positions:
         problems.append(
             f"sequences of {longest} tokens (prompt + response) exceed the model's "
@@ -347,7 +345,8 @@ def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
         )
     # in host memory: everything with offload=all (weights, gradients, two moments), only AdamW's
     # two fp32 moments with offload=optimizer (policy/offload.HostAdamW, one pinned buffer)
-    per_param = {"none": 0, "optimizer": 2 * 4, "all": 4 * x.weight_bytes}[x.offload]
+    mode = OFFLOAD_MODES[x.offload]
+    per_param = 4 * x.weight_bytes if mode.params_on_host else 2 * 4 if mode.moments_on_host else 0
     host = per_param * _ceil_div(arch.params, x.ranks)
     kept = tuple(t for t in terms if any(t.bytes))
     return Plan(arch, x, kept, tuple(problems), tuple(notes), host)

@@ -24,9 +24,9 @@ from exgrpo_cli.plan.memory import (
     GiB,
     Plan,
     PlanInputs,
-    engine_memory,
     plan_memory,
 )
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 DTYPE = {4: "fp32", 2: "bf16"}
 ATTENTION = {"flash": "flash-attention-2", "sdpa": "sdpa attention", "eager": "eager attention"}
@@ -48,17 +48,13 @@ def settings_line(x: PlanInputs) -> str:
     parts = [
         shard,
         f"{DTYPE.get(x.weight_bytes, '?')} weights, {DTYPE.get(x.compute_bytes, '?')} compute",
-        {
-            "none": "no offload",
-            "optimizer": "AdamW offloaded to the host",
-            "all": "state offloaded to the host",
-        }[x.offload],
+        OFFLOAD_MODES[x.offload].label,
         "gradient checkpointing" if x.checkpointing else "no gradient checkpointing",
         f"micro-batches of {x.micro_batch_tokens} tokens (sequences of {x.seq_tokens})",
         ATTENTION.get(x.attention, x.attention),
     ]
-    engine = engine_memory(x)
-    if engine.samples_with_trainer:
+    engine = x.engine
+    if engine.needs_trainer_model:
         parts.append(f"{engine.label} rollouts")
     else:
         sleep = "asleep" if x.vllm_sleep else "awake"
@@ -86,19 +82,19 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
     notes = list(plan.notes)
     if plan.host_bytes:
         notes.append(f"host memory: {_g(plan.host_bytes)} GiB per rank of offloaded state (pinned)")
-    engine = engine_memory(x)
+    engine = x.engine
     if x.device == "cuda":
         notes.append(
             f"assumed, not measured: {RUNTIME_BYTES / GiB:g} GiB of CUDA context and NCCL per process"
             + (
                 ""
-                if engine.samples_with_trainer
+                if engine.needs_trainer_model
                 else f", {VLLM_NON_TORCH_BYTES / GiB:g} GiB of vLLM's memory outside torch, "
                 f"{VLLM_CUDA_GRAPH_BYTES / GiB:g} GiB of its CUDA graphs"
             )
             + "; the backward's working set is derived; the saved activations and the state are exact"
         )
-        if not engine.samples_with_trainer and x.vllm_sleep:
+        if not engine.needs_trainer_model and x.vllm_sleep:
             notes.append(
                 "with vLLM asleep the trainer must empty torch's cache (torch.cuda.empty_cache) "
                 "before vLLM wakes, or the update's peak stays reserved through the rollout"

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import torch
 
 from exgrpo_cli.errors import UsageError
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 log = logging.getLogger(__name__)
 
@@ -199,9 +200,8 @@ def wrap_fsdp2(
             log.warning(
                 "FSDP mixed precision %s ignored on a CPU (bf16 is ~100x slower there)", mixed_precision
             )
-    placement = (
-        CPUOffloadPolicy(pin_memory=dist.device.type == "cuda") if offload == "all" else OffloadPolicy()
-    )
+    on_host = OFFLOAD_MODES[offload].params_on_host
+    placement = CPUOffloadPolicy(pin_memory=dist.device.type == "cuda") if on_host else OffloadPolicy()
     mesh = init_device_mesh(dist.device.type, (dist.world_size,))
     for layer in decoder_layers(model):
         fully_shard(

@@ -21,6 +21,7 @@ from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 if TYPE_CHECKING:  # transformers is imported when a model is loaded, not with this module
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -170,7 +171,7 @@ def load_sharded(
     model.generation_config = generation_config
     enable_checkpointing(model, cfg.gradient_checkpointing)
     model = shard(model)
-    materialize(model, dist.device, params_on_host=offload == "all")
+    materialize(model, dist.device, params_on_host=OFFLOAD_MODES[offload].params_on_host)
     weights = full.state_dict() if full is not None else {}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, weights, options=options)

@@ -10,10 +10,9 @@ experiences are scored.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
+from exgrpo_cli.algo.logprobs import CandidateScore, masked_mean
 from exgrpo_cli.policy.distributed import DistInfo, local_dist
 from exgrpo_cli.policy.forward import forward_logprobs, synced_micro_batches
 from exgrpo_cli.policy.sharding import Shards
@@ -25,14 +24,14 @@ def score_candidates(
     prompts: list[list[int]],
     responses: list[list[int]],
     *,
-    kind: Literal["entropy", "nll"],
+    kind: CandidateScore,
     temperature: float,
     pad_id: int,
     token_budget: int,
     max_rows: int,
     dist: DistInfo | None = None,
 ) -> list[float]:
-    """One score per (prompt, response) row: its mean token entropy, or its mean NLL (kind=nll).
+    """One score per (prompt, response) row: the mean over its response of `kind`'s per-token value.
 
     Under torchrun (`dist`) each rank scores every W-th candidate and the scores are all-gathered:
     every rank returns all of them. The forwards of an FSDP-sharded model are collectives, so every
@@ -51,18 +50,13 @@ def score_candidates(
     model.eval()
     try:
         for batch, idle in passes:
-            if kind == "nll":
-                logp, _ = forward_logprobs(model, batch, temperature=temperature)
-                per_tok = -logp
-            else:
-                _, ent = forward_logprobs(model, batch, temperature=temperature, with_entropy=True)
-                assert ent is not None
-                per_tok = ent
+            logp, ent = forward_logprobs(
+                model, batch, temperature=temperature, with_entropy=kind.needs_entropy
+            )
+            per_tok = kind.per_token(logp, ent)
             if idle:  # took part in the collective forwards; its row is another rank's
                 continue
-            m = batch.response_mask
-            mean = (per_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-            scores.update(zip(batch.rows, mean.tolist()))
+            scores.update(zip(batch.rows, masked_mean(per_tok, batch.response_mask).tolist()))
     finally:
         model.train(was_training)
         # FSDP2 keeps its root unit gathered after a forward (a backward would reshard it): these

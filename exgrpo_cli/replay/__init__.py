@@ -9,9 +9,8 @@ from exgrpo_cli.replay.selection import (
     gaussian_weights,
     n_replay,
     sample_bucket_counts,
-    select_questions,
 )
-from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION, TrajectoryRule, choose_trajectory
+from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION, TrajectoryRule
 
 __all__ = [
     "QUESTION_SELECTION",
@@ -20,10 +19,8 @@ __all__ = [
     "ExperienceBuffer",
     "TrajectoryRule",
     "bucket_probabilities",
-    "choose_trajectory",
     "default_bucket_edges",
     "gaussian_weights",
     "n_replay",
     "sample_bucket_counts",
-    "select_questions",
 ]

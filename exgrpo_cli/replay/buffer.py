@@ -3,10 +3,10 @@
 Place in the train step: after the rollouts of a step are scored and the policy updated, the loop
 calls ``observe_groups`` with the step's groups (fresh and replayed questions alike; which of their
 responses are stored is the buffer's rule, ``storable``) and then ``end_step``.
-At the start of the next step ``selection.select_questions`` reads the buckets to pick the
-questions to replay, and ``experiences(uid)`` hands over the stored candidates that the
-trajectory selection scores. Buffer, buckets and retired set go into every checkpoint
-(``state_dict`` / ``save``), so a resumed run replays exactly what the uninterrupted one would.
+At the start of the next step the question-selection rule (``selection.QUESTION_SELECTION``)
+reads the buckets to pick the questions to replay, and ``experiences(uid)`` hands over the
+stored candidates that the trajectory selection scores. Buffer, buckets and retired set go into
+every checkpoint (``state_dict`` / ``save``): a resumed run replays what the uninterrupted one would.
 
 Storage. A question owns three numpy arrays (its ``StoredQuestion``, replay/experience.py, which
 also holds the hashes and the duplicate check). Retiring a question frees its memory at once (no

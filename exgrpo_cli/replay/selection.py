@@ -1,11 +1,11 @@
 """Experience selection: which buffered questions and which stored trajectory to replay.
 
-Place in the train step: first thing of a mixed step. ``n_replay`` sizes the replayed part
-of the batch and ``select_questions`` picks that many buffered questions (docs/algorithm.md
-§3) with the rule that ``replay.question_selection`` names in ``QUESTION_SELECTION``;
-replay/trajectory.py then picks the stored response to replay. Everything here is a pure
-function of its inputs and an explicit ``np.random.Generator``, so a seeded run selects the same
-questions after a resume.
+Place in the train step: first thing of a mixed step. ``n_replay`` sizes the replayed part of the
+batch, and the rule that ``replay.question_selection`` names in ``QUESTION_SELECTION`` (looked up
+once, when the trainer is built) picks that many buffered questions (docs/algorithm.md §3);
+replay/trajectory.py then picks the stored response to replay. Everything here is a pure function
+of its inputs and an explicit ``np.random.Generator``, so a seeded run selects the same questions
+after a resume.
 """
 
 from __future__ import annotations
@@ -149,6 +149,10 @@ def uniform_selection(
 
 
 class QuestionSelector(Protocol):
+    """Pick min(n, buffered) distinct buffered questions to replay. Retired questions are never
+    returned because ``end_step`` takes them out of the buckets: call it at the start of a step,
+    not between observe and end_step."""
+
     def __call__(
         self, buffer: BucketedQuestions, n: int, *, mu: float, sigma: float, rng: np.random.Generator
     ) -> list[str]: ...
@@ -159,18 +163,3 @@ QUESTION_SELECTION: dict[str, QuestionSelector] = {
     "gaussian": gaussian_selection,
     "uniform": uniform_selection,
 }
-
-
-def select_questions(
-    buffer: BucketedQuestions, n: int, *, mode: str, mu: float, sigma: float, rng: np.random.Generator
-) -> list[str]:
-    """Pick min(n, buffered) distinct buffered questions to replay with the rule named `mode`.
-
-    Retired questions are never returned because ``end_step`` takes them out of the buckets;
-    call this at the start of a step, not between observe and end_step.
-    """
-    if mode not in QUESTION_SELECTION:
-        raise ValueError(
-            f"replay.question_selection must be one of {', '.join(QUESTION_SELECTION)} (got {mode!r})"
-        )
-    return QUESTION_SELECTION[mode](buffer, n, mu=mu, sigma=sigma, rng=rng)

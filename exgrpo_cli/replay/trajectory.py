@@ -1,10 +1,12 @@
-"""Trajectory selection (docs/algorithm.md §3): which stored response of a selected question is replayed.
+"""Trajectory selection (docs/algorithm.md §3): which stored response of a selected question is
+replayed.
 
-Place in the train step: right after ``select_questions``. Each rule of ``TRAJECTORY_SELECTION``
-(the `replay.trajectory_selection` names) declares what the current policy must compute for every
-stored candidate first (``score``: the mean token entropy, the mean negative log-likelihood, or
-nothing), and then picks one candidate from the candidates and those scores. The trainer runs the
-scoring forward only for rules that ask for it. A new rule is one function and one entry here.
+Place in the train step: right after question selection (replay/selection.py). Each rule of
+``TRAJECTORY_SELECTION`` (the `replay.trajectory_selection` names) declares what the current
+policy must compute for every stored candidate first (``score``: an algo.logprobs.CandidateScore,
+the mean token entropy or the mean negative log-likelihood, or nothing), and then picks one
+candidate from the candidates and those scores. The trainer runs the scoring forward only for
+rules that ask for it. A new rule is one function and one entry here.
 
 Pure functions of their inputs and an explicit ``np.random.Generator`` (drawn from only by rules
 that draw), so a seeded run replays the same responses after a resume.
@@ -14,21 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
+from exgrpo_cli.algo.logprobs import ENTROPY, NLL, CandidateScore
 from exgrpo_cli.replay.experience import Experience
 
-# what the current policy computes per candidate: the mean full-vocabulary token entropy at the
-# rollout temperature, or the mean negative log-likelihood of the response tokens
-ScoreKind = Literal["entropy", "nll"]
 Chooser = Callable[[Sequence[Experience], np.ndarray, np.random.Generator], int]
 
 
 @dataclass(frozen=True)
 class TrajectoryRule:
-    score: ScoreKind | None  # None: the rule needs no forward pass
+    score: CandidateScore | None  # what the current policy computes per candidate; None: no forward
     choose: Chooser  # (candidates, scores (empty when score is None), rng) -> index
     draws: bool = False  # the choice is random (inspect-buffer cannot say which one it replays)
 
@@ -43,7 +42,7 @@ class TrajectoryRule:
         s = np.asarray(scores, dtype=np.float64)
         if self.score is not None and (s.ndim != 1 or s.size != len(candidates)):
             raise ValueError(
-                f"a {self.score} rule needs one score per candidate ({len(candidates)}, got {s.shape})"
+                f"a {self.score.name} rule needs one score per candidate ({len(candidates)}, got {s.shape})"
             )
         return self.choose(candidates, s, rng)
 
@@ -68,26 +67,9 @@ def _shortest(candidates: Sequence[Experience], scores: np.ndarray, rng: np.rand
 
 # `replay.trajectory_selection`: name -> rule
 TRAJECTORY_SELECTION: dict[str, TrajectoryRule] = {
-    "lowest_entropy": TrajectoryRule("entropy", _lowest),  # ExGRPO's rule
-    "highest_entropy": TrajectoryRule("entropy", _highest),  # the paper's contrast ablation
-    "lowest_nll": TrajectoryRule("nll", _lowest),  # Alg. 1 of the paper read literally
+    "lowest_entropy": TrajectoryRule(ENTROPY, _lowest),  # ExGRPO's rule
+    "highest_entropy": TrajectoryRule(ENTROPY, _highest),  # the paper's contrast ablation
+    "lowest_nll": TrajectoryRule(NLL, _lowest),  # Alg. 1 of the paper read literally
     "random": TrajectoryRule(None, _random, draws=True),  # the "w/o trajectory selection" ablation
     "shortest": TrajectoryRule(None, _shortest),  # the stored response with the fewest tokens
 }
-
-
-def trajectory_rule(mode: str) -> TrajectoryRule:
-    try:
-        return TRAJECTORY_SELECTION[mode]
-    except KeyError:
-        raise ValueError(
-            f"replay.trajectory_selection must be one of {', '.join(TRAJECTORY_SELECTION)} (got {mode!r})"
-        ) from None
-
-
-def choose_trajectory(
-    candidates: Sequence[Experience], scores: Sequence[float], mode: str, rng: np.random.Generator
-) -> int:
-    """Index of the experience to replay among one question's candidates, with the rule named
-    `mode` (``scores``: mean token entropy, or mean NLL for lowest_nll, one per candidate)."""
-    return trajectory_rule(mode).pick(candidates, scores, rng)

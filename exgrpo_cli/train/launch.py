@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -61,7 +60,7 @@ def resolve_nproc(cfg: ExgrpoConfig) -> int:
     return int(value)  # config_checks.validate admitted only auto or a number >= 1
 
 
-def _rank_logging(out: Path) -> None:
+def rank_logging(out: Path) -> None:
     """The rank's log file in the run dir, as Hydra sets it up for a one-process run."""
     rank = int(os.environ.get("RANK", "0"))
     name = "train.log" if rank == 0 else f"train.rank{rank}.log"
@@ -72,27 +71,18 @@ def _rank_logging(out: Path) -> None:
     root.setLevel(logging.INFO)
 
 
-def rank_main(cfg: ExgrpoConfig) -> dict[str, float]:
-    """What every started rank runs (in a fresh process)."""
-    from exgrpo_cli.train.run import run_training
+class RanksFailed(ExgrpoError):
+    """A rank of `launch` failed (which, how, how to resume); the exit code is the worst rank's."""
 
-    out = Path(cfg.trainer.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _rank_logging(out)
-    try:
-        return run_training(cfg)
-    except ExgrpoError as err:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"exgrpo train: {err}", file=sys.stderr)
-        raise SystemExit(err.exit_code) from None
-    except Exception:  # the traceback to the rank's log; the parent says which rank failed
-        log.exception("rank %s failed", os.environ.get("RANK", "0"))
-        raise SystemExit(1) from None
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
-def launch(cfg: ExgrpoConfig, nproc: int, target: Callable[[ExgrpoConfig], Any] | None = None) -> Any:
-    """Start `nproc` ranks on this node running `target(cfg)` (default: training), wait for all of
-    them; rank 0's result. Raises SystemExit with the worst rank's exit code when any failed."""
+def launch(cfg: ExgrpoConfig, nproc: int, target: Callable[[ExgrpoConfig], Any]) -> Any:
+    """Start `nproc` ranks on this node running `target(cfg)` (the command's rank entry: it turns
+    its errors into exit codes), wait for all of them; rank 0's result. Raises RanksFailed when any
+    failed."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -121,9 +111,9 @@ def launch(cfg: ExgrpoConfig, nproc: int, target: Callable[[ExgrpoConfig], Any] 
     os.environ[preempt.PARENT_REQUEUES_ENV] = "1"  # the ranks inherit it: this process requeues
     try:
         with _Forward() as forward, _TorchLogToFile():
-            results: dict[int, Any] = elastic_launch(config, target or rank_main)(cfg)
+            results: dict[int, Any] = elastic_launch(config, target)(cfg)
     except ChildFailedError as err:
-        raise SystemExit(_report_failure(cfg, nproc, err)) from None
+        raise _failure(cfg, nproc, err) from None
     finally:
         os.environ.pop(preempt.PARENT_REQUEUES_ENV, None)
         signal.signal(signal.SIGINT, previous)
@@ -206,14 +196,13 @@ def rank_pids(parent: int | None = None) -> list[int]:
     return sorted(found)
 
 
-def _report_failure(cfg: ExgrpoConfig, nproc: int, err: Any) -> int:
-    """One line on stderr for the rank that failed first, torch's report in the log; the exit code
-    (the worst rank's, 1 for a rank killed by a signal)."""
+def _failure(cfg: ExgrpoConfig, nproc: int, err: Any) -> RanksFailed:
+    """The error that says in one line which rank failed first (torch's report goes to the log),
+    with the worst rank's exit code (1 for a rank killed by a signal)."""
     from exgrpo_cli.train.rank_failure import dead_rank_line
 
     log.error("%s", err)
     rank, first = err.get_first_failure()
-    print(dead_rank_line(cfg, rank, first.pid, first.exitcode, nproc), file=sys.stderr)
     codes = [f.exitcode for f in err.failures.values()]
     worst = max(codes, key=lambda c: abs(c))
-    return worst if worst > 0 else 1
+    return RanksFailed(dead_rank_line(cfg, rank, first.pid, first.exitcode, nproc), worst if worst > 0 else 1)

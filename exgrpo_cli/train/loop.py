@@ -36,7 +36,7 @@ from exgrpo_cli.policy.sharding import Shards
 from exgrpo_cli.replay.buffer import Bounds
 from exgrpo_cli.replay.experience import Experience
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, row_keys, update_order
-from exgrpo_cli.replay.selection import n_replay, select_questions
+from exgrpo_cli.replay.selection import QuestionSelector, n_replay
 from exgrpo_cli.replay.trajectory import TrajectoryRule
 from exgrpo_cli.reward.scorer import RewardScorer
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
@@ -66,6 +66,7 @@ class Choices:
     loss: PolicyLoss
     aggregation: Aggregation
     trajectory: TrajectoryRule
+    questions: QuestionSelector  # which buffered questions to replay (`replay.question_selection`)
     draw: FreshDraw  # how the step's fresh questions come from the sampler (`data.draw`)
 
 
@@ -216,7 +217,7 @@ class Trainer:
         rule = self.choices.trajectory
         rng = step_rng(self.cfg.trainer.seed, step, 2)
         n = n_replay(p.ratio, self.cfg.algo.questions_per_step, st.buffer.num_questions)
-        uids = select_questions(st.buffer, n, mode=p.question_selection, mu=p.mu, sigma=p.sigma, rng=rng)
+        uids = self.choices.questions(st.buffer, n, mu=p.mu, sigma=p.sigma, rng=rng)
         if not uids:
             return [], float("nan")
         cands = {u: st.buffer.experiences(u) for u in uids}

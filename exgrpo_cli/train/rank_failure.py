@@ -74,7 +74,7 @@ def resume_command(cfg: ExgrpoConfig) -> str:
 
 
 def rank_log(out: Path, rank: int) -> Path:
-    """The rank's log file (train/launch.py's `_rank_logging`)."""
+    """The rank's log file (train/launch.py's `rank_logging`)."""
     return out / ("train.log" if rank == 0 else f"train.rank{rank}.log")
 
 
@@ -83,7 +83,7 @@ def dead_rank_line(cfg: ExgrpoConfig, rank: int, pid: int, exitcode: int, world:
     found = newest_verified(out / "checkpoints")
     where = str(found) if found is not None else "none (a rerun starts from step 0)"
     return (
-        f"exgrpo train: rank {rank} of {world} (pid {pid}) {_what(exitcode)} "
+        f"rank {rank} of {world} (pid {pid}) {_what(exitcode)} "
         f"{step_in_flight(out, cfg.trainer.steps)}; newest verified checkpoint: {where}; "
         f"its log: {rank_log(out, rank)}; resume with: {resume_command(cfg)}"
     )

@@ -28,6 +28,7 @@ from exgrpo_cli.metrics import MetricLogger
 from exgrpo_cli.metrics.logger import resume_point
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 from exgrpo_cli.policy.sharding import Shards
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.train import notices, preempt
@@ -136,7 +137,7 @@ def _refuse_before_start(cfg: ExgrpoConfig, dist: D.DistInfo) -> None:
     """Settings this run cannot honour, refused before any collective: an offload the trainer
     would not apply, questions the ranks cannot share."""
     a, world = cfg.algo, dist.world_size
-    if cfg.trainer.offload == "all" and not D.shards_alone(dist):
+    if OFFLOAD_MODES[cfg.trainer.offload].params_on_host and not D.shards_alone(dist):
         raise UsageError(
             "trainer.offload=all is FSDP2's CPU offload, and a one-process CPU run is not sharded "
             "(its whole state is in host memory already): use trainer.offload=none, or several "

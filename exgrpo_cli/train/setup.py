@@ -36,9 +36,11 @@ from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer
 from exgrpo_cli.policy.offload import HostAdamW
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 from exgrpo_cli.registry import pick
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
+from exgrpo_cli.replay.selection import QUESTION_SELECTION
 from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 from exgrpo_cli.reward import RewardScorer
 from exgrpo_cli.rollout import build_engine
@@ -102,7 +104,7 @@ def decide_resume(cfg: ExgrpoConfig, dist: D.DistInfo) -> tuple[Path | None, lis
 def make_optimizer(cfg: ExgrpoConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     a = cfg.algo
     # trainer.offload=optimizer: the same AdamW with its moments in host memory
-    cls = HostAdamW if cfg.trainer.offload == "optimizer" else torch.optim.AdamW
+    cls = HostAdamW if OFFLOAD_MODES[cfg.trainer.offload].host_adamw else torch.optim.AdamW
     return cls(
         [p for p in model.parameters() if p.requires_grad],
         lr=a.lr,
@@ -118,6 +120,7 @@ def choices(cfg: ExgrpoConfig) -> Choices:
             AggregationSettings(**dataclasses.asdict(cfg.algo.official_batch))
         ),
         trajectory=pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection),
+        questions=pick(QUESTION_SELECTION, "replay.question_selection", cfg.replay.question_selection),
         draw=pick(FRESH_DRAWS, "data.draw", cfg.data.draw),
     )
 

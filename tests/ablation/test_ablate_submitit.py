@@ -130,13 +130,13 @@ def test_submitit_slurm_job_script(tmp_path: Path) -> None:
 def test_a_cluster_queue_gets_every_variant_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rich.console import Console
 
+    from exgrpo_cli.ablation import runs
     from exgrpo_cli.ablation import sweep as sw
-    from exgrpo_cli.commands import ablate
 
     variants = sw.parse_variants({"a": ["replay.ratio=0"], "b": ["replay.ratio=0.5"]})
     jobs = sw.plan_jobs(variants, [0, 1], tmp_path, [], [])
     events: list[str] = []
-    wait = ablate._wait
+    wait = runs.wait_for
 
     def start(argv: list[str], log: object) -> subprocess.Popen[bytes]:
         events.append("start")
@@ -146,12 +146,12 @@ def test_a_cluster_queue_gets_every_variant_at_once(tmp_path: Path, monkeypatch:
         events.append(f"wait {len(procs)}")
         return wait(*procs)
 
-    monkeypatch.setattr(ablate, "_start", start)
-    monkeypatch.setattr(ablate, "_wait", waiting)
+    monkeypatch.setattr(runs, "start", start)
+    monkeypatch.setattr(runs, "wait_for", waiting)
     quiet = Console(quiet=True)
-    failed = ablate._run_with_launcher(jobs, variants, "submitit_slurm", [], quiet)
+    failed = runs.run_with_launcher(jobs, variants, "submitit_slurm", [], quiet)
     assert events == ["start", "start", "wait 2"]
     assert len(failed) == 4  # nothing trained here
     events.clear()
-    ablate._run_with_launcher(jobs, variants, "submitit_local", [], quiet)
+    runs.run_with_launcher(jobs, variants, "submitit_local", [], quiet)
     assert events == ["start", "wait 1", "start", "wait 1", "wait 0"]

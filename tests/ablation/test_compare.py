@@ -150,7 +150,7 @@ def pair_sweep(tmp_path: Path) -> Path:
 def test_summarize_dir_writes_comparisons_and_dynamics(pair_sweep: Path):
     from rich.console import Console
 
-    from exgrpo_cli.commands.ablate import summarize_dir
+    from exgrpo_cli.ablation.report import summarize_dir
 
     out = StringIO()
     summarize_dir(pair_sweep, "", Console(file=out, width=150))

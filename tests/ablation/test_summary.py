@@ -116,7 +116,7 @@ def test_summarize_dir_writes_table_csv_markdown_and_plot(sweep_dir: Path):
 
     from rich.console import Console
 
-    from exgrpo_cli.commands.ablate import summarize_dir
+    from exgrpo_cli.ablation.report import summarize_dir
 
     out = StringIO()
     summarize_dir(sweep_dir, "", Console(file=out, width=150))

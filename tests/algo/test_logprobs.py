@@ -4,14 +4,14 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from exgrpo_cli.algo import mean_token_entropy, token_entropy, token_logprobs
+from exgrpo_cli.algo import masked_mean, token_entropy, token_logprobs
 from exgrpo_cli.algo.logprobs import chunked_token_logprobs
 
 
 def test_uniform_logits_entropy_is_log_v():
     logits = torch.zeros(2, 3, 8)
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    ent = mean_token_entropy(logits, mask)
+    ent = masked_mean(token_entropy(logits), mask)
     assert math.isclose(ent[0].item(), math.log(8), rel_tol=1e-6)
     assert ent[1].item() == 0.0  # no token: 0, not nan
 
@@ -20,16 +20,16 @@ def test_entropy_exact_two_way_with_temperature():
     # logits [log 3, 0] at T=1: p = (3/4, 1/4)
     logits = torch.tensor([[[math.log(3.0), 0.0]]])
     h = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
-    assert math.isclose(mean_token_entropy(logits, torch.ones(1, 1)).item(), h, rel_tol=1e-6)
+    assert math.isclose(masked_mean(token_entropy(logits), torch.ones(1, 1)).item(), h, rel_tol=1e-6)
     # T = 2 halves the logits: p = (sqrt3, 1) / (sqrt3 + 1)
     p = math.sqrt(3) / (math.sqrt(3) + 1)
     h2 = -(p * math.log(p) + (1 - p) * math.log(1 - p))
-    assert math.isclose(mean_token_entropy(logits, torch.ones(1, 1), 2.0).item(), h2, rel_tol=1e-6)
+    assert math.isclose(masked_mean(token_entropy(logits, 2.0), torch.ones(1, 1)).item(), h2, rel_tol=1e-6)
 
 
 def test_masked_mean_over_tokens():
     logits = torch.stack([torch.zeros(4), torch.tensor([100.0, 0, 0, 0])]).view(1, 2, 4)
-    ent = mean_token_entropy(logits, torch.tensor([[1, 1]]))
+    ent = masked_mean(token_entropy(logits), torch.tensor([[1, 1]]))
     assert math.isclose(ent.item(), math.log(4) / 2, rel_tol=1e-5)
 
 

@@ -2,12 +2,28 @@ import math
 
 import torch
 
-from exgrpo_cli.algo import exgrpo_policy_loss, policy_shaping
+from exgrpo_cli.algo import exgrpo_token_losses, policy_shaping
+
+
+def exgrpo_policy_loss(*args: torch.Tensor, normalizer: float, **kw: float | None) -> torch.Tensor:
+    """The scalar loss with the Dr.GRPO constant normaliser: token losses summed / normaliser."""
+    return exgrpo_token_losses(*args, **kw)[0].sum() / normalizer  # type: ignore[arg-type]
 
 
 def test_policy_shaping_values():
     w = torch.tensor([0.0, 0.1, 1.0, 9.9])
     assert torch.allclose(policy_shaping(w, 0.1), torch.tensor([0.0, 0.5, 1 / 1.1, 0.99]))
+
+
+def test_replayed_token_losses_use_the_published_shaping():
+    # the update's replayed tokens are -A f(w) with the very f(w) the library publishes, to the bit
+    g = torch.Generator().manual_seed(0)
+    logp, blogp = torch.randn(64, 16, generator=g) * 3, torch.randn(64, 16, generator=g) * 3
+    adv = torch.randn(64, generator=g)
+    losses, _ = exgrpo_token_losses(
+        logp, blogp, adv, torch.ones(64, 16), torch.ones(64, dtype=torch.bool), clip_eps=0.2, beta=0.1
+    )
+    assert torch.equal(losses, -adv.unsqueeze(-1) * policy_shaping((logp - blogp).exp(), 0.1))
 
 
 def _one_row(

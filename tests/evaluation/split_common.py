@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from exgrpo_cli.algo.logprobs import ENTROPY
 from exgrpo_cli.data.synthetic import train_and_val
 from exgrpo_cli.data.templates import TEMPLATES
 from exgrpo_cli.evaluation.validate import sample_and_grade
@@ -35,7 +36,7 @@ def run_both(model: torch.nn.Module, tok: Any, dist: DistInfo | None) -> dict[st
     prompts = [tok(template.render(q, tok), add_special_tokens=False)["input_ids"] for q in val]
     responses = [tok(f"<think>{q.question}</think>\\boxed{{{q.answer}}}")["input_ids"] for q in val]
     scores = score_candidates(
-        model, prompts, responses, kind="entropy", temperature=1.0, pad_id=tok.pad_token_id,
+        model, prompts, responses, kind=ENTROPY, temperature=1.0, pad_id=tok.pad_token_id,
         token_budget=120, max_rows=3, dist=dist,
     )  # fmt: skip
     return {"responses": res.responses, "correct": res.correct, "scores": scores, "accuracy": res.accuracy}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.replay import ExperienceBuffer, bucket_probabilities, select_questions
+from exgrpo_cli.replay import QUESTION_SELECTION, ExperienceBuffer, bucket_probabilities
 from exgrpo_cli.replay.mixing import Group, Response
 
 
@@ -75,9 +75,9 @@ def test_scripted_steps():
         "replay/bucket/2": 1.0,
         "replay/bucket/3": 1.0,
     }
-    picked = select_questions(buf, 2, mode="gaussian", mu=0.5, sigma=0.125, rng=np.random.default_rng(0))
+    picked = QUESTION_SELECTION["gaussian"](buf, 2, mu=0.5, sigma=0.125, rng=np.random.default_rng(0))
     assert picked == ["mid", "q3"]
-    assert select_questions(buf, 2, mode="uniform", mu=0.5, sigma=0.125, rng=np.random.default_rng(0)) == [
+    assert QUESTION_SELECTION["uniform"](buf, 2, mu=0.5, sigma=0.125, rng=np.random.default_rng(0)) == [
         "mid",
         "q3",
     ]
@@ -191,7 +191,7 @@ def _assert_same(a: ExperienceBuffer, b: ExperienceBuffer) -> None:
                 assert np.array_equal(x.behavior_logp, y.behavior_logp)
     for mode in ("gaussian", "uniform"):
         sel = [
-            select_questions(buf, 10, mode=mode, mu=0.5, sigma=0.125, rng=np.random.default_rng(3))
+            QUESTION_SELECTION[mode](buf, 10, mu=0.5, sigma=0.125, rng=np.random.default_rng(3))
             for buf in (a, b)
         ]
         assert sel[0] == sel[1] and len(sel[0]) == 10

@@ -8,7 +8,7 @@ import numpy as np
 
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.indexed_set import IndexedSet
-from exgrpo_cli.replay.selection import select_questions
+from exgrpo_cli.replay.selection import QUESTION_SELECTION
 
 
 def test_indexed_set_add_remove_and_positions():
@@ -38,7 +38,7 @@ def test_selection_after_removals_survives_save_and_load(tmp_path: Path):
     for b in range(buf.num_buckets):
         assert again.questions_in_bucket(b) == buf.questions_in_bucket(b)
         assert [buf.question_at(b, i) for i in range(buf.bucket_sizes()[b])] == buf.questions_in_bucket(b)
-    for mode in ("gaussian", "uniform"):
-        a = select_questions(buf, 7, mode=mode, mu=0.5, sigma=0.25, rng=np.random.default_rng(3))
-        b = select_questions(again, 7, mode=mode, mu=0.5, sigma=0.25, rng=np.random.default_rng(3))
+    for rule in QUESTION_SELECTION.values():
+        a = rule(buf, 7, mu=0.5, sigma=0.25, rng=np.random.default_rng(3))
+        b = rule(again, 7, mu=0.5, sigma=0.25, rng=np.random.default_rng(3))
         assert a == b and len(set(a)) == 7 and all(u in buf for u in a)

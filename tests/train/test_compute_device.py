@@ -17,6 +17,7 @@ import torch
 
 from exgrpo_cli.algo import group_advantages
 from exgrpo_cli.algo.aggregation import drgrpo
+from exgrpo_cli.algo.logprobs import NLL
 from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.sampler import QuestionSampler
@@ -80,7 +81,7 @@ def test_candidate_scoring_packs_on_the_dist_device(monkeypatch: pytest.MonkeyPa
             torch.nn.Linear(2, 2),
             [[1, 2]],
             [[3, 4]],
-            kind="nll",
+            kind=NLL,
             temperature=1.0,
             pad_id=0,
             token_budget=64,
