@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from thread_ranks import Exchange, run_ranks
 
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.distributed import DistInfo
@@ -58,39 +58,8 @@ def test_one_process_exchanges_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     alone.check_agree(digest, step=1)
 
 
-class Exchange:
-    """all_gather_object for W threads: each one's object, in rank order, for every thread."""
-
-    def __init__(self, world: int) -> None:
-        self.slots: list = [None] * world
-        self.barrier = threading.Barrier(world, timeout=30)
-
-    def __call__(self, obj: object, dist: DistInfo) -> list:
-        self.slots[dist.rank] = obj
-        self.barrier.wait()
-        out = list(self.slots)
-        self.barrier.wait()
-        return out
-
-
 def _on_threads(world: int, fn: Callable[[Shards], object]) -> list:
-    results: list = [None] * world
-    errors: list = []
-
-    def work(r: int) -> None:
-        try:
-            results[r] = fn(_ranks(world)[r])
-        except BaseException as err:  # noqa: BLE001 - re-raised in the main thread
-            errors.append(err)
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return results
+    return run_ranks(world, lambda r: fn(_ranks(world)[r]))
 
 
 def test_two_ranks_merge_their_shares_in_the_one_process_order(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,12 +7,11 @@ does under torchrun, without a process group. The real 2-process run is in test_
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from thread_ranks import Exchange, run_ranks
 
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.sampler import QuestionSampler
@@ -25,21 +24,6 @@ from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.train.loop import Trainer
 from exgrpo_cli.train.setup import choices
 from exgrpo_cli.train.state import RunState
-
-
-class Exchange:
-    """all_gather_object for W threads: each one's object, in rank order, for every thread."""
-
-    def __init__(self, world: int) -> None:
-        self.slots: list = [None] * world
-        self.barrier = threading.Barrier(world, timeout=30)
-
-    def __call__(self, obj: object, dist: DistInfo) -> list:
-        self.slots[dist.rank] = obj
-        self.barrier.wait()
-        out = list(self.slots)
-        self.barrier.wait()  # nobody overwrites a slot before everyone has read them
-        return out
 
 
 class Tok:
@@ -89,26 +73,6 @@ def _trainer(rank: int, world: int, scorer: FlakyGrader) -> Trainer:
     )  # type: ignore[arg-type]
 
 
-def _run_ranks(world: int, fn: Callable[[int], object]) -> list:
-    results: list = [None] * world
-    errors: list = []
-
-    def work(r: int) -> None:
-        try:
-            results[r] = fn(r)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the main thread
-            errors.append(err)
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return results
-
-
 def test_each_group_is_graded_once_and_ranks_get_the_same_rewards(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(D, "all_gather_object", Exchange(2))
     # rank 1's grader times out on everything: without one grader per group the ranks would
@@ -120,7 +84,7 @@ def test_each_group_is_graded_once_and_ranks_get_the_same_rewards(monkeypatch: p
         metrics = _trainer(r, 2, graders[r]).score(groups)
         return [[resp.reward for resp in g.responses] for g in groups], metrics
 
-    (rewards0, m0), (rewards1, m1) = _run_ranks(2, rank)
+    (rewards0, m0), (rewards1, m1) = run_ranks(2, rank)
     assert rewards0 == rewards1, "ranks disagree on the rewards"
     assert [graders[0].graded, graders[1].graded] == [8, 8]  # two groups of four each, not all four
     # the owner's verdict: groups 0, 2 graded by rank 0 (correct ones found), 1, 3 by rank 1 (timeouts)
@@ -169,9 +133,9 @@ def test_diverged_ranks_fail_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
         t.check_ranks_agree(step=5)
 
     with pytest.raises(RuntimeError, match="step 5: the ranks' replay buffers"):
-        _run_ranks(2, rank)
+        run_ranks(2, rank)
     monkeypatch.setattr(D, "all_gather_object", Exchange(2))
-    _run_ranks(2, lambda r: _trainer(r, 2, FlakyGrader(False)).check_ranks_agree(step=5))  # agree: no error
+    run_ranks(2, lambda r: _trainer(r, 2, FlakyGrader(False)).check_ranks_agree(step=5))  # agree: no error
 
 
 def test_stored_logprobs_are_gathered_from_the_rank_that_trained_them(
@@ -195,7 +159,7 @@ def test_stored_logprobs_are_gathered_from_the_rank_that_trained_them(
         trainer.state.switch.update(1, 0.5)  # after the delayed start: the buffer stores them
         return trainer.trainer_logprobs(groups, mine, result)
 
-    got0, got1 = _run_ranks(2, rank)
+    got0, got1 = run_ranks(2, rank)
     assert {k: v.tolist() for k, v in got0.items()} == {k: v.tolist() for k, v in got1.items()}
     assert sorted(got0) == [(g, j) for g in range(4) for j in (0, 2)]  # every correct response, once
     assert got0[(1, 2)].tolist() == [12.0, 12.0]  # group 1 is rank 1's first group: its row 2
