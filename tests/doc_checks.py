@@ -55,6 +55,7 @@ class Check:
     cheap: tuple[str, ...] = ()  # overrides a RUN appends (after the command's own: they win)
     rc: int = 0  # the exit code a RUN must end with
     needle: str = ""  # ELSEWHERE: what the named test file runs
+    says: str = ""  # RUN: what its output (stdout and stderr) must contain
 
 
 C = Check
@@ -92,7 +93,7 @@ COMMANDS: dict[str, Check] = {
     "exgrpo train": C(RUN, cheap=SMALL_TRAIN),
     "exgrpo train replay.ratio=0": C(RUN, cheap=SMALL_TRAIN),
     "exgrpo train model=qwen2.5-math-7b data=openr1-math-46k replay.ratio=0.5": C(COMPOSE, "GPU"),
-    "exgrpo train -m replay.ratio=0,0.5 trainer.seed=0,1,2": C(COMPOSE, "6 default runs: each composed"),
+    "exgrpo train -m replay.ratio=0,0.5 trainer.seed=0,1,2": C(RUN, "6 runs of the sweep", cheap=SMALL_TRAIN),
     "exgrpo train experiment=paper-qwen2.5-math-7b eval.data_dir=/data/benchmarks": C(COMPOSE, "GPU"),
     "exgrpo train model=qwen2.5-7b replay.ratio=0.5 eval.data_dir=/data/benchmarks": C(COMPOSE, "GPU"),
     "exgrpo train experiment=paper-qwen2.5-math-7b eval.data_dir=/data/benchmarks "
@@ -101,7 +102,7 @@ COMMANDS: dict[str, Check] = {
     "trainer.slurm_requeue=true": C(COMPOSE, "the single-node SLURM job's command"),
     "exgrpo train experiment=paper-qwen2.5-math-7b trainer.dry_run=true trainer.plan_devices=8x80": C(RUN),
     "exgrpo train model=qwen2.5-7b replay.ratio=0.5 trainer.dry_run=true trainer.plan_devices=1x80": C(
-        RUN, "exits 2: does not fit, as the page says", rc=2
+        RUN, "exits 2: does not fit, as the page says", rc=2, says="the memory plan does not fit 1 x 80 GiB"
     ),
     "exgrpo train model=qwen2.5-7b --cfg job": C(RUN),
     "exgrpo train model=qwen2.5-7b replay=none rollout=hf algo.lr=2e-6": C(COMPOSE, "GPU"),
@@ -123,11 +124,13 @@ COMMANDS: dict[str, Check] = {
         TORCHRUN, "4 GPU nodes"
     ),
     ".venv-vllm/bin/exgrpo train rollout=vllm trainer.steps=3 trainer.threads=1": C(
-        COMPOSE, "needs .venv-vllm; the vllm-marked tests run the engine"
+        ELSEWHERE, "tests/rollout/test_vllm_train.py", needle='"train", "rollout=vllm", "trainer.steps=3"'
     ),
-    "exgrpo train rollout=vllm trainer.steps=3": C(COMPOSE, "needs vllm"),
+    "exgrpo train rollout=vllm trainer.steps=3": C(
+        ELSEWHERE, "tests/rollout/test_vllm_train.py", needle='"train", "rollout=vllm", "trainer.steps=3"'
+    ),
     "exgrpo train model=smollm2-135m data=deepmath trainer.steps=2 trainer.threads=1": C(
-        COMPOSE, "~40 min on 2 cores"
+        ELSEWHERE, "tests/train/test_smollm2_e2e.py", needle='"model=smollm2-135m",'
     ),
     "exgrpo train -m hydra/launcher=submitit_slurm hydra.launcher.partition=<partition> "
     "trainer.seed=0,1,2": C(COMPOSE, "a SLURM cluster"),
@@ -161,6 +164,9 @@ COMMANDS: dict[str, Check] = {
         RUN, cheap=("eval.limit=4", "trainer.threads=1")
     ),
     "exgrpo eval model.path=<run>/checkpoints/best/model": C(RUN, cheap=SMALL_EVAL),
+    "exgrpo eval model.path=outputs/strong-start/checkpoints/step_60/model eval.n=4 eval.temperature=1.0": C(
+        RUN, "model.path: the run the test trains", cheap=SMALL_EVAL
+    ),
     "exgrpo eval trainer.nproc=2": C(
         ELSEWHERE, "tests/evaluation/test_eval_ranks.py", needle="trainer.nproc=2"
     ),

@@ -2,7 +2,8 @@
 `python doc_run_driver.py <steps.json> <results.json>`. One process pays the imports once; each
 command goes through `exgrpo_cli.cli.main` exactly as `exgrpo <argv>` would.
 
-A step is {"id", "argv", "cwd", "dry": bool}. `{buffered:<run dir>}` in an argument becomes a
+A step is {"id", "argv", "cwd", "dry": bool, "capture": bool}; a captured step's stdout and stderr
+go into its result's "output". `{buffered:<run dir>}` in an argument becomes a
 question id held by that run's newest replay buffer. A dry step (`exgrpo ablate ...
 ablation.dry_run=true`) also composes every distinct `exgrpo train` command the sweep printed, one
 per variant, as that run would compose it.
@@ -73,13 +74,15 @@ def main() -> None:
         os.chdir(step["cwd"])
         start = time.perf_counter()
         out = io.StringIO()
-        if step.get("dry"):
-            with contextlib.redirect_stdout(out):
+        if step.get("dry") or step.get("capture"):
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                 rc = _run(argv)
             print(out.getvalue()[-3000:], flush=True)
         else:
             rc = _run(argv)
         result: dict = {"rc": rc, "seconds": round(time.perf_counter() - start, 1), "argv": argv}
+        if step.get("capture"):
+            result["output"] = out.getvalue()[-4000:]
         if step.get("dry") and rc == 0:
             result["composed"], result["errors"] = _compose_printed(out.getvalue())
         results[step["id"]] = result

@@ -346,6 +346,8 @@ def helps() -> dict[str, str]:
 
 def test_top_level_help_names_the_docs(helps: dict[str, str]):
     out = helps["--help"]
+    # the repo's README as a word of its own (not only the tail of docs/README.md)
+    assert re.search(r"(?<![/\w])README\.md", out), "`exgrpo --help` does not name README.md"
     for page in ["README.md", "docs/README.md", *COMMAND_PAGES.values()]:
         assert page in out, f"`exgrpo --help` does not name {page}"
         assert (REPO / page).is_file()

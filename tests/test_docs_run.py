@@ -60,9 +60,14 @@ def _steps(tmp: Path) -> list[dict]:
             if not (SHARED_DATA / "benchmarks").is_dir():
                 continue
             cwd = REPO
-        # the run dir right after the command: Hydra's flags (--cfg job) end the command line
-        argv.insert(1, f"hydra.run.dir={tmp / run_dirs.get(text, f'runs/{i}')}")
-        steps.append({"id": text, "argv": argv, "cwd": str(cwd), "dry": check.mode == DRY})
+        run_dir = tmp / run_dirs.get(text, f"runs/{i}")
+        if "-m" in argv:  # a multirun: its runs go under the sweep dir (an override after -m)
+            argv.append(f"hydra.sweep.dir={run_dir}")
+        else:  # the run dir right after the command: Hydra's flags (--cfg job) end the command line
+            argv.insert(1, f"hydra.run.dir={run_dir}")
+        steps.append(
+            {"id": text, "argv": argv, "cwd": str(cwd), "dry": check.mode == DRY, "capture": bool(check.says)}
+        )
     return steps
 
 
@@ -102,6 +107,8 @@ def test_documented_cpu_commands_run(tmp_path: Path):
     failed = {text: r for text, r in results.items() if r["rc"] != COMMANDS[text].rc or r.get("errors")}
     assert not failed, f"documented commands that failed in their cheap form: {failed}\n{log}"
     for text, r in results.items():
+        says = COMMANDS[text].says
+        assert says in r.get("output", ""), f"`{text}` did not say {says!r}: {r.get('output', '')[-2000:]}"
         if COMMANDS[text].mode == DRY:
             assert r["composed"] >= 1, f"`{text}`: its dry run printed no `exgrpo train` command"
     # what the runs were meant to leave for the commands after them

@@ -163,8 +163,8 @@ def test_shipped_asset_loads():
     assert size < 8 * 2**20, f"the shipped tiny model is {size / 2**20:.1f} MiB"
     info = json.loads((path / "build_info.json").read_text())
     assert info["heldout_sampled"]["accuracy"] > 0.1
-    # the two habits the README describes: bare answers in a large share of responses, far less
-    # accurate than reasoned ones
+    # the two habits docs/training-and-configs.md describes: bare answers in a large share of
+    # responses, far less accurate than reasoned ones
     held = info["heldout_sampled"]
     assert 0.2 < held["direct_fraction"] < 0.8
     assert held["accuracy_by_habit"]["direct"] < held["accuracy_by_habit"]["reasoning"] - 0.2

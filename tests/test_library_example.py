@@ -18,7 +18,7 @@ def _example() -> str:
     return match.group(1)
 
 
-def test_readme_library_example_runs_and_matches_full_logits():
+def test_library_example_runs_and_matches_full_logits():
     torch.manual_seed(0)
     ns: dict = {}
     exec(compile(_example(), "docs/library.md", "exec"), ns)  # the project's own doc, not model output
