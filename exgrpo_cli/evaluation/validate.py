@@ -115,7 +115,7 @@ def sample_and_grade(
     graded = _grade(sorted(texts), texts, questions, scorer, n, kinds, rules)
     # every rank gets every question's samples and grades
     got = shards.merge(graded.per_question, timeouts=graded.timeouts, errors=graded.errors)
-    per_question = got.in_order(len(questions), ([], [], []))
+    per_question = got.in_order(len(questions))
     return SampledResult(
         questions,
         [q[0] for q in per_question],
@@ -149,8 +149,8 @@ def _grade(
     flat_resp = [t for i in idx for t in texts[i]]
     flat_gold = [questions[i].answer for i in idx for _ in range(n)]
     flat_kind = None if kinds is None else [kinds[i] for i in idx for _ in range(n)]
-    if not flat_resp:
-        return _Graded({})
+    if not flat_resp:  # no chunk on this rank (or no samples): each question's samples, none graded
+        return _Graded({i: (texts[i], [], []) for i in idx})
     # no rules (training's validation): the scorer's own rule
     flat_rules = [rules[i] for i in idx for _ in range(n)] if rules else None
     graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind, rules=flat_rules)

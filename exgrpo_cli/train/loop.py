@@ -267,7 +267,7 @@ class Trainer:
         for o in outs:
             samples[mine[o.prompt_index]].append(Response(o.response_ids, o.logprobs, finished=o.finished))
         # every rank scores and stores every group: buffers stay identical across ranks
-        responses = self.shards.merge(samples).in_order(len(questions), [])
+        responses = self.shards.merge(samples).in_order(len(questions))
         groups = [
             Group(q, p, list(rs), from_buffer=i >= len(fresh))
             for i, (q, p, rs) in enumerate(zip(questions, prompts, responses))
