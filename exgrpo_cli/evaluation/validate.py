@@ -22,6 +22,7 @@ from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 
 if TYPE_CHECKING:
     from exgrpo_cli.policy.distributed import DistInfo
+    from exgrpo_cli.policy.sharding import Shards
 
 
 class Scorer(Protocol):
@@ -87,35 +88,12 @@ def sample_and_grade(
     texts_in = [template.render(q, tokenizer, data_system) for q in questions]
     rules = [] if rule_for_prompt is None else [rule_for_prompt(t) for t in texts_in]
     prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts_in]
-    per_call = max(1, chunk // n)
-    starts = list(range(0, len(questions), per_call))
     shards = Shards(dist) if dist is not None else Shards()
-    # each rank samples its share of the chunks, with the chunk's own seed, so that the samples are
-    # those one process draws; every rank makes as many calls (an FSDP-sharded model's generation
-    # is a collective): a rank out of chunks takes part with an empty one
-    mine = [starts[i] for i in shards.mine(len(starts))]
-    texts: dict[int, list[str]] = {}
-    for k in range(shards.rounds(len(starts))):
-        if k >= len(mine):
-            engine.generate([], [], spec)
-            if progress is not None:
-                progress(len(questions))
-            continue
-        start = mine[k]
-        idx = list(range(start, min(start + per_call, len(questions))))
-        spec_i = dataclasses.replace(spec, seed=spec.seed + start)
-        outs = engine.generate([prompts[i] for i in idx], [n] * len(idx), spec_i)
-        by_q: list[list[str]] = [[] for _ in idx]
-        for r in outs:
-            by_q[r.prompt_index].append(decode_response(tokenizer, r.response_ids))
-        texts.update(zip(idx, by_q))
-        if progress is not None:  # the ranks go in step: after k+1 calls each, all ranks' chunks
-            done = shards.done_after(k + 1, len(starts))
-            progress(starts[done] if done < len(starts) else len(questions))
+    texts = _sample_share(engine, tokenizer, prompts, n, spec, max(1, chunk // n), shards, progress)
     graded = _grade(sorted(texts), texts, questions, scorer, n, kinds, rules)
     # every rank gets every question's samples and grades
     got = shards.merge(graded.per_question, timeouts=graded.timeouts, errors=graded.errors)
-    per_question = got.in_order(len(questions), ([], [], []))
+    per_question = got.in_order(len(questions))
     return SampledResult(
         questions,
         [q[0] for q in per_question],
@@ -126,6 +104,44 @@ def sample_and_grade(
         got.counts["errors"],
         rules,
     )
+
+
+def _sample_share(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    n: int,
+    spec: SamplingSpec,
+    per_call: int,
+    shards: Shards,
+    progress: Callable[[int], None] | None,
+) -> dict[int, list[str]]:
+    """This rank's share of the chunks of `per_call` prompts, n decoded samples per prompt:
+    prompt index -> its samples' texts, in the engine's order."""
+    starts = list(range(0, len(prompts), per_call))
+    # each rank samples its share of the chunks, with the chunk's own seed, so that the samples are
+    # those one process draws; every rank makes as many calls (an FSDP-sharded model's generation
+    # is a collective): a rank out of chunks takes part with an empty one
+    mine = [starts[i] for i in shards.mine(len(starts))]
+    texts: dict[int, list[str]] = {}
+    for k in range(shards.rounds(len(starts))):
+        if k >= len(mine):
+            engine.generate([], [], spec)
+            if progress is not None:
+                progress(len(prompts))
+            continue
+        start = mine[k]
+        idx = list(range(start, min(start + per_call, len(prompts))))
+        spec_i = dataclasses.replace(spec, seed=spec.seed + start)
+        outs = engine.generate([prompts[i] for i in idx], [n] * len(idx), spec_i)
+        by_q: list[list[str]] = [[] for _ in idx]
+        for r in outs:
+            by_q[r.prompt_index].append(decode_response(tokenizer, r.response_ids))
+        texts.update(zip(idx, by_q))
+        if progress is not None:  # the ranks go in step: after k+1 calls each, all ranks' chunks
+            done = shards.done_after(k + 1, len(starts))
+            progress(starts[done] if done < len(starts) else len(prompts))
+    return texts
 
 
 @dataclass
@@ -149,8 +165,8 @@ def _grade(
     flat_resp = [t for i in idx for t in texts[i]]
     flat_gold = [questions[i].answer for i in idx for _ in range(n)]
     flat_kind = None if kinds is None else [kinds[i] for i in idx for _ in range(n)]
-    if not flat_resp:
-        return _Graded({})
+    if not flat_resp:  # no chunk on this rank (or no samples): each question's samples, none graded
+        return _Graded({i: (texts[i], [], []) for i in idx})
     # no rules (training's validation): the scorer's own rule
     flat_rules = [rules[i] for i in idx for _ in range(n)] if rules else None
     graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind, rules=flat_rules)

@@ -6,10 +6,12 @@ buffer and sampler position and runs the same step; the step's groups (to genera
 train on), validation's chunks and the candidates to score are cut by `Shards.mine` (rank r takes
 items r, r+W, r+2W, ...), each rank computes its share, and `Shards.merge` gives every rank every
 share's results, keyed as one process would have them, in one all-gather. `check_agree` fails the
-run at once when the ranks' shared state diverged, and the reductions (`mean`, `total`, `max`,
-`any`, `from_main`) turn per-rank values into run-wide ones.
+run at once when the ranks' shared state diverged, and the reductions (`mean`, `max`, `any`,
+`from_main`) turn per-rank values into run-wide ones.
 
-One process (a world of one): nothing is exchanged, every method returns its input.
+One process (a world of one): nothing is exchanged. `mine(n)` is every item, `rounds(n)` is n,
+`done_after(k, n)` is min(k, n) and `seed(s)` is s; `gather` returns [its input], `merge` its
+input (as a `Merged`), the reductions and `from_main` their input; `check_agree` does nothing.
 """
 
 from __future__ import annotations
@@ -32,10 +34,17 @@ class Merged(Generic[K, V]):
     items: dict[K, V]
     counts: dict[str, int] = field(default_factory=dict)  # summed over the ranks
 
-    def in_order(self, n: int, missing: V) -> list[V]:
-        """items[0], ..., items[n-1]; `missing` for an index no rank returned a result for."""
+    def in_order(self, n: int) -> list[V]:
+        """items[0], ..., items[n-1]. Every index must have come back from some rank: one that
+        did not means the work was split wrong, and raises."""
         items = cast(dict[int, V], self.items)
-        return [items.get(i, missing) for i in range(n)]
+        missing = [i for i in range(n) if i not in items]
+        if missing:
+            raise RuntimeError(
+                f"no rank returned results for indices {missing[:10]} of {n} "
+                f"({len(missing)} missing): a bug in how the work was split over the ranks"
+            )
+        return [items[i] for i in range(n)]
 
 
 @dataclass(frozen=True)
@@ -64,8 +73,8 @@ class Shards:
         return min(rounds * self.dist.world_size, n)
 
     def seed(self, seed: int) -> int:
-        """This rank's seed of a stream each rank draws its own share from: the ranks sample
-        differently, and rank 0 (one process) draws exactly as before."""
+        """This rank's seed of a stream each rank draws its own share from: `seed` + rank, so the
+        ranks sample differently and rank 0 (and a world of one) uses `seed` itself."""
         return seed + self.dist.rank
 
     # ------------------------------------------------------------------ putting it together
@@ -112,10 +121,6 @@ class Shards:
     def mean(self, values: Mapping[str, float]) -> dict[str, float]:
         """The ranks' mean of each value (every rank passes the same keys)."""
         return self._reduce(values, "mean")
-
-    def total(self, values: Mapping[str, float]) -> dict[str, float]:
-        """The ranks' sum of each value."""
-        return self._reduce(values, "sum")
 
     def max(self, values: Mapping[str, float]) -> dict[str, float]:
         """The largest rank's value of each."""

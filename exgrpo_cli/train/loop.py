@@ -154,19 +154,26 @@ class Trainer:
             **loss_metrics(result, float(st.optimizer.param_groups[0]["lr"]), self.dist),
             **t,
             **mem,
+            **self.state_metrics(len(replayed), selected_score),
         }
-        if self.replay_enabled:
-            metrics.update(st.buffer.metrics())
+        # the whole step's wall time (batch building and metrics included), not the stages' sum
+        metrics["timing/step"] = time.perf_counter() - t_step
+        return metrics
+
+    def state_metrics(self, replayed: int, selected_score: float) -> dict[str, float]:
+        """The run state after the step: the buffer's figures (with replay on), the pass over the
+        question pool, and this step's replay (`replayed` questions, their trajectories' mean
+        `selected_score`)."""
+        st = self.state
+        metrics = st.buffer.metrics() if self.replay_enabled else {}
         metrics["data/epoch"] = float(st.sampler.epoch + 1)  # the pass over the pool, from 1
         metrics["data/epoch_questions"] = float(st.sampler.epoch_questions)  # less retired at its start
         metrics["replay/active"] = float(st.switch.active and self.replay_enabled)
-        metrics["replay/replayed_questions"] = float(len(replayed))
+        metrics["replay/replayed_questions"] = float(replayed)
         # the chosen trajectories' mean score: their mean token entropy under the entropy rules,
         # but their mean NLL under replay.trajectory_selection=lowest_nll (the name predates that
         # rule and is kept for the logs' continuity); NaN for rules without a score
         metrics["replay/selected_entropy_mean"] = selected_score
-        # the whole step's wall time (batch building and metrics included), not the stages' sum
-        metrics["timing/step"] = time.perf_counter() - t_step
         return metrics
 
     @property
@@ -267,7 +274,7 @@ class Trainer:
         for o in outs:
             samples[mine[o.prompt_index]].append(Response(o.response_ids, o.logprobs, finished=o.finished))
         # every rank scores and stores every group: buffers stay identical across ranks
-        responses = self.shards.merge(samples).in_order(len(questions), [])
+        responses = self.shards.merge(samples).in_order(len(questions))
         groups = [
             Group(q, p, list(rs), from_buffer=i >= len(fresh))
             for i, (q, p, rs) in enumerate(zip(questions, prompts, responses))

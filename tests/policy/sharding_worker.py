@@ -1,7 +1,8 @@
 """One rank of the 2-rank check of policy/sharding.py, launched by tests/policy/test_sharding.py
 under torchrun (gloo, CPU): `python sharding_worker.py OUT_JSON`. Every rank works out its share of
 7 items, the shares are merged, scalars reduced, rank 0's value shared and the digests checked
-(first equal, then different); rank 0 writes what it got to OUT_JSON."""
+(first equal, then different), then an item claimed twice and an item nobody returns; rank 0
+writes what it got to OUT_JSON."""
 
 from __future__ import annotations
 
@@ -21,10 +22,9 @@ def main(out: str) -> None:
         "world_size": dist.world_size,
         "mine": shards.gather(mine),
         "rounds": shards.rounds(7),
-        "in_order": merged.in_order(7, "missing"),
+        "in_order": merged.in_order(7),
         "counts": merged.counts,
         "mean": shards.mean({"x": float(dist.rank)}),
-        "total": shards.total({"x": float(dist.rank + 1)}),
         "max": shards.max({"x": float(dist.rank)}),
         "any": [shards.any(dist.rank == 1), shards.any(False)],
         "from_main": shards.from_main(f"rank {dist.rank}'s"),
@@ -41,6 +41,11 @@ def main(out: str) -> None:
         report["claimed_twice"] = "not detected"
     except RuntimeError as err:
         report["claimed_twice"] = str(err)
+    try:
+        shards.merge({i: dist.rank for i in mine if i != 5}).in_order(7)  # nobody returns item 5
+        report["gap"] = "not detected"
+    except RuntimeError as err:
+        report["gap"] = str(err)
     if dist.is_main:
         with open(out, "w") as f:
             json.dump(report, f)

@@ -33,7 +33,7 @@ def test_the_shares_cover_every_item_once_and_rank_0_alone_takes_all() -> None:
         assert sorted(i for share in shares for i in share) == list(range(n))
         assert max(map(len, shares)) == _ranks(3)[0].rounds(n)  # the calls every rank makes
     assert [s.mine(8) for s in _ranks(3)] == [[0, 3, 6], [1, 4, 7], [2, 5]]
-    assert Shards().mine(5) == [0, 1, 2, 3, 4] and Shards().rounds(5) == 5
+    assert Shards().mine(5) == [0, 1, 2, 3, 4] and Shards().rounds(5) == 5 and Shards().done_after(2, 5) == 2
     # after one item each, 3 ranks have done 3 of 8 items; after three, all 8
     assert [_ranks(3)[0].done_after(k, 8) for k in (1, 2, 3)] == [3, 6, 8]
     assert [s.seed(100) for s in _ranks(2)] == [100, 101] and Shards().seed(100) == 100
@@ -48,7 +48,9 @@ def test_one_process_exchanges_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     alone = Shards()
     merged = alone.merge({2: "b", 0: "a"}, timeouts=3)
     assert merged.items == {2: "b", 0: "a"} and merged.counts == {"timeouts": 3}
-    assert merged.in_order(3, "-") == ["a", "-", "b"]
+    assert alone.merge({1: "b", 0: "a"}).in_order(2) == ["a", "b"]
+    with pytest.raises(RuntimeError, match=r"no rank returned results for indices \[1\] of 3"):
+        merged.in_order(3)  # item 1 never computed: a split bug, not a default
     assert alone.gather("x") == ["x"] and alone.from_main("mine") == "mine"
     assert alone.mean({"a": 2.0}) == {"a": 2.0} and alone.any(True) and not alone.any(False)
 
@@ -68,10 +70,20 @@ def test_two_ranks_merge_their_shares_in_the_one_process_order(monkeypatch: pyte
     def rank(s: Shards) -> tuple[list[str], dict[str, int]]:
         mine = s.mine(5)
         merged = s.merge({i: f"{i}:{s.dist.rank}" for i in mine}, timeouts=len(mine))
-        return merged.in_order(5, "-"), merged.counts
+        return merged.in_order(5), merged.counts
 
     got = _on_threads(2, rank)
     assert got[0] == got[1] == (["0:0", "1:1", "2:0", "3:1", "4:0"], {"timeouts": 5})
+
+
+def test_an_item_no_rank_returns_is_a_split_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+
+    def rank(s: Shards) -> list[str]:  # rank 1 skips item 3 of its share [1, 3]
+        return s.merge({i: str(i) for i in s.mine(5) if i != 3}).in_order(5)
+
+    with pytest.raises(RuntimeError, match=r"indices \[3\] of 5 \(1 missing\): a bug in how the work"):
+        _on_threads(2, rank)
 
 
 def test_a_result_two_ranks_return_is_a_split_bug(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,7 +114,8 @@ def test_two_gloo_ranks(tmp_path: Path) -> None:
     assert r["mine"] == [[0, 2, 4, 6], [1, 3, 5]] and r["rounds"] == 4
     assert r["in_order"] == [f"item {i} by rank {i % 2}" for i in range(7)]
     assert r["counts"] == {"done": 7}
-    assert r["mean"] == {"x": 0.5} and r["total"] == {"x": 3.0} and r["max"] == {"x": 1.0}
+    assert r["mean"] == {"x": 0.5} and r["max"] == {"x": 1.0}
     assert r["any"] == [True, False] and r["from_main"] == "rank 0's" and r["seeds"] == [100, 101]
     assert "step 2: the ranks' replay buffers" in r["diverged"]
     assert "rank 1 returned results another rank returned too" in r["claimed_twice"]
+    assert "no rank returned results for indices [5] of 7" in r["gap"]
