@@ -102,10 +102,10 @@ def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) ->
 
 def choose_offload(arch: Arch, x: PlanInputs, forced: str) -> tuple[str, Plan]:
     """`forced`, or the first offload mode (none, optimizer, all) whose plan fits the device."""
-    from exgrpo_cli.config_checks import OFFLOAD
     from exgrpo_cli.plan.memory import plan_memory
+    from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
-    modes = OFFLOAD if forced == "auto" else (forced,)
+    modes = tuple(OFFLOAD_MODES) if forced == "auto" else (forced,)  # least offload first
     plan = plan_memory(arch, replace(x, offload=modes[0]))
     for mode in modes:
         plan = plan_memory(arch, replace(x, offload=mode))

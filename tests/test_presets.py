@@ -92,6 +92,8 @@ def _undeclared(chain: list[str]) -> str | None:
         if not dataclasses.is_dataclass(obj):
             return None  # past the schema (a list, a str method...)
         if name not in {f.name for f in dataclasses.fields(obj)}:
+            if callable(getattr(type(obj), name, None)):
+                return None  # a method of a config section (e.g. replay.experience_bounds), not a key
             return ".".join(chain[: i + 1])
         obj = getattr(obj, name)
     return None
