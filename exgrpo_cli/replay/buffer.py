@@ -10,8 +10,7 @@ every checkpoint (``state_dict`` / ``save``): a resumed run replays what the uni
 
 Storage. A question owns three numpy arrays (its ``StoredQuestion``, replay/experience.py, which
 also holds the hashes and the duplicate check). Retiring a question frees its memory at once (no
-compaction pass), and selection never touches token data: it reads only the per-bucket question
-lists.
+compaction pass); selection never touches token data, only the per-bucket question lists.
 
 Buckets are ranges of accuracy k/K (replay/buckets.py). A question sits in the bucket of its
 latest accuracy; each bucket keeps its questions in an ``IndexedSet`` (O(1) add, remove and access
