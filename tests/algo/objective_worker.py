@@ -14,14 +14,15 @@ import json
 import sys
 
 import torch
+from update_plans import toy_plan
 
 from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import AggregationSettings, official
-from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
+from exgrpo_cli.algo.losses import LossSettings
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
-from exgrpo_cli.train.update import UpdatePlan, policy_update
+from exgrpo_cli.train.update import policy_update
 
 from conftest import tiny_qwen2
 
@@ -120,14 +121,11 @@ def exgrpo_gradient(net: torch.nn.Module, dist: D.DistInfo, budget: int) -> list
     mine = list(range(dist.rank, len(groups), dist.world_size))
     batch: MixedBatch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
     adv = group_advantages(batch.rewards, batch.group_index)
-    plan = UpdatePlan(
-        loss=exgrpo_loss,
+    plan = toy_plan(
         loss_settings=LossSettings(clip_eps=None, beta=BETA),
         aggregation=official(SETTINGS),
         entropy_coef=COEF,
-        importance_correction=True,
         max_response_tokens=L,
-        updates=1,
         micro_batch_tokens=budget,
         grad_clip=1e9,
         skip_grad_norm_above=float("inf"),

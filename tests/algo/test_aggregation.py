@@ -13,6 +13,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from update_plans import toy_plan
 
 from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import (
@@ -23,11 +24,11 @@ from exgrpo_cli.algo.aggregation import (
     drgrpo,
     official,
 )
-from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
+from exgrpo_cli.algo.losses import LossSettings
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
-from exgrpo_cli.train.update import UpdatePlan, policy_update
+from exgrpo_cli.train.update import policy_update
 
 from conftest import REPO, tiny_qwen2, torchrun, worker_env
 
@@ -93,14 +94,11 @@ def _grads(model: torch.nn.Module, loss: torch.Tensor) -> list[torch.Tensor]:
 def _ours(
     model: torch.nn.Module, batch: MixedBatch, adv: torch.Tensor, aggregation: Aggregation, budget: int
 ) -> list[torch.Tensor]:
-    plan = UpdatePlan(
-        loss=exgrpo_loss,
+    plan = toy_plan(
         loss_settings=LossSettings(clip_eps=None, beta=BETA),
         aggregation=aggregation,
         entropy_coef=COEF,
-        importance_correction=True,
         max_response_tokens=L,
-        updates=1,
         micro_batch_tokens=budget,
         grad_clip=1e9,
         skip_grad_norm_above=float("inf"),

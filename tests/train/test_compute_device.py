@@ -14,11 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from update_plans import toy_plan
 
 from exgrpo_cli.algo import group_advantages
-from exgrpo_cli.algo.aggregation import drgrpo
 from exgrpo_cli.algo.logprobs import NLL
-from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
@@ -54,18 +53,7 @@ def test_the_update_packs_its_batches_on_the_dist_device(monkeypatch: pytest.Mon
     model = torch.nn.Linear(2, 2)  # parameters on the CPU
     group = Group(Question("q", "q", "1"), [1, 2], [Response([3, 4], None, 1.0), Response([5], None, 0.0)])
     batch = build_mixed_batch([group])
-    plan = update.UpdatePlan(
-        loss=exgrpo_loss,
-        loss_settings=LossSettings(clip_eps=0.2, beta=None),
-        aggregation=drgrpo,
-        entropy_coef=0.0,
-        importance_correction=True,
-        max_response_tokens=8,
-        updates=1,
-        micro_batch_tokens=64,
-        grad_clip=1.0,
-        skip_grad_norm_above=1e9,
-    )
+    plan = toy_plan(max_response_tokens=8, micro_batch_tokens=64, skip_grad_norm_above=1e9)
     adv = group_advantages(batch.rewards, batch.group_index)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     with pytest.raises(Reached):

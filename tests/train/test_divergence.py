@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from update_plans import toy_plan
 
 from exgrpo_cli.algo import group_advantages
-from exgrpo_cli.algo.aggregation import drgrpo
-from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.distributed import DistInfo
@@ -32,7 +31,7 @@ from exgrpo_cli.train.divergence import (
     fresh_gap,
     nucleus_slack,
 )
-from exgrpo_cli.train.update import UpdatePlan, policy_update
+from exgrpo_cli.train.update import policy_update
 
 from conftest import REPO, run_cli
 
@@ -96,19 +95,7 @@ def test_the_update_stops_before_its_first_optimizer_step(tiny_model: Path) -> N
     batch = build_mixed_batch([group])
     before = {k: v.clone() for k, v in model.state_dict().items()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    plan = UpdatePlan(
-        loss=exgrpo_loss,
-        loss_settings=LossSettings(clip_eps=0.2, beta=None),
-        aggregation=drgrpo,
-        entropy_coef=0.0,
-        importance_correction=True,
-        max_response_tokens=48,
-        updates=2,
-        micro_batch_tokens=16384,
-        grad_clip=1.0,
-        skip_grad_norm_above=500.0,
-        before_first_step=engine_check(0.5, 1, DistInfo()),
-    )
+    plan = toy_plan(updates=2, before_first_step=engine_check(0.5, 1, DistInfo()))
     with pytest.raises(EngineDivergence, match="step 1"):
         policy_update(
             model, opt, batch, group_advantages(batch.rewards, batch.group_index), plan, tok.pad_token_id

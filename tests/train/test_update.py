@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from update_plans import toy_plan
 
 from exgrpo_cli.algo import group_advantages
-from exgrpo_cli.algo.aggregation import drgrpo
 from exgrpo_cli.algo.losses import LossInputs, LossSettings, exgrpo_loss
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.data.types import Question
@@ -23,18 +23,7 @@ if TYPE_CHECKING:
 
 
 def _plan(clip_eps: float | None, beta: float | None, entropy_coef: float, updates: int) -> UpdatePlan:
-    return UpdatePlan(
-        loss=exgrpo_loss,
-        loss_settings=LossSettings(clip_eps=clip_eps, beta=beta),
-        aggregation=drgrpo,
-        entropy_coef=entropy_coef,
-        importance_correction=True,
-        max_response_tokens=48,
-        updates=updates,
-        micro_batch_tokens=16384,
-        grad_clip=1.0,
-        skip_grad_norm_above=500.0,
-    )
+    return toy_plan(loss_settings=LossSettings(clip_eps, beta), entropy_coef=entropy_coef, updates=updates)
 
 
 def _seq_logps(model: PreTrainedModel, batch: MixedBatch) -> list[float]:
