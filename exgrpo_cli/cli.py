@@ -86,18 +86,63 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     if command == "inspect-buffer":
         rest = _translate_inspect_args(rest)
+    full_help = "--help-all" in rest
+    rest = [a for a in rest if a != "--help-all"]
+    preflight(command, rest, full_help)
     run_hydra(command, rest)
+
+
+def preflight(command: str, args: list[str], full_help: bool) -> None:
+    """Check the command line before Hydra runs (overrides.py: one line, exit 2, no run folder);
+    answer --help / --help-all here (cli_help.py)."""
+    from exgrpo_cli import overrides
+    from exgrpo_cli.errors import exit_on_error
+    from exgrpo_cli.paths import config_dir
+
+    with exit_on_error(command):
+        ns = overrides.check(command, args, config_dir())
+        if ns.multirun or ns.shell_completion or ns.hydra_help:
+            return  # a sweep's values were checked one by one; its runs compose themselves
+        _register()
+        composed = overrides.compose(command, ns.overrides, config_dir(), ns.config_dir)
+    if ns.help or full_help:
+        from exgrpo_cli.cli_help import render
+
+        choices = {g: str(v) for g, v in _choices(command, ns.overrides).items()}
+        page = render(
+            command, COMMANDS[command], DOC_PAGES[command], config_dir(), composed, choices, full=full_help
+        )
+        print(page)
+        raise SystemExit(0)
+
+
+def _choices(command: str, overrides: list[str]) -> dict[str, str]:
+    """The preset of each group: conf/config.yaml's defaults, then the command line's."""
+    from exgrpo_cli.paths import config_dir
+    from exgrpo_cli.schema_keys import default_presets
+
+    out = default_presets(config_dir())
+    for o in overrides:
+        group, eq, value = o.partition("=")
+        if eq and group.lstrip("+") in out:
+            out[group.lstrip("+")] = value
+    return out
+
+
+def _register() -> None:
+    from exgrpo_cli.config import register_configs
+    from exgrpo_cli.slurm import register_run_name_resolver
+
+    register_configs()
+    register_run_name_resolver()
 
 
 def run_hydra(command: str, overrides: list[str]) -> None:
     import hydra
 
-    from exgrpo_cli.config import register_configs
     from exgrpo_cli.paths import config_dir
-    from exgrpo_cli.slurm import register_run_name_resolver
 
-    register_configs()
-    register_run_name_resolver()  # the default run dir's name (conf/config.yaml)
+    _register()  # the schema, and the default run dir's name (conf/config.yaml)
     # conf/config.yaml names the job (log file, run dir) after this variable; passing it as one
     # more override instead would break argparse when the user mixes flags and overrides.
     os.environ["EXGRPO_COMMAND"] = command.replace("-", "_")

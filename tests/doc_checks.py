@@ -82,6 +82,9 @@ COMMANDS: dict[str, Check] = {
     "pip install --dry-run --only-binary=:all:": C(FRAGMENT, "the options install_gpu.sh resolves with"),
     # --- scripts
     "scripts/fetch_gpu_wheels.sh": C(SCRIPT, "needs PyPI"),
+    "python -m exgrpo_cli.config_reference --write": C(
+        ELSEWHERE, "tests/test_cli_help.py", needle="config_reference import PAGE, render"
+    ),
     "python3 scripts/gpu_check.py": C(SCRIPT, "needs a GPU"),
     ".venv/bin/python scripts/gpu_check.py --dry-run": C(
         ELSEWHERE, "tests/test_gpu_check_dry.py", needle='"--dry-run"'

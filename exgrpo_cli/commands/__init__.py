@@ -35,10 +35,19 @@ def _command(command: str) -> Callable[[ExgrpoConfig], None]:
 
 
 def dispatch(command: str, cfg: DictConfig) -> None:
-    with exit_on_error(command):
-        typed = with_preset_name(to_typed(cfg), hydra_choices())
-        validate(typed, command)
-        from exgrpo_cli.variants import check_variants
+    from exgrpo_cli.commands.run_dir import discard_if_untouched
 
-        check_variants(typed, command)
-        _command(command)(typed)
+    try:
+        with exit_on_error(command):
+            typed = with_preset_name(to_typed(cfg), hydra_choices())
+            validate(typed, command)
+            from exgrpo_cli.variants import check_variants
+
+            check_variants(typed, command)
+            _command(command)(typed)
+    except SystemExit as stop:
+        if stop.code == 2:  # refused: the run folder Hydra made holds only its own files
+            discard_if_untouched()
+        raise
+    # a dry run or a read-only command (inspect-buffer without plots) wrote nothing of its own
+    discard_if_untouched()

@@ -1,10 +1,10 @@
 """`exgrpo inspect-buffer <run dir | checkpoint dir>`: what a run's replay buffer holds.
 
 A run dir means its latest complete checkpoint. Reads only the checkpoint's files
-(`replay/`, `trainer_state.json`, and `model/` for inspect.show / inspect.score); writes nothing
-except `buffer.png` with `inspect.plot=true`: into the run dir that holds the checkpoint, or into
-the current directory for a checkpoint kept elsewhere. (Hydra still makes its usual small run dir
-under outputs/inspect_buffer/ with the command's config and log.)
+(`replay/`, `trainer_state.json`, and `model/` for inspect.show / inspect.score) and writes nothing
+into the run it reads: `inspect.plot=true` writes `buffer.png` to `inspect.out_dir`, by default
+this command's own run dir (outputs/inspect_buffer/<time>/, which is removed again when the
+command wrote nothing there: commands/run_dir.py).
 
 Output: rich text on stdout, or with `--json` (inspect.format=json) one JSON object on stdout and
 nothing else there; messages go to stderr. Exit code 1 when the target or the question is not found.
@@ -23,7 +23,7 @@ from exgrpo_cli.errors import ExgrpoError
 def run(cfg: ExgrpoConfig) -> None:
     from rich.console import Console
 
-    from exgrpo_cli.inspection.report import TargetError, buffer_report, resolve_checkpoint, run_dir_of
+    from exgrpo_cli.inspection.report import TargetError, buffer_report, resolve_checkpoint
     from exgrpo_cli.replay.buffer import ExperienceBuffer
 
     opts = cfg.inspect
@@ -49,8 +49,9 @@ def run(cfg: ExgrpoConfig) -> None:
     if opts.plot:
         from exgrpo_cli.inspection.plot import plot_report
 
-        run = run_dir_of(ckpt)
-        rep["plot"] = str(plot_report(rep, (run if run is not None else Path.cwd()) / "buffer.png"))
+        out = Path(opts.out_dir or cfg.trainer.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        rep["plot"] = str(plot_report(rep, out / "buffer.png"))
     if opts.show:
         from exgrpo_cli.inspection.show import show_question
 

@@ -80,17 +80,18 @@ def test_inspect_a_real_run_as_json_and_text(run_dir: Path, tmp_path: Path):
         assert needle in text, needle
 
     uid = top["uid"]
-    shown = _inspect(
+    full = _inspect(
         str(run_dir), "--json", f"inspect.show={uid}", "inspect.score=true", "inspect.plot=true", cwd=tmp_path
-    )["show"]
+    )
+    shown = full["show"]
     assert shown["uid"] == uid and shown["question"] and len(shown["experiences"]) == top["experiences"]
     exps = buf.experiences(uid)
     assert [r["length"] for r in shown["experiences"]] == [e.response_ids.size for e in exps]
     assert all(r["text"] and r["entropy"] > 0 for r in shown["experiences"])
     assert "config.yaml" in shown["config"]  # question and template from the run's own config
-    # only buffer.png was added to the run dir; nothing was written into the checkpoint
-    after = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
-    assert sorted(set(after) - set(before)) == [Path("buffer.png")]
+    # nothing was written into the run it read: the plot went to the command's own run dir
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+    assert Path(full["plot"]) == tmp_path / "hydra" / "buffer.png" and Path(full["plot"]).is_file()
 
     text = _inspect(str(run_dir), f"inspect.show={uid}", cwd=tmp_path)
     assert f"question {uid}" in text and "gold:" in text
