@@ -17,13 +17,22 @@ def test_explicit_package_list_matches_the_folders():
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     subpackages = (REPO / "exgrpo_cli").glob("*/__init__.py")
     found = {"exgrpo_cli"} | {f"exgrpo_cli.{p.parent.name}" for p in subpackages}
-    assert listed == found | {"exgrpo_cli.conf"}
+    # the data folders are declared too, or setuptools warns "Package ... is absent" for each
+    groups = {f"exgrpo_cli.conf.{d.name}" for d in (REPO / "conf").iterdir() if any(d.glob("*.yaml"))}
+    assets = {f"exgrpo_cli.assets.{d.name}" for d in (REPO / "exgrpo_cli/assets").iterdir() if d.is_dir()}
+    assert listed == found | {"exgrpo_cli.conf"} | groups | assets
+
+
+def test_pyproject_gives_setuptools_nothing_to_warn_about():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"  # an SPDX string, not the deprecated table
+    assert "setuptools>=77" in project["build-system"]["requires"]  # the first to read that string
 
 
 @pytest.mark.slow  # builds and installs a wheel
 def test_non_editable_install_finds_its_configs(tmp_path: Path):
     wheels = tmp_path / "wheels"
-    subprocess.run(
+    built = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -32,14 +41,16 @@ def test_non_editable_install_finds_its_configs(tmp_path: Path):
             str(REPO),
             "--no-deps",
             "--no-build-isolation",
-            "-q",
+            "-v",  # the backend's own output: setuptools' warnings about pyproject.toml show here
             "-w",
             str(wheels),
         ],
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
+    assert "BuildBackendWarning" not in built.stdout + built.stderr
     wheel = next(wheels.glob("exgrpo-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "exgrpo_cli/conf/config.yaml" in names and "exgrpo_cli/conf/model/tiny.yaml" in names
