@@ -263,6 +263,12 @@ class MetricLogger:
             settings.init_timeout = INIT_TIMEOUT_S
         if not os.environ.get("WANDB_FINISH_TIMEOUT"):
             settings.finish_timeout = FINISH_TIMEOUT_S
+        if mode == "offline" and not os.environ.get("WANDB_SILENT"):
+            # wandb's banners and its end-of-run history (~35 lines) say nothing the run's own lines
+            # and the one "W&B is offline ... wandb sync <dir>" line do not; WANDB_SILENT=false keeps them
+            settings.silent = True
+        elif not os.environ.get("WANDB_QUIET"):
+            settings.quiet = True  # online: the run's URL, not its history
         # the config's modes, or WANDB_MODE as it is: wandb.init checks the value itself
         init_mode = cast(Literal["online", "offline", "disabled", "shared"], mode)
         run = self.wandb_run = wandb.init(

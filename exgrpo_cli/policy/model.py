@@ -104,6 +104,9 @@ def load_model(cfg: ModelConfig, device: torch.device) -> PreTrainedModel:
             raise ValueError(
                 f"model.path={cfg.path!r} is not a causal LM (architectures: {hf_cfg.architectures})"
             )
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per load would bury the run's own lines
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if cfg.gguf_file:
         # dequantised GGUF weights are plain tensors; drop the quantizer so save_pretrained works
