@@ -155,6 +155,8 @@ COMMANDS: dict[str, Check] = {
         COMPOSE, "GPU"
     ),
     "exgrpo eval eval=paper model=qwen2.5-math-7b eval.data_dir=...": C(COMPOSE, "GPU"),
+    "exgrpo eval eval=paper model=qwen2.5-math-7b model.path=my-org/my-qwen-math-7b "
+    "eval.data_dir=path/to/benchmarks": C(COMPOSE, "a GPU node: a fine-tune of the user's on the hub"),
     "exgrpo eval eval=id model.path=outputs/train/<run>/checkpoints/step_500/model": C(
         COMPOSE, "a 500-step run's checkpoint"
     ),

@@ -226,6 +226,7 @@ def test_train_cli_bf16_on_gpu(qwen2_dir: Path, tmp_path: Path, engine: str) -> 
         [
             "train",
             f"rollout={engine}",
+            "model=tiny",  # the tiny settings (template, engine) for a small Qwen2 of the test's own
             f"model.path={qwen2_dir}",
             f"model.dtype={DTYPE_NAME}",
             f"trainer.device={DEVICE}",

@@ -34,6 +34,17 @@ def _command(command: str) -> Callable[[ExgrpoConfig], None]:
     return run
 
 
+def _model_chosen() -> bool:
+    """Whether the command line chose the model preset (model=... or experiment=..., which does)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        task = list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return False
+    return any(o.lstrip("+").split("=", 1)[0] in ("model", "experiment") for o in task)
+
+
 def dispatch(command: str, cfg: DictConfig) -> None:
     from exgrpo_cli.commands.run_dir import discard_if_untouched
 
@@ -44,6 +55,9 @@ def dispatch(command: str, cfg: DictConfig) -> None:
             from exgrpo_cli.variants import check_variants
 
             check_variants(typed, command)
+            from exgrpo_cli.commands.model_preset import check_model_preset
+
+            check_model_preset(typed, command, _model_chosen())
             _command(command)(typed)
     except SystemExit as stop:
         if stop.code == 2:  # refused: the run folder Hydra made holds only its own files

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,6 +88,7 @@ def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1) -> None:
 
     t = cfg.trainer
     if t.dry_run:  # offline: the preset's numbers will do, no weights are needed
+        check_data_here(cfg)
         arch = plan.resolve_architecture(cfg.model, offline_ok=True)
         devices = plan.planned_devices(t.plan_devices) if t.plan_devices else plan.visible_devices(cfg, nproc)
         plan.check_memory(cfg, arch, devices, verify=verifier(devices))
@@ -104,6 +106,40 @@ def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1) -> None:
         if not main:  # every rank refuses; rank 0 says why
             raise SystemExit(2) from None
         raise
+
+
+def data_problems(cfg: ExgrpoConfig) -> list[str]:
+    """What the run's data lacks on this machine, all at once: the held-out file, the benchmark
+    folder, and the `datasets` package a hub source needs (a local data.path is checked by
+    validation already)."""
+    import importlib.util
+
+    d, problems = cfg.data, []
+    if d.val_path and not Path(d.val_path).expanduser().is_file():
+        problems.append(
+            f"data.val_path={d.val_path}: no such file (the paper recipes read valid.parquet from "
+            "eval.data_dir: docs/evaluation.md#benchmark-data)"
+        )
+    if cfg.eval.data_dir and not Path(cfg.eval.data_dir).expanduser().is_dir():
+        problems.append(f"eval.data_dir={cfg.eval.data_dir}: no such folder")
+    if d.source == "hf" and importlib.util.find_spec("datasets") is None:
+        problems.append(
+            f"data.source=hf ({d.path}) needs the `datasets` package: make install-gpu brings it, "
+            "or pip install datasets"
+        )
+    return problems
+
+
+def check_data_here(cfg: ExgrpoConfig) -> None:
+    """A dry run checks the data as the run would find it here: refused (exit 2) when it plans this
+    machine; only a warning when it plans another (trainer.plan_devices), whose files are not here."""
+    problems = data_problems(cfg)
+    if not problems:
+        return
+    if cfg.trainer.plan_devices:
+        print(f"warning: not on this machine: {'; '.join(problems)}", file=sys.stderr)
+        return
+    raise UsageError("; ".join(problems))
 
 
 def verifier(devices: Devices) -> Callable[[tuple[str, ...]], Plan | None] | None:

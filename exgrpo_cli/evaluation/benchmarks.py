@@ -17,6 +17,7 @@ custom suites keep the training reward's prompt and rule.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import re
 from dataclasses import dataclass, replace
@@ -139,10 +140,43 @@ def resolve(cfg: ExgrpoConfig) -> list[Benchmark]:
     return [REGISTRY[n] for n in sorted(dict.fromkeys(names), key=order.index)]
 
 
+DATA_DOC = "docs/evaluation.md#benchmark-data"
+
+
+def missing_data(benches: list[Benchmark], data_dir: str) -> list[str]:
+    """What every official benchmark of the run lacks, all at once, without reading any file: its
+    file in eval.data_dir, unless it can come from the hub (MMLU-Pro, with `datasets` installed)."""
+    root = Path(data_dir).expanduser() if data_dir else None
+    wanted: dict[str, list[str]] = {}  # file -> the benchmarks that read it
+    for b in benches:
+        if b.file and not (root is not None and (root / b.file).is_file()):
+            if b.hf_id and importlib.util.find_spec("datasets") is not None:
+                continue  # the hub copy will be tried (a network error is reported then)
+            hub = f" or the hub's {b.hf_id} with `pip install datasets`" if b.hf_id else ""
+            rows = f" rows data_source={b.data_source}" if b.data_source else ""
+            wanted.setdefault(b.file, []).append(b.title + rows + hub)
+    return [f"{file} ({', '.join(titles)})" for file, titles in wanted.items()]
+
+
+def check_data(cfg: ExgrpoConfig) -> None:
+    """Refuse a run whose benchmark files are missing, naming every one (one line)."""
+    benches = resolve(cfg)
+    missing = missing_data(benches, cfg.eval.data_dir)
+    if missing:
+        where = f"eval.data_dir={cfg.eval.data_dir}" if cfg.eval.data_dir else "eval.data_dir is not set"
+        present = [b.name for b in benches if not missing_data([b], cfg.eval.data_dir)]
+        without = f" (or run without them: eval.benchmarks=[{','.join(present)}])" if present else ""
+        raise BenchmarkDataError(
+            f"missing benchmark data ({where}): {'; '.join(missing)}. Where each file comes from: "
+            f"{DATA_DOC}{without}"
+        )
+
+
 def load_suite(cfg: ExgrpoConfig) -> list[LoadedBenchmark]:
     """Every benchmark of the run, loaded and cut to eval.limit questions."""
     cache: dict[Path, list[dict]] = {}  # the ID benchmarks share one file: read it once
     out: list[LoadedBenchmark] = []
+    check_data(cfg)  # every missing file in one message, before any is read
     benches = resolve(cfg)
     for bench in benches:
         try:

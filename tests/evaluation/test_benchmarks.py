@@ -219,8 +219,10 @@ def test_limit_on_official_files():
 def test_a_missing_benchmark_names_the_run_without_it(tmp_path: Path):
     cfg = ExgrpoConfig()
     cfg.eval.benchmarks, cfg.eval.data_dir = ["math500", "gpqa", "arc_c"], str(tmp_path)
+    for present in ("valid.gpqa.parquet", "valid.arc_c.parquet"):
+        (tmp_path / present).write_bytes(b"")
     with pytest.raises(B.BenchmarkDataError, match=r"eval.benchmarks=\[arc_c,gpqa\]"):
-        B.load_suite(cfg)
+        B.load_suite(cfg)  # refused before any file is read
 
 
 @pytest.mark.parametrize("suite", ["id", "ood", "paper"])
