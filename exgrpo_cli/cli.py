@@ -38,7 +38,8 @@ commands:
 {commands}
 
 Every command takes Hydra overrides (key=value, group=preset), `--cfg job` to print the
-config, `-m` for a multirun sweep, and `--help` for its config groups. Examples:
+config, `-m` for a multirun sweep, `--help` for its usage, config groups and keys with their
+meanings (`--help-all`: every key). Examples:
   exgrpo train                                  # the tiny built-in model on arithmetic, CPU
   exgrpo train replay.ratio=0 trainer.steps=20  # plain on-policy GRPO
   exgrpo eval eval=paper model=qwen2.5-math-7b  # the paper's benchmarks

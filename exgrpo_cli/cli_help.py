@@ -151,7 +151,7 @@ def render(
     if GROUPS[command]:
         head += ["", "Config groups (group=preset; * the default):"]
         head += _group_lines(command, conf_dir, choices)
-    foot = ["", FOOTER.format(page=page)]
+    foot = ["", *FOOTER.format(page=page).splitlines()]
     order = [s for s, _, _ in schema_keys.sections() if "." not in s] if full else SECTIONS[command]
     body = ["", "Settings (key=value; the value this command would use):"]
     for i, section in enumerate(order):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -136,8 +135,8 @@ def check_data_here(cfg: ExgrpoConfig) -> None:
     problems = data_problems(cfg)
     if not problems:
         return
-    if cfg.trainer.plan_devices:
-        print(f"warning: not on this machine: {'; '.join(problems)}", file=sys.stderr)
+    if cfg.trainer.plan_devices:  # part of the dry run's report (stdout): stderr is for refusals
+        print(f"warning: not on this machine: {'; '.join(problems)}")
         return
     raise UsageError("; ".join(problems))
 

@@ -68,7 +68,7 @@ def test_a_dry_run_checks_the_data_here_and_warns_for_another_machine(
         check_data_here(cfg)
     planned = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, plan_devices="8x80"))
     check_data_here(planned)  # another machine's files: a warning only
-    assert capsys.readouterr().err.startswith("warning: not on this machine: data.val_path=")
+    assert capsys.readouterr().out.startswith("warning: not on this machine: data.val_path=")
     (tmp_path / "valid.parquet").write_bytes(b"")
     (tmp_path / "bench").mkdir()
     assert data_problems(cfg) == []
