@@ -128,8 +128,8 @@ def _suite_lines(conf_dir: str) -> list[str]:
 
     out = []
     for name in schema_keys.presets(conf_dir).get("eval", []):
-        node = OmegaConf.load(f"{conf_dir}/eval/{name}.yaml")
-        benches = list(node.get("benchmarks") or [])
+        node = OmegaConf.to_container(OmegaConf.load(f"{conf_dir}/eval/{name}.yaml"))
+        benches = list(node.get("benchmarks") or []) if isinstance(node, dict) else []
         what = ", ".join(benches) if benches else "eval.path=<file> (parquet or jsonl)"
         out.append(f"  {name:<11} {what}")
     return out

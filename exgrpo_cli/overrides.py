@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from exgrpo_cli import schema_keys
 from exgrpo_cli.errors import UsageError
@@ -27,7 +27,7 @@ def parse_flags(args: list[str]) -> argparse.Namespace:
 
     parser = get_args_parser()
 
-    def refuse(message: str) -> None:
+    def refuse(message: str) -> NoReturn:
         raise UsageError(message)
 
     parser.error = refuse  # type: ignore[method-assign]
@@ -66,7 +66,7 @@ def check(command: str, args: list[str], conf_dir: str) -> argparse.Namespace:
         if key in groups and not o.is_delete():
             _check_preset(key, _values(o), groups[key])
         else:
-            _check_key(command, o.input_line, key, o, _values(o))
+            _check_key(command, o.input_line or key, key, o, _values(o))
     return ns
 
 
@@ -165,4 +165,4 @@ def compose(command: str, overrides: list[str], conf_dir: str, extra_dir: str | 
     finally:
         GlobalHydra.instance().clear()
     assert isinstance(out, dict)
-    return out
+    return {str(k): v for k, v in out.items()}

@@ -41,12 +41,13 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 def sections(cls: type = ExgrpoConfig, prefix: str = "") -> list[tuple[str, str, type]]:
     """(dotted name, meaning, dataclass) of every section and subsection, in schema order."""
-    out = []
+    out: list[tuple[str, str, type]] = []
     for f in dataclasses.fields(cls):
         if _is_section(f):
-            name = prefix + f.name
-            out.append((name, f.metadata.get("help", ""), f.default_factory))
-            out.extend(sections(f.default_factory, name + "."))  # type: ignore[arg-type]
+            name, section = prefix + f.name, f.default_factory
+            assert isinstance(section, type)  # a dataclass, as _is_section found
+            out.append((name, str(f.metadata.get("help", "")), section))
+            out.extend(sections(section, name + "."))
     return out
 
 
