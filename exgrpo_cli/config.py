@@ -100,6 +100,14 @@ class RolloutConfig:
     # the largest mean |trainer - engine| log-prob per fresh token, checked before each step's first
     # optimizer step; past it the run stops (a broken weight sync). null: no check
     max_logprob_diff: Optional[float] = 0.5
+    validation_sleep_level: int = field(
+        default=2,
+        metadata={
+            "help": "vLLM on CUDA with sleep_mode: its sleep after validation; 2 drops the weights "
+            "(one more weight sync per validation), 1 keeps them in pinned host memory for the rest "
+            "of the run (~27 GiB per rank at 7B in bf16)"
+        },
+    )
 
 
 @dataclass
@@ -203,7 +211,13 @@ class TrainerConfig:
     max_skipped_steps: int = 5  # skipped optimizer updates in a row before the run stops
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch CPU threads (0: all cores)
-    dist_timeout_s: int = 1800  # torchrun runs: a collective waiting longer than this fails the run
+    dist_timeout_s: int = field(
+        default=3600,
+        metadata={
+            "help": "torchrun runs: a collective waiting longer than this (seconds) fails the run; "
+            "room for a 7B validation whose ranks finish minutes apart"
+        },
+    )
     # ranks `exgrpo train` starts on this node: auto = one per visible GPU (one process on a CPU),
     # or a number (gloo ranks on a CPU); under torchrun nothing more is started
     nproc: str = "auto"
@@ -218,6 +232,19 @@ class TrainerConfig:
     dry_run: bool = False
     # with dry_run: plan for <count>x<GiB> devices (e.g. 8x80) instead of the visible ones
     plan_devices: str = ""
+    plan_ranks_per_node: int = field(
+        default=0,
+        metadata={
+            "help": "with plan_devices: ranks (GPUs) per node sharing its host memory; 0: min(count, 8)"
+        },
+    )
+    plan_host_gib: float = field(
+        default=0.0,
+        metadata={
+            "help": "with dry_run: each node's host memory in GiB for the plan's host row; 0: this "
+            "machine's (not compared when planning trainer.plan_devices)"
+        },
+    )
     # where the sharded trainer state lives: none (GPU) | optimizer (AdamW's moments in host
     # memory, policy/offload.py) | all (weights, gradients and optimizer: FSDP2's CPU offload)
     offload: str = "none"
