@@ -334,9 +334,8 @@ class VLLMEngine:
         return time.perf_counter() - t0
 
     def weight_checksums(self, names: list[str]) -> dict[str, tuple[int, int, str]]:
-        """{name: (checksum, elements, dtype)} of the engine's own copy of these weights
-        (vllm_ext.bits_checksum), a tensor-parallel group's slices summed; what the engine does
-        not hold as loaded is left out. With tensor parallelism the group's ranks call it together."""
+        """{name: (checksum, elements, dtype)} of the engine's copy of these weights (vllm_ext),
+        a tensor-parallel group's slices summed (its ranks call this together)."""
         found: dict[str, tuple[int, int, str]] = self.llm.collective_rpc("exgrpo_checksums", args=(names,))[0]
         if self._tp_group is not None:
             import torch.distributed as tdist
