@@ -83,7 +83,7 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
     lines.append(f"  {limit:<{width}}" + f"{_g(x.limit):>11}" * len(PHASES))
     lines += host_lines(plan, width)
     notes = list(plan.notes)
-    if plan.host_bytes:
+    if plan.host_bytes and plan.host is None:  # a GPU run's host rows count it, rounded as pinned
         notes.append(f"host memory: {_g(plan.host_bytes)} GiB per rank of offloaded state (pinned)")
     engine = x.engine
     if x.device == "cuda":
