@@ -166,6 +166,14 @@ class RolloutConfig:
         default=0.5,
         metadata={"help": "stop past this mean |trainer - engine| log-prob per fresh token (null: no check)"},
     )
+    validation_sleep_level: int = field(
+        default=2,
+        metadata={
+            "help": "vLLM on CUDA with sleep_mode: its sleep after validation; 2 drops the weights "
+            "(one more weight sync per validation), 1 keeps them in pinned host memory for the rest "
+            "of the run (~27 GiB per rank at 7B in bf16)"
+        },
+    )
 
 
 @dataclass
@@ -332,7 +340,11 @@ class TrainerConfig:
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: all cores)"})
     dist_timeout_s: int = field(
-        default=1800, metadata={"help": "torchrun runs: a collective waiting longer than this fails the run"}
+        default=3600,
+        metadata={
+            "help": "torchrun runs: a collective waiting longer than this (seconds) fails the run; "
+            "room for a 7B validation whose ranks finish minutes apart"
+        },
     )
     # auto = one per visible GPU (one process on a CPU), or a number (gloo ranks on a CPU);
     # under torchrun nothing more is started
@@ -356,6 +368,19 @@ class TrainerConfig:
     plan_devices: str = field(
         default="",
         metadata={"help": "with dry_run: plan for <count>x<GiB> devices (e.g. 8x80), not the visible ones"},
+    )
+    plan_ranks_per_node: int = field(
+        default=0,
+        metadata={
+            "help": "with plan_devices: ranks (GPUs) per node sharing its host memory; 0: min(count, 8)"
+        },
+    )
+    plan_host_gib: float = field(
+        default=0.0,
+        metadata={
+            "help": "with dry_run: each node's host memory in GiB for the plan's host row; 0: this "
+            "machine's (not compared when planning trainer.plan_devices)"
+        },
     )
     # optimizer: AdamW's moments in host memory (policy/offload.py); all: weights, gradients and
     # optimizer (FSDP2's CPU offload)

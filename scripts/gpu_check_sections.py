@@ -15,8 +15,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpu_check_context import (
-    GPU,
-    PRESET_7B,
     REPO,
     TINY,
     Context,
@@ -28,137 +26,55 @@ from gpu_check_context import (
     local,
     sampling_prompts,
 )
+from gpu_check_plan import (
+    HOST_SHARE,
+    Choice,
+    GiB,
+    attention_kind,
+    available_host_bytes,
+    choose_run,
+    machines,
+    phase_bytes,
+    plan_arch,
+    plan_inputs,
+    plan_record,
+    update_config,
+    update_phases_bytes,
+)
 
 if TYPE_CHECKING:
     import torch
-    from transformers import Qwen2Config
 
-    from exgrpo_cli.plan.arch import Arch
-    from exgrpo_cli.plan.memory import Plan, PlanInputs
+    from exgrpo_cli.plan.memory import Plan
     from exgrpo_cli.replay.mixing import MixedBatch
 
 
 # ============================================================================ the update's helpers
-def update_config(sizes: Sizes) -> Qwen2Config:
-    """The update's Qwen2: Qwen2.5-Math-7B's numbers from its preset, or the dry run's toy."""
-    from transformers import Qwen2Config
-
-    numbers = dict(sizes.arch)
-    if not numbers:
-        import yaml
-
-        a = yaml.safe_load(PRESET_7B.read_text())["arch"]
-        keys = (
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "vocab_size",
-            "tie_word_embeddings",
-            "max_position_embeddings",
-        )
-        numbers = {k: a[k] for k in keys}
-    return Qwen2Config(**numbers, use_cache=False)
-
-
-def plan_arch(hf_config: Qwen2Config, source: str) -> Arch:
-    from exgrpo_cli.plan.arch import arch_from_config_json
-
-    return arch_from_config_json(hf_config.to_dict(), source)
-
-
-def attention_kind(impl: str) -> str:
-    from exgrpo_cli.plan.inputs import ATTENTION
-
-    return ATTENTION.get(impl, "sdpa")
-
-
-def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) -> PlanInputs:
-    """The plan's inputs for the update of `sizes` on one device: fp32 master weights, bf16
-    compute under FSDP2 (on CUDA), gradient checkpointing, the HF engine, no replay scoring."""
-    from exgrpo_cli.plan.memory import AUTO_TOKEN_BUDGET, PlanInputs
-    from exgrpo_cli.rollout import ENGINES
-
-    seq = sizes.prompt_tokens + sizes.response_tokens
-    return PlanInputs(
-        ranks=1,
-        device=device,
-        device_bytes=device_bytes,
-        weight_bytes=4,
-        mixed_bytes=2,
-        offload="none",
-        checkpointing=True,
-        token_budget=sizes.micro_batch_tokens or AUTO_TOKEN_BUDGET[device],
-        seq_tokens=seq,
-        engine=ENGINES["hf"],
-        vllm_share=0.0,
-        vllm_sleep=False,
-        vllm_max_len=seq,
-        rollout_sequences=sizes.rows,
-        attention=attention,
-    )
-
-
-def choose_offload(arch: Arch, x: PlanInputs, forced: str) -> tuple[str, Plan]:
-    """`forced`, or the first offload mode (none, optimizer, all) whose plan fits the device."""
-    from exgrpo_cli.plan.memory import plan_memory
-    from exgrpo_cli.policy.placement import OFFLOAD_MODES
-
-    modes = tuple(OFFLOAD_MODES) if forced == "auto" else (forced,)  # least offload first
-    plan = plan_memory(arch, replace(x, offload=modes[0]))
-    for mode in modes:
-        plan = plan_memory(arch, replace(x, offload=mode))
-        if plan.fits:
-            return mode, plan
-    return modes[-1], plan
-
-
-def update_phases_bytes(plan: Plan) -> int:
-    """The plan's largest update phase (backward, its end, the optimizer step), less what torch's
-    allocator does not count (the CUDA context)."""
-    from exgrpo_cli.plan.memory import BACKWARD, BWD_END, STEP
-
-    return phase_bytes(plan, (BACKWARD, BWD_END, STEP))
-
-
-def phase_bytes(plan: Plan, phases: tuple[int, ...]) -> int:
-    """The plan's largest of `phases`, less what torch's allocator does not see: the CUDA context,
-    and the rollout engine's share (vLLM allocates outside torch's allocator; no engine runs in
-    the update section)."""
-    kept = [t for t in plan.terms if not t.name.startswith(("CUDA", "vLLM", "weight sync", "HF "))]
-    return max(sum(t.bytes[p] for t in kept) for p in phases)
-
-
-def plan_record(plan: Plan) -> dict[str, Any]:
-    from exgrpo_cli.plan.memory import PHASES
-
-    return {
-        "fits": plan.fits,
-        "peak_phase": plan.peak[0],
-        "peak_bytes": plan.peak[1],
-        "limit_bytes": plan.inputs.limit,
-        "totals": dict(zip(PHASES, plan.totals)),
-        "terms": {t.name: dict(zip(PHASES, t.bytes)) for t in plan.terms},
-        "host_bytes": plan.host_bytes,
-        "offload": plan.inputs.offload,
-        "attention": plan.inputs.attention,
-    }
-
-
-def gpu_run_plan(ctx: Context) -> tuple[str, Plan, Arch]:
-    """The plan of the GPU run (7B on one device of ctx.device_bytes) and its offload mode: on a
-    dry run too (arithmetic only), whose toy model then applies that mode."""
+def gpu_run_choice(ctx: Context) -> Choice:
+    """The GPU run's shape and offload (gpu_check_plan.choose_run) for this device and the host's
+    available memory; a dry run plans the device and host of --device-gib and --host-gib (its toy
+    model then applies the offload mode)."""
     import torch
 
     from exgrpo_cli.policy.model import attn_implementation
 
-    hf_config = update_config(GPU)
-    arch = plan_arch(hf_config, f"{PRESET_7B.name} model.arch")
     impl = attn_implementation("auto", torch.device("cuda"))  # flash_attn installed or not
-    x = plan_inputs("cuda", ctx.device_bytes, GPU, attention_kind(impl))
-    mode, plan = choose_offload(arch, x, ctx.args.offload)
-    return mode, plan, arch
+    host = int(ctx.args.host_gib * GiB) if ctx.dry else available_host_bytes()
+    return choose_run(ctx.device_bytes, host, attention_kind(impl), ctx.args.offload)
+
+
+def guard_host(ctx: Context, need: int) -> None:
+    """Stop before building when the offloaded state (as torch pins it) and the process would not
+    fit the host's available memory: pinning past it would swap or wake the OOM killer."""
+    available = available_host_bytes() if not ctx.dry else int(ctx.args.host_gib * GiB)
+    ctx.record(host_need_bytes=need, host_available_bytes=available)
+    fits = need <= HOST_SHARE * available
+    ctx.check("host memory holds the offloaded state", fits)
+    if not fits:
+        raise MemoryError(
+            f"offload={ctx.result.get('offload')} needs {gib(need)} of host memory with {gib(available)} "
+            "available: the update is not run"
+        )
 
 
 def update_plan(sizes: Sizes, device: torch.device) -> Any:
@@ -203,19 +119,6 @@ def update_batch(sizes: Sizes, vocab: int) -> tuple[MixedBatch, torch.Tensor]:
     return batch, group_advantages(batch.rewards, batch.group_index)
 
 
-def pinned_moments(model: torch.nn.Module) -> int:
-    """Bytes of HostAdamW's two fp32 moments (one pinned buffer for all parameters)."""
-    return 2 * sum(4 * local(p).numel() for p in model.parameters() if p.requires_grad)
-
-
-def available_host_bytes() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return host_memory_bytes()
-
-
 def make_optimizer(model: torch.nn.Module, offload: str) -> torch.optim.Optimizer:
     """The trainer's optimizer (train/setup.make_optimizer): HostAdamW under offload=optimizer."""
     from exgrpo_cli.config import ExgrpoConfig
@@ -234,10 +137,24 @@ def section_update(ctx: Context) -> None:
     from exgrpo_cli.train.update import policy_update
 
     ctx.stage("plan")
-    mode, gpu_plan, arch_7b = gpu_run_plan(ctx)
-    ctx.record(gpu_run_offload=mode, gpu_run_plan=plan_record(gpu_plan), gpu_run_params=arch_7b.params)
-    ctx.check("the GPU run's plan fits one device", gpu_plan.fits)
-    hf_config = update_config(ctx.sizes)
+    choice = gpu_run_choice(ctx)
+    mode, gpu_plan = choice.offload, choice.plan
+    print(f"chose {choice.line()}", flush=True)
+    ctx.record(
+        gpu_run_offload=mode,
+        gpu_run_layers=choice.layers,
+        gpu_run_plan=plan_record(gpu_plan),
+        gpu_run_params=gpu_plan.arch.params,
+        gpu_run_choice=choice.record(),
+    )
+    ctx.check("the GPU run's shape and offload fit the device and the host", choice.fits)
+    if ctx.dry:  # the lent machines' limits, simulated: each must get a configuration that fits
+        kinds = machines()
+        for name, c in kinds.items():
+            print(f"{name}: {c.line()}{'' if c.fits else ': NOTHING FITS'}", flush=True)
+            ctx.check(f"{name}: a shape and offload that fit", c.fits)
+        ctx.record(machines={name: c.record() for name, c in kinds.items()})
+    hf_config = update_config(ctx.sizes, choice.layers)
     arch = plan_arch(hf_config, "gpu_check")
     if ctx.dry:  # the toy's own plan, on this CPU (reported, not compared)
         from exgrpo_cli.policy.model import attn_implementation
@@ -251,6 +168,8 @@ def section_update(ctx: Context) -> None:
     ctx.record(
         offload=mode, plan=plan_record(plan), plan_update_bytes=None if ctx.dry else update_phases_bytes(plan)
     )
+    # before anything is built: what the chosen mode pins (the GPU run's, on a dry run too)
+    guard_host(ctx, choice.host_bytes)
 
     ctx.stage("build")
     ctx.distributed()
@@ -262,17 +181,6 @@ def section_update(ctx: Context) -> None:
     ctx.check("the plan counts the model's parameters", params == arch.params)
     ctx.check("gradient checkpointing on", model.is_gradient_checkpointing)
     ctx.check("chunked log-prob head", output_head(model) is not None)
-    if mode == "optimizer":  # HostAdamW pins the moments in host memory, one buffer for all
-        pinned = pinned_moments(model)
-        available = available_host_bytes()
-        ctx.record(pinned_moments_bytes=pinned, host_available_bytes=available)
-        fits = pinned <= 0.9 * available  # a tenth for the process itself and the page cache
-        ctx.check("host memory holds the pinned moments", fits)
-        if not fits:  # pinning it would swap or wake the OOM killer: stop here, say why
-            raise MemoryError(
-                f"HostAdamW would pin {gib(pinned)} of moments in host memory with "
-                f"{gib(available)} available: the update is not run"
-            )
     optimizer = make_optimizer(model, mode)
     ctx.record(optimizer=type(optimizer).__name__)
     batch, adv = update_batch(ctx.sizes, hf_config.vocab_size)
@@ -284,6 +192,7 @@ def section_update(ctx: Context) -> None:
     phases = measure_phases(ctx, optimizer)
     for i in range(ctx.sizes.updates):
         ctx.stage(f"update {i + 1}/{ctx.sizes.updates}")
+        ctx.meter.empty_cache()  # the forward/backward from an emptied cache, as the step below
         ctx.meter.reset()
         t0 = time.perf_counter()
         res = policy_update(model, optimizer, batch, adv, settings, pad_id=0, dist=ctx.dist)
@@ -313,13 +222,17 @@ def section_update(ctx: Context) -> None:
 
 def measure_phases(ctx: Context, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, int | None]]:
     """Peaks of the forward/backward stretch and of the optimizer step apart (allocated and
-    reserved), filled in by a wrapper around `optimizer.step` at every update."""
+    reserved), filled in by a wrapper around `optimizer.step` at every update; each phase starts
+    from an emptied cache (reserved = what is live), so each reserved peak is that phase's own."""
     phases: dict[str, dict[str, int | None]] = {}
     step = optimizer.step
 
     def measured_step(*args: Any, **kwargs: Any) -> Any:
         m = ctx.meter
         phases["backward"] = {"allocated": m.peak(), "reserved": m.peak_reserved()}
+        # the backward's freed activations stay reserved in torch's cache until emptied: without
+        # this the step's reserved peak would be the backward's, not the step's
+        m.empty_cache()
         m.reset()
         out = step(*args, **kwargs)
         phases["step"] = {"allocated": m.peak(), "reserved": m.peak_reserved()}
@@ -351,11 +264,13 @@ def section_generate(ctx: Context) -> None:
     from exgrpo_cli.rollout.hf import HFEngine
 
     ctx.stage("plan")
-    mode, _, _ = gpu_run_plan(ctx)
-    ctx.record(offload=mode)
+    choice = gpu_run_choice(ctx)
+    mode = choice.offload
+    ctx.record(offload=mode, layers=choice.layers)
+    guard_host(ctx, choice.host_bytes)
     ctx.stage("build")
     ctx.distributed()
-    hf_config = update_config(ctx.sizes)
+    hf_config = update_config(ctx.sizes, choice.layers)
     model = build_policy(ctx, hf_config, mode)
     tok = AutoTokenizer.from_pretrained(TINY)
     engine = HFEngine(model, tok)

@@ -112,6 +112,13 @@ COMMANDS: dict[str, Check] = {
     "exgrpo train model=qwen2.5-7b replay.ratio=0.5 trainer.dry_run=true trainer.plan_devices=1x80": C(
         RUN, "exits 2: does not fit, as the page says", rc=2, says="the memory plan does not fit 1 x 80 GiB"
     ),
+    "exgrpo train experiment=paper-qwen2.5-math-7b trainer.dry_run=true trainer.plan_devices=8x80 "
+    "trainer.plan_host_gib=128 rollout.validation_sleep_level=1": C(
+        RUN,
+        "exits 2: the node's host memory is too small, as the page says",
+        rc=2,
+        says="host memory: a node of 8 ranks needs 246.02 GiB after the first validation",
+    ),
     "exgrpo train model=qwen2.5-7b --cfg job": C(RUN),
     "exgrpo train model=qwen2.5-7b replay=none rollout=hf algo.lr=2e-6": C(COMPOSE, "GPU"),
     "exgrpo train experiment=<name>": C(TEMPLATE, "every conf/experiment preset"),

@@ -21,6 +21,90 @@ import pytest
 from conftest import REPO, cli_env
 
 SCRIPT = REPO / "scripts" / "gpu_check.py"
+GiB = 2**30
+
+
+@pytest.fixture
+def scripts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check's modules importable as the script imports them (scripts/ on sys.path)."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+
+
+class CachingCounters:
+    """torch.cuda's memory counters as its caching allocator keeps them: a freed block stays
+    reserved until `empty_cache`; `reset_peak_memory_stats` sets each peak to the current value."""
+
+    def __init__(self) -> None:
+        self.allocated = self.reserved = self.peak_allocated = self.peak_res = 0
+
+    def alloc(self, n: int) -> None:
+        self.allocated += n
+        self.reserved = max(self.reserved, self.allocated)  # a cached block is reused first
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_res = max(self.peak_res, self.reserved)
+
+    def free(self, n: int) -> None:
+        self.allocated -= n  # back into the cache: still reserved
+
+    # the Meter's interface (gpu_check_context.Meter)
+    def sync(self) -> None:
+        pass
+
+    def empty_cache(self) -> None:
+        self.reserved = self.allocated
+
+    def reset(self) -> None:
+        self.peak_allocated, self.peak_res = self.allocated, self.reserved
+
+    def peak(self) -> int:
+        return self.peak_allocated
+
+    def peak_reserved(self) -> int:
+        return self.peak_res
+
+
+def test_the_step_is_measured_from_an_emptied_cache(scripts: None) -> None:
+    """The backward leaves 69 GiB reserved (activations freed into the cache); the step itself
+    needs 10 GiB over 20 live. Measured from the backward's cache the step's reserved peak would
+    be 69 GiB (the false FAILED of an H200 against a ~65 GiB plan); from an emptied one, 30."""
+    from types import SimpleNamespace
+
+    from gpu_check_sections import measure_phases
+
+    meter = CachingCounters()
+    meter.alloc(20 * GiB)  # weights, gradients, moments: live through the step
+    meter.reset()
+
+    class Optimizer:
+        def step(self) -> None:
+            meter.alloc(10 * GiB)
+            meter.free(10 * GiB)
+
+    optimizer = Optimizer()
+    phases = measure_phases(SimpleNamespace(meter=meter), optimizer)  # type: ignore[arg-type]
+    meter.alloc(49 * GiB)  # the backward's activations ...
+    meter.free(49 * GiB)  # ... freed into the cache
+    optimizer.step()
+    assert phases["backward"] == {"allocated": 69 * GiB, "reserved": 69 * GiB}
+    assert phases["step"] == {"allocated": 30 * GiB, "reserved": 30 * GiB}
+
+
+def test_each_lent_machine_gets_a_shape_and_offload_that_fit_its_gpu_and_host(scripts: None) -> None:
+    from gpu_check_context import GPU
+    from gpu_check_plan import MACHINES, choose_run, host_need, machines, plan_arch, update_config
+
+    chosen = machines()
+    assert set(chosen) == set(MACHINES) == {"H100 80GB", "H200 141GB"}
+    for c in chosen.values():
+        assert c.fits and c.plan.fits and c.host_bytes <= 0.9 * 128 * GiB
+    assert (chosen["H200 141GB"].layers, chosen["H200 141GB"].offload) == (28, "optimizer")
+    assert (chosen["H100 80GB"].layers, chosen["H100 80GB"].offload) == (24, "optimizer")
+    # offload=all fits an H100's GPU with the whole 7B, not its host: pinned shards past 160 GiB
+    seven_b = plan_arch(update_config(GPU, 28), "test")
+    assert host_need(seven_b, "all") > 160 * GiB  # what the old choice (offload=all) would pin
+    forced = choose_run(int(79.1 * GiB), 128 * GiB, "sdpa", forced="all")
+    assert forced.fits and forced.layers < 28  # fewer layers until the host holds them
+    assert choose_run(int(79.1 * GiB), 128 * GiB, "sdpa", forced="none").layers < 24
 
 
 def _dry_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
@@ -46,7 +130,13 @@ def test_dry_run_passes_every_section(tmp_path: Path) -> None:
 
     update = sections["update"]
     assert update["status"] == "ok" and update["checks"] and all(update["checks"].values())
-    assert update["gpu_run_params"] == 7_615_616_512  # Qwen2.5-Math-7B's preset numbers
+    assert update["gpu_run_params"] == 7_615_616_512  # Qwen2.5-Math-7B's preset numbers on an H200
+    machines = update["machines"]  # both lent machines' limits, simulated
+    assert {k: (v["layers"], v["offload"], v["fits"]) for k, v in machines.items()} == {
+        "H100 80GB": (24, "optimizer", True),
+        "H200 141GB": (28, "optimizer", True),
+    }
+    assert update["host_need_bytes"] <= 0.9 * update["host_available_bytes"]
     assert update["gpu_run_plan"]["fits"]
     assert update["offload"] == update["gpu_run_offload"]
     assert update["optimizer"] == ("HostAdamW" if update["offload"] == "optimizer" else "AdamW")
@@ -69,8 +159,11 @@ def test_dry_run_passes_every_section(tmp_path: Path) -> None:
         assert "vllm is not importable" in vllm["reason"]
         assert report["not_proven"] == ["vllm"] and "| vllm | not proven |" in proc.stdout
         assert "PASSED, but NOT PROVEN: vllm (vllm: vllm is not importable" in proc.stdout
+        assert "(proven: update, generate, pytest)" in proc.stdout
     else:
-        assert report["not_proven"] == [] and "; PASSED;" in proc.stdout
+        assert (
+            report["not_proven"] == [] and "; PASSED (proven: update, generate, pytest, vllm);" in proc.stdout
+        )
     assert "| update | ok |" in proc.stdout
 
 

@@ -17,7 +17,9 @@ from conftest import REPO
 SCRIPT = REPO / "scripts" / "gpu_driver_check.py"
 
 
-def run(tmp_path: Path, driver: str | None, cuda: str | None, available: bool) -> subprocess.CompletedProcess:
+def run(
+    tmp_path: Path, driver: str | None, cuda: str | None, available: bool, **extra: str
+) -> subprocess.CompletedProcess:
     bin_dir, site = tmp_path / "bin", tmp_path / "site"
     bin_dir.mkdir()
     (site / "torch").mkdir(parents=True)
@@ -33,7 +35,9 @@ def run(tmp_path: Path, driver: str | None, cuda: str | None, available: bool) -
         "def ones(n, device=None):\n"
         "    return SimpleNamespace(sum=lambda: 1.0)\n"
     )
-    env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", PYTHONPATH=str(site))
+    env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", PYTHONPATH=str(site), LD_LIBRARY_PATH="")
+    env["EXGRPO_CUDA_ROOTS"] = str(tmp_path / "no-cuda-here")  # this machine's /usr/local stays out
+    env.update(extra)
     return subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -72,3 +76,37 @@ def test_what_the_check_says(
 def test_install_gpu_runs_the_check_before_it_reports_success() -> None:
     text = (REPO / "scripts" / "install_gpu.sh").read_text()
     assert text.index("scripts/gpu_driver_check.py") < text.index("ready in")
+
+
+def test_an_old_driver_under_which_cuda_works_passes_with_one_warning(tmp_path: Path) -> None:
+    """NVIDIA's forward-compatibility package: an older kernel driver, a newer libcuda, CUDA works."""
+    res = run(tmp_path, "535.183.01", "13.0", available=True)
+    assert res.returncode == 0, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "warning: NVIDIA driver 535.183.01 is older than the 580" in res.stderr
+    assert "forward-compatibility package is in use" in res.stderr
+    assert "driver 535.183.01 with forward compatibility, CUDA usable" in res.stdout
+
+
+def test_an_installed_but_unused_compat_package_is_named(tmp_path: Path) -> None:
+    compat = tmp_path / "cuda" / "cuda-13.0" / "compat"
+    compat.mkdir(parents=True)
+    (compat / "libcuda.so.580.65.06").write_text("")
+    res = run(tmp_path, "535.183.01", "13.0", available=False, EXGRPO_CUDA_ROOTS=str(tmp_path / "cuda"))
+    assert res.returncode == 1
+    assert f"export LD_LIBRARY_PATH={compat}:$LD_LIBRARY_PATH" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_without_a_compat_package_the_failure_says_how_to_get_one(tmp_path: Path) -> None:
+    res = run(tmp_path, "535.183.01", "13.0", available=False)
+    assert (
+        res.returncode == 1
+        and "install NVIDIA's forward-compatibility package (cuda-compat-13-0" in res.stderr
+    )
+
+
+def test_the_check_can_be_turned_into_a_warning(tmp_path: Path) -> None:
+    res = run(tmp_path, "535.183.01", "13.0", available=False, EXGRPO_DRIVER_CHECK="warn")
+    assert res.returncode == 0
+    assert res.stderr.startswith("make install-gpu: warning (EXGRPO_DRIVER_CHECK=warn): NVIDIA driver 535")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exgrpo_cli.config import ExgrpoConfig, ModelConfig
+from exgrpo_cli.config import ExgrpoConfig, ModelConfig, TrainerConfig
 from exgrpo_cli.config_checks import validate
 from exgrpo_cli.errors import ExgrpoError, UsageError, exit_on_error
 
@@ -89,7 +89,7 @@ def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1) -> None:
     if t.dry_run:  # offline: the preset's numbers will do, no weights are needed
         check_data_here(cfg)
         arch = plan.resolve_architecture(cfg.model, offline_ok=True)
-        devices = plan.planned_devices(t.plan_devices) if t.plan_devices else plan.visible_devices(cfg, nproc)
+        devices = planned(t) if t.plan_devices else plan.visible_devices(cfg, nproc)
         plan.check_memory(cfg, arch, devices, verify=verifier(devices))
         return
     # the weights must be reachable: fail in seconds, not after a minute of hub retries
@@ -141,6 +141,13 @@ def check_data_here(cfg: ExgrpoConfig) -> None:
     raise UsageError("; ".join(problems))
 
 
+def planned(t: TrainerConfig) -> Devices:
+    """trainer.plan_devices on nodes of trainer.plan_ranks_per_node GPUs with trainer.plan_host_gib."""
+    from exgrpo_cli import plan
+
+    return plan.planned_devices(t.plan_devices, t.plan_ranks_per_node, t.plan_host_gib)
+
+
 def verifier(devices: Devices) -> Callable[[tuple[str, ...]], Plan | None] | None:
     """Plans a suggested fix from the whole config Hydra composes with this command's overrides
     plus the fix's (a preset's recipe comes along), on `devices` unless the fix names others.
@@ -171,7 +178,7 @@ def verifier(devices: Devices) -> Callable[[tuple[str, ...]], Plan | None] | Non
             log.info("suggested overrides %s do not compose: %s", extra, err)
             return None
         t = typed.trainer
-        planned = plan.planned_devices(t.plan_devices) if t.plan_devices else devices
-        return plan.plan_memory(arch, inputs_from_config(typed, planned))
+        chosen = planned(t) if t.plan_devices else devices
+        return plan.plan_memory(arch, inputs_from_config(typed, chosen))
 
     return verify

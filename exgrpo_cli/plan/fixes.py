@@ -47,6 +47,8 @@ def knobs(x: PlanInputs, offload: bool = True) -> list[list[Option]]:
     own_share = not x.engine.needs_trainer_model  # vLLM: its share of the GPU
     if own_share and x.device == "cuda" and not x.vllm_sleep:
         found.append([Option("rollout.sleep_mode=true", {"vllm_sleep": True}, 1)])
+    if x.level1_backups:  # host memory only: vLLM's pinned level-1 backups after validation
+        found.append([Option("rollout.validation_sleep_level=2", {"level1_backups": False}, 1)])
     if not x.checkpointing:
         found.append([Option("model.gradient_checkpointing=true", {"checkpointing": True}, 1)])
     budgets = []

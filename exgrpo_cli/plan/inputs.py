@@ -28,11 +28,19 @@ class Devices:
     kind: str  # cuda | cpu
     label: str  # for the plan's header
     planned: bool = False  # from trainer.plan_devices rather than this machine
+    per_node: int = 0  # ranks sharing a node's host memory (0: all)
+    node_bytes: int = 0  # a node's host memory (0: unknown, not compared)
 
 
-def planned_devices(value: str) -> Devices:
+def planned_devices(value: str, per_node: int = 0, host_gib: float = 0.0) -> Devices:
+    """`trainer.plan_devices` on nodes of `per_node` GPUs (0: min(count, 8)) with `host_gib` of
+    host memory each (0: unknown)."""
+    from exgrpo_cli.plan.host import NODE_GPUS
+
     count, gib_each = parse_plan_devices(value)
-    return Devices(count, int(gib_each * GiB), "cuda", f"{count} x {gib_each:g} GiB GPUs", planned=True)
+    per_node = min(per_node or NODE_GPUS, count)
+    label = f"{count} x {gib_each:g} GiB GPUs"
+    return Devices(count, int(gib_each * GiB), "cuda", label, True, per_node, int(host_gib * GiB))
 
 
 def _env_int(name: str, default: int) -> int:
@@ -80,7 +88,9 @@ def visible_devices(cfg: ExgrpoConfig, launching: int = 0) -> Devices:
             props = torch.cuda.get_device_properties(local)
             name, total = props.name, int(props.total_memory)
         label = f"{ranks} x {name} ({total / GiB:.1f} GiB)"
-        return Devices(ranks, total, "cuda", label)
+        per_node = launching or max(_env_int("LOCAL_WORLD_SIZE", ranks), 1)
+        node = int(cfg.trainer.plan_host_gib * GiB) or host_memory_bytes()
+        return Devices(ranks, total, "cuda", label, per_node=per_node, node_bytes=node)
     local_ranks = launching or max(_env_int("LOCAL_WORLD_SIZE", ranks), 1)
     total = host_memory_bytes()
     label = f"host memory {total / GiB:.1f} GiB" + (
@@ -127,6 +137,8 @@ def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
     from exgrpo_cli.rollout import ENGINES  # here: rollout imports plan.memory (its memory models)
 
     m, r, a = cfg.model, cfg.rollout, cfg.algo
+    engine = pick(ENGINES, "rollout.engine", r.engine)
+    sleep = r.sleep_mode and devices.kind == "cuda"
     return PlanInputs(
         ranks=devices.count,
         device=devices.kind,
@@ -137,11 +149,14 @@ def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
         checkpointing=m.gradient_checkpointing,
         token_budget=a.micro_batch_tokens or AUTO_TOKEN_BUDGET[devices.kind],
         seq_tokens=m.max_prompt_tokens + m.max_response_tokens,
-        engine=pick(ENGINES, "rollout.engine", r.engine),
+        engine=engine,
         vllm_share=r.gpu_memory_utilization,
-        vllm_sleep=r.sleep_mode and devices.kind == "cuda",
+        vllm_sleep=sleep,
         vllm_cuda_graphs=r.enforce_eager is not True,
         vllm_max_len=m.max_prompt_tokens + max(m.max_response_tokens, cfg.eval.max_new_tokens),
         rollout_sequences=-(-a.questions_per_step * r.n // devices.count),
         attention=attention_kind(cfg, devices),
+        ranks_per_node=devices.per_node,
+        node_bytes=devices.node_bytes,
+        level1_backups=sleep and not engine.needs_trainer_model and r.validation_sleep_level == 1,
     )

@@ -37,6 +37,7 @@ from typing import Protocol
 
 from exgrpo_cli.plan.activations import activation_bytes_per_token, kv_bytes_per_token, logit_chunk_bytes
 from exgrpo_cli.plan.arch import Arch
+from exgrpo_cli.plan.host import HostPlan, plan_host
 from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 GiB = 2**30
@@ -100,6 +101,11 @@ class PlanInputs:
     rollout_sequences: int  # sequences one rank samples in a step (questions x n / N)
     attention: str  # flash | sdpa | eager: the kernels the trainer's model runs
     vllm_cuda_graphs: bool = True  # not rollout.enforce_eager: vLLM captures CUDA graphs on a GPU
+    # host memory (plan/host.py, GPU runs): ranks sharing a node (0: all), a node's memory (0:
+    # unknown, nothing compared), vLLM's level-1 sleep after validation (rollout.validation_sleep_level=1)
+    ranks_per_node: int = 0
+    node_bytes: int = 0
+    level1_backups: bool = False
 
     @property
     def fsdp(self) -> bool:
@@ -148,7 +154,8 @@ class Plan:
     terms: tuple[Term, ...]
     problems: tuple[str, ...]  # what stops the run whatever the memory (context, KV cache)
     notes: tuple[str, ...]
-    host_bytes: int  # per rank, in host memory (offloaded state)
+    host_bytes: int  # per rank, in host memory (offloaded state, as allocated: no rounding)
+    host: HostPlan | None = None  # per node, pinned blocks rounded (GPU runs: plan/host.py)
 
     def total(self, phase: int) -> int:
         return sum(t.bytes[phase] for t in self.terms)
@@ -164,7 +171,11 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return not self.problems and max(self.totals) <= self.inputs.limit
+        return not self.problems and max(self.totals) <= self.inputs.limit and self.host_fits
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host is None or self.host.fits
 
 
 def _phases(
@@ -349,7 +360,19 @@ def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
     per_param = 4 * x.weight_bytes if mode.params_on_host else 2 * 4 if mode.moments_on_host else 0
     host = per_param * _ceil_div(arch.params, x.ranks)
     kept = tuple(t for t in terms if any(t.bytes))
-    return Plan(arch, x, kept, tuple(problems), tuple(notes), host)
+    node = None
+    if x.device == "cuda":
+        node = plan_host(
+            arch,
+            ranks=x.ranks,
+            ranks_per_node=x.ranks_per_node,
+            weight_bytes=x.weight_bytes,
+            vllm_bytes=x.vllm_bytes,
+            offload=x.offload,
+            level1_backups=x.level1_backups,
+            node_bytes=x.node_bytes,
+        )
+    return Plan(arch, x, kept, tuple(problems), tuple(notes), host, node)
 
 
 def gib(n: int | float) -> str:

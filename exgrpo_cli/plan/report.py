@@ -14,6 +14,8 @@ from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.plan.arch import Arch, preset_archs
 from exgrpo_cli.plan.fixes import Fix, more_devices, runtime_fixes, smaller_models
+from exgrpo_cli.plan.host import MARGIN as HOST_MARGIN
+from exgrpo_cli.plan.host import level1_backup_bytes
 from exgrpo_cli.plan.inputs import Devices, inputs_from_config
 from exgrpo_cli.plan.memory import (
     MARGIN,
@@ -79,8 +81,9 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
     lines.append(f"  {'total':<{width}}" + "".join(f"{_g(b):>11}" for b in plan.totals))
     limit = f"limit ({100 * (1 - MARGIN):.0f}% of {x.device_bytes / GiB:.4g} GiB)"
     lines.append(f"  {limit:<{width}}" + f"{_g(x.limit):>11}" * len(PHASES))
+    lines += host_lines(plan, width)
     notes = list(plan.notes)
-    if plan.host_bytes:
+    if plan.host_bytes and plan.host is None:  # a GPU run's host rows count it, rounded as pinned
         notes.append(f"host memory: {_g(plan.host_bytes)} GiB per rank of offloaded state (pinned)")
     engine = x.engine
     if x.device == "cuda":
@@ -94,6 +97,14 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
             )
             + "; the backward's working set is derived; the saved activations and the state are exact"
         )
+        if not engine.needs_trainer_model and x.vllm_sleep and not x.level1_backups:
+            per_rank = level1_backup_bytes(a, x.vllm_bytes)
+            per_node = per_rank * (plan.host.ranks_per_node if plan.host else 1)
+            notes.append(
+                "vLLM sleeps at level 2 after validation (rollout.validation_sleep_level=2): one more "
+                f"weight sync per validation; level 1 would keep {_g(per_rank)} GiB per rank "
+                f"({_g(per_node)} GiB per node) of pinned backups for the rest of the run"
+            )
         if not engine.needs_trainer_model and x.vllm_sleep:
             notes.append(
                 "with vLLM asleep the trainer must empty torch's cache (torch.cuda.empty_cache) "
@@ -102,6 +113,43 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
     if notes:
         lines += ["  notes:", *[f"    - {n}" for n in notes]]
     return "\n".join(lines)
+
+
+def host_lines(plan: Plan, width: int) -> list[str]:
+    """The host-memory rows of a GPU run: GiB per rank, and per node at start-up (rank 0 reads the
+    checkpoint) and in the steady state (after the first validation), against the node's memory."""
+    h = plan.host
+    if h is None:
+        return []
+    n = h.ranks_per_node
+    nodes = f", {h.nodes} nodes" if h.nodes > 1 else ""
+    width = max(width, *(len(t.name) + 2 for t in h.terms))
+    head = f"host GiB ({n} rank{'s' if n > 1 else ''} a node{nodes})"
+    lines = ["", f"  {head:<{width}}" + "".join(f"{c:>11}" for c in ("per rank", "start-up", "steady"))]
+    for t in h.terms:
+        node = t.per_rank * n + t.once
+        cells = (t.per_rank, 0 if t.steady_only else node, 0 if t.startup_only else node)
+        lines.append(f"  {t.name:<{width}}" + "".join(f"{_g(b) if b else '-':>11}" for b in cells))
+    totals = ("", _g(h.node_total(True)), _g(h.node_total(False)))
+    lines.append(f"  {'node total':<{width}}" + "".join(f"{c:>11}" for c in totals))
+    if h.node_bytes:
+        limit = f"limit ({100 * (1 - HOST_MARGIN):.0f}% of {h.node_bytes / GiB:.4g} GiB)"
+        verdict = "fits" if h.fits else "DOES NOT FIT"
+        lines.append(f"  {limit:<{width}}{'':>11}" + f"{_g(h.limit):>11}" * 2 + f"   {verdict}")
+    else:
+        lines.append("  node memory not given (trainer.plan_host_gib=<GiB>): not compared")
+    return lines
+
+
+def host_problem(plan: Plan) -> str | None:
+    h = plan.host
+    if h is None or h.fits:
+        return None
+    when = "at start-up" if h.node_total(True) >= h.node_total(False) else "after the first validation"
+    return (
+        f"host memory: a node of {h.ranks_per_node} ranks needs {_g(h.peak)} GiB {when}, over "
+        f"{_g(h.limit)} GiB ({100 * (1 - HOST_MARGIN):.0f}% of its {h.node_bytes / GiB:.4g} GiB)"
+    )
 
 
 def count(n: int) -> str:
@@ -120,7 +168,8 @@ def verdict(plan: Plan) -> str:
     over = f"{phase} needs {_g(peak)} GiB per device, over {_g(x.limit)} GiB ({of})"
     if peak <= x.limit:
         over = f"peak {phase} {_g(peak)} GiB is within {_g(x.limit)} GiB"
-    return "does not fit: " + "; ".join([over, *plan.problems])
+    host = host_problem(plan)
+    return "does not fit: " + "; ".join([over, *plan.problems, *([host] if host else [])])
 
 
 def _fix_text(fix: Fix) -> str:

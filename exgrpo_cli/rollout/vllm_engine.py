@@ -36,6 +36,7 @@ import torch
 
 from exgrpo_cli.policy.distributed import group_rank_and_world
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
+from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD
 from exgrpo_cli.rollout.vllm_launch import (
     EXTENSION,
     choose_in_process,
@@ -331,6 +332,22 @@ class VLLMEngine:
         # cached prompt KV blocks were computed by the old weights: reusing them would mix policies
         self.llm.reset_prefix_cache()
         return time.perf_counter() - t0
+
+    def weight_checksums(self, names: list[str]) -> dict[str, tuple[int, int, str]]:
+        """{name: (checksum, elements, dtype)} of the engine's copy of these weights (vllm_ext),
+        a tensor-parallel group's slices summed (its ranks call this together)."""
+        found: dict[str, tuple[int, int, str]] = self.llm.collective_rpc("exgrpo_checksums", args=(names,))[0]
+        if self._tp_group is not None:
+            import torch.distributed as tdist
+
+            parts: list[Any] = [None] * tdist.get_world_size(self._tp_group)
+            tdist.all_gather_object(parts, found, group=self._tp_group)
+            found = {
+                n: (sum(p[n][0] for p in parts) % CHECKSUM_MOD, sum(p[n][1] for p in parts), v[2])
+                for n, v in found.items()
+                if all(n in p for p in parts)
+            }
+        return found
 
     # ------------------------------------------------------------------ sharing a GPU
     def release(self, keep_weights: bool = False) -> None:

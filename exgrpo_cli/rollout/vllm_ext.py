@@ -19,6 +19,18 @@ from typing import Any
 import torch
 
 WorkerWeights = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
+CHECKSUM_MOD = 1 << 40  # checksums are kept below this: a sum over ranks stays exact in float64
+INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits_checksum(t: torch.Tensor) -> int:
+    """The sum of a tensor's bit patterns read as integers, mod CHECKSUM_MOD: exact and independent
+    of the summing order, so the same values give the same checksum however they are sharded or
+    sliced (the sum of the parts' checksums, mod CHECKSUM_MOD), and a single flipped bit changes it.
+    (An int64 sum that wraps stays right mod 2^40, a divisor of 2^64.)"""
+    flat = t.detach().contiguous().reshape(-1)
+    ints = flat.view(INT_OF_WIDTH[flat.element_size()])
+    return int(ints.sum(dtype=torch.int64).item()) % CHECKSUM_MOD
 
 
 class _Counted:
@@ -48,6 +60,18 @@ class WeightSyncExtension:
         # model.load_weights on an already-processed model
         self.model_runner.reload_weights(weights_iterator=iter(counted))
         return counted.count
+
+    def exgrpo_checksums(self, names: list[str]) -> dict[str, tuple[int, int, str]]:
+        """{name: (bits_checksum, elements, dtype)} of the named weights as this worker holds them
+        (its slice under tensor parallelism); a name it does not hold, or holds emptied (a CPU
+        kernel that repacked the weight elsewhere), is left out."""
+        params = dict(self.model_runner.get_model().named_parameters())
+        found = {}
+        for name in names:
+            p = params.get(name)
+            if p is not None and p.numel() > 0:
+                found[name] = (bits_checksum(p.data), p.numel(), str(p.dtype).removeprefix("torch."))
+        return found
 
     def exgrpo_reload_file(self, path: str) -> int:
         """Load the tensors of a safetensors file (how weights cross into a separate engine

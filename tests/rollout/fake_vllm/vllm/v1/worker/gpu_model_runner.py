@@ -10,10 +10,20 @@ from typing import Any
 import torch
 
 BROKEN_SYNC = "EXGRPO_STANDIN_BROKEN_SYNC"
+# tests only: the first reload arrives, later ones return as usual but leave the weights as they
+# were (stale but intact: what a reload that silently fails looks like with sleep mode off)
+STALE_SYNC = "EXGRPO_STANDIN_STALE_SYNC"
 
 
 class GPUModelRunner:
     owner: Any = None  # the stand-in LLM whose weights this runner holds
+    reloads = 0
+
+    def get_model(self) -> torch.nn.Module:
+        """The model the worker runs (vLLM: unwrapped from its CUDA-graph wrapper): the stand-in's
+        HF model, or an empty module when it has no model (a made-up path)."""
+        model = self.owner.weights.model if self.owner is not None else None
+        return model if model is not None else torch.nn.Module()
 
     def reload_weights(
         self,
@@ -29,6 +39,8 @@ class GPUModelRunner:
         if self.owner is not None and "weights" in self.owner.sleeping_tags:
             # the weights' memory is unmapped while they sleep: a copy into it faults on CUDA
             raise StandInContractError("reload_weights while the weights sleep: wake_up(['weights']) first")
+        self.reloads += 1
+        arrives = not os.environ.get(BROKEN_SYNC) and not (os.environ.get(STALE_SYNC) and self.reloads > 1)
         for name, tensor in weights_iterator:
             EVENTS.append(
                 {
@@ -41,5 +53,5 @@ class GPUModelRunner:
             )
             # BROKEN_SYNC (tests only): the reload returns as usual but the tensors never arrive,
             # what a corrupt reload on CUDA looks like from outside
-            if self.owner is not None and not os.environ.get(BROKEN_SYNC):
+            if self.owner is not None and arrives:
                 self.owner.weights.load(name, tensor)
