@@ -24,7 +24,8 @@ def run_dir_of_model(path: str) -> Path | None:
     """The exgrpo run a model path belongs to: a run dir, a checkpoint or its model/ folder."""
     p = Path(path).expanduser()
     for ckpt in (p, p.parent):  # <ckpt> or <ckpt>/model
-        if (ckpt / "trainer_state.json").is_file() and ckpt.parent.name == "checkpoints":
+        marked = (ckpt / "trainer_state.json").is_file() or (ckpt / "COMPLETE").is_file()
+        if marked and ckpt.parent.name == "checkpoints":
             return ckpt.parent.parent
     return p if (p / "checkpoints").is_dir() else None
 
