@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from exgrpo_cli.policy.pickle_ops import Call, Global, PickleRefused, parse, short
+from exgrpo_cli.policy.safe_read import UnsafeFile, read_regular
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint import FileSystemReader
@@ -244,33 +245,18 @@ def _regular_size(path: Path) -> int:
     return st.st_size
 
 
-def read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of `path`, a regular file (no symlink, FIFO or device: opened without following
-    links and without blocking, then checked) of at most `limit` bytes; NotDataError otherwise."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+def _read(path: Path) -> bytes:
     try:
-        fd = os.open(path, flags)
-    except OSError as err:
-        raise NotDataError(
-            f"{short(path.name)} cannot be opened as a plain file ({type(err).__name__})"
-        ) from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotDataError(f"{short(path.name)} is not a regular file (a link, a pipe or a device)")
-        if st.st_size > limit:
-            raise NotDataError(f"{short(path.name)} is {st.st_size} bytes, more than the {limit} allowed")
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise NotDataError(f"{short(path.name)} grew past the {limit} bytes allowed while read")
-    return data
+        return read_regular(path, MAX_METADATA_BYTES)
+    except UnsafeFile as err:
+        raise NotDataError(str(err)) from None
 
 
 def read_metadata(path: Path) -> Metadata:
     """The torch.distributed.checkpoint metadata in file `path`, parsed as data only (see the
     module docstring). Raises NotDataError (saying what it found, briefly) for anything else;
     nothing named in the file is imported, run or changed."""
-    return metadata_from_bytes(read_regular(path, MAX_METADATA_BYTES), path.parent)
+    return metadata_from_bytes(_read(path), path.parent)
 
 
 def metadata_from_bytes(data: bytes, folder: Path) -> Metadata:

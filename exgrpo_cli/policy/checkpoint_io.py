@@ -1,0 +1,75 @@
+"""File helpers of policy/checkpoint.py: JSON and fsync, SHA-256, the ranks' shared hashing.
+
+Where it sits: under checkpoint.py, at every save and every verification of a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from exgrpo_cli.policy.distributed import DistInfo
+
+COMPLETE = "COMPLETE"
+_BLOCK = 8 * 2**20
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=1, sort_keys=True))
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file under `folder` (relative paths, sorted), the marker excluded."""
+    out = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
+    return sorted(f for f in out if f != COMPLETE)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            with open(os.path.join(dirpath, f), "rb") as fh:
+                os.fsync(fh.fileno())
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _gather(obj: Any, dist: DistInfo | None) -> list[Any]:
+    if dist is None or not dist.distributed:
+        return [obj]
+    from exgrpo_cli.policy.distributed import all_gather_object
+
+    return all_gather_object(obj, dist)
+
+
+def _barrier(dist: DistInfo | None) -> None:
+    if dist is not None and dist.distributed:
+        from exgrpo_cli.policy.distributed import barrier
+
+        barrier(dist)
+
+
+def _shared_digests(folder: Path, names: list[str], dist: DistInfo | None) -> dict[str, dict[str, Any]]:
+    """{name: {"bytes", "sha256"}} of `names` under `folder`, each rank hashing every W-th file
+    (missing files are left out)."""
+    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+    mine = {}
+    for name in names[rank::world]:
+        path = folder / name
+        if path.is_file():
+            mine[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    return {k: v for part in _gather(mine, dist) for k, v in part.items()}
