@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -47,11 +48,10 @@ from exgrpo_cli.policy.checkpoint_io import (
     _fsync_tree,
     _gather,
     _shared_digests,
-    file_sha256,
+    file_sha256,  # noqa: F401 - re-exported: callers use ckpt.file_sha256
+    optimizer_state_from_files,  # noqa: F401 - re-exported
     write_json,
 )
-
-__all__ = ["COMPLETE", "file_sha256", "write_json"]  # re-exported: callers use ckpt.<name>
 
 if TYPE_CHECKING:
     from exgrpo_cli.policy.distributed import DistInfo
@@ -74,14 +74,18 @@ class CheckpointError(UsageError):
     """A checkpoint named by the user cannot be used, or none of a run's checkpoints verifies."""
 
 
+class CheckpointLoadError(ExgrpoError):
+    """A checkpoint that verified fails to load: quarantined and fallen back from like a corrupt one."""
+
+
 class CheckpointWriteError(ExgrpoError):
     """Writing a checkpoint failed (disk full, I/O error): the previous checkpoints are intact."""
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path, limit: int = safe_read.MAX_JSON_BYTES) -> Any:
     """JSON of a regular file under a size cap (policy/safe_read.py): a run's small files are data
     from whoever wrote the run."""
-    return safe_read.read_json(path)
+    return safe_read.read_json(path, limit)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -171,7 +175,6 @@ def _prune(ckpt_root: Path, keep: int, protect: Path) -> None:
     for old in done[:-keep]:
         if old != protect and _step_of(old) < _step_of(protect):
             shutil.rmtree(old, ignore_errors=True)
-    clean_torn(ckpt_root)
 
 
 def clean_torn(ckpt_root: Path) -> list[Path]:
@@ -342,9 +345,29 @@ def best_record(ckpt_root: Path) -> dict[str, Any] | None:
     if not best.is_dir() and old.is_dir():
         os.replace(old, best)
     record = best / BEST_SCORE
-    if not (best / COMPLETE).is_file() or not record.is_file():
+    if not (best / COMPLETE).is_file() or not os.path.lexists(record):
         return None
-    return dict(read_json(record))
+    return check_best(record)
+
+
+def check_best(path: Path) -> dict[str, Any]:
+    """BEST.json's content: an object with "step" (an int >= 0), "score" (a finite number) and
+    optionally "metric" (a string naming the criterion, e.g. "val/accuracy"), nothing else.
+    Raises CheckpointError for anything else (a malformed file, named)."""
+    try:
+        rec = read_json(path, limit=4096)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: malformed ({str(err)[:200]})") from None
+    ok = isinstance(rec, dict) and {"step", "score"} <= set(rec) <= {"step", "score", "metric"}
+    step, score = (rec.get("step"), rec.get("score")) if isinstance(rec, dict) else (None, None)
+    ok = ok and isinstance(step, int) and not isinstance(step, bool) and step >= 0
+    ok = ok and isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score)
+    ok = ok and isinstance(rec.get("metric", ""), str)
+    if not ok:
+        raise CheckpointError(
+            f'{path}: malformed (wants {{"step": int >= 0, "score": a finite number, "metric": a name}})'
+        )
+    return dict(rec)
 
 
 def keep_best(ckpt_root: Path, folder: Path, step: int, score: float, metric: str) -> Path:
@@ -369,21 +392,3 @@ def keep_best(ckpt_root: Path, folder: Path, step: int, score: float, metric: st
     os.replace(tmp, best)
     shutil.rmtree(old, ignore_errors=True)
     return best
-
-
-# ----------------------------------------------------------------------------- legacy optimizer files
-
-
-def optimizer_state_from_files(folder: Path) -> dict[str, Any]:
-    """The optimizer state of a checkpoint written before the sharded format (format 1:
-    optimizer.safetensors + optimizer.json, in `optimizer.state_dict()` layout)."""
-    from safetensors.torch import load_file
-
-    meta = read_json(folder / "optimizer.json")
-    tensors = load_file(str(folder / "optimizer.safetensors"))
-    state: dict[int, dict[str, Any]] = {}
-    for pid, entries in meta["state"].items():
-        state[int(pid)] = {
-            n: tensors[e["tensor"]] if "tensor" in e else e["value"] for n, e in entries.items()
-        }
-    return {"state": state, "param_groups": meta["param_groups"]}

@@ -73,3 +73,23 @@ def _shared_digests(folder: Path, names: list[str], dist: DistInfo | None) -> di
         if path.is_file():
             mine[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
     return {k: v for part in _gather(mine, dist) for k, v in part.items()}
+
+
+# ----------------------------------------------------------------------------- legacy optimizer files
+
+
+def optimizer_state_from_files(folder: Path) -> dict[str, Any]:
+    """The optimizer state of a checkpoint written before the sharded format (format 1:
+    optimizer.safetensors + optimizer.json, in `optimizer.state_dict()` layout)."""
+    from safetensors.torch import load_file
+
+    from exgrpo_cli.policy.safe_read import read_json
+
+    meta = read_json(folder / "optimizer.json")
+    tensors = load_file(str(folder / "optimizer.safetensors"))
+    state: dict[int, dict[str, Any]] = {}
+    for pid, entries in meta["state"].items():
+        state[int(pid)] = {
+            n: tensors[e["tensor"]] if "tensor" in e else e["value"] for n, e in entries.items()
+        }
+    return {"state": state, "param_groups": meta["param_groups"]}

@@ -19,6 +19,7 @@ META_LEN, META_STEP, META_HASH, META_SEQ = range(4)
 
 ARRAYS_FILE = "experiences.safetensors"
 INDEX_FILE = "index.json"
+MAX_GROUP_SIZE = 4096  # rollout.n of any recipe is far below; bucket schemes are built from it
 
 
 def save_buffer(state: dict[str, Any], directory: str) -> None:
@@ -39,10 +40,16 @@ def save_buffer(state: dict[str, Any], directory: str) -> None:
 
 def load_buffer(directory: str) -> dict[str, Any]:
     """The state written by ``save_buffer``, for ``ExperienceBuffer.load_state_dict``."""
+    from pathlib import Path
+
     from safetensors.numpy import load_file
 
-    with open(os.path.join(directory, INDEX_FILE), encoding="utf-8") as f:
-        index = json.load(f)
+    from exgrpo_cli.policy.safe_read import read_json
+
+    index = read_json(Path(directory) / INDEX_FILE)  # a regular file, size-capped
+    size = index.get("group_size") if isinstance(index, dict) else None
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_GROUP_SIZE:
+        raise ValueError(f"the buffer's group size is {str(size)[:20]}, not an int in [1, {MAX_GROUP_SIZE}]")
     return {"arrays": load_file(os.path.join(directory, ARRAYS_FILE)), "index": index}
 
 
