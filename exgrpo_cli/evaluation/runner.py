@@ -330,6 +330,11 @@ def run_eval(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> dict[str, Any] 
         return regrade(cfg, cfg.eval.regrade, out)
     check_one_engine_per_rank(cfg, dist.world_size if dist is not None else 1)
     suite = rank0_first(dist, lambda: load_suite(cfg))  # a missing file stops here, before any model loads
+    for lb in suite:  # on the console too, not only in the log: a score over fewer rows than asked
+        if lb.skipped:
+            console.print(
+                f"warning: {lb.bench.title}: skipped {lb.skipped} rows without a usable question or answer"
+            )
     models = models_to_run(cfg, dist)
     if cfg.trainer.threads:
         import torch

@@ -207,9 +207,12 @@ def resume_candidates(ckpt_root: Path) -> list[Path]:
     trainer.resume=<older step> abandoned them (it replaces each as it saves that step again).
     Without a usable pointer, every complete checkpoint, newest first."""
     done = sorted(complete_checkpoints(ckpt_root), key=_step_of, reverse=True)
-    pointer = ckpt_root / LATEST
-    if pointer.is_file():
-        named = ckpt_root / pointer.read_text().strip()
+    try:  # a folder name: a regular file of a few bytes (a huge sparse one is never read whole)
+        name = safe_read.read_regular(ckpt_root / LATEST, 256).decode("utf-8", "replace").strip()
+    except safe_read.UnsafeFile:
+        name = ""
+    if name:
+        named = ckpt_root / name
         if named in done:
             return [named] + [p for p in done if _step_of(p) < _step_of(named)]
     return done
