@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from exgrpo_cli.config import COMMAND_ONLY, ExgrpoConfig, with_own_command_only
 from exgrpo_cli.inspection.show import show_question
@@ -75,3 +76,16 @@ def test_command_only_keys_exist_and_are_taken_from_the_command() -> None:
         for part in key.split("."):
             assert dataclasses.is_dataclass(obj) and part in {f.name for f in dataclasses.fields(obj)}, key
             obj = getattr(obj, part)
+
+
+@pytest.mark.slow
+def test_inspect_buffer_takes_any_path(tmp_path: Path) -> None:
+    """A path with `=`, spaces and brackets reaches the command as written (it was taken for a
+    Hydra override, or failed to parse as one)."""
+    from conftest import run_cli
+
+    for name in ("a=b", "run (1)", "x,y[z]"):
+        odd = tmp_path / name
+        odd.mkdir()
+        res = run_cli(["inspect-buffer", str(odd), f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=tmp_path)
+        assert res.returncode == 1 and f"{odd} is neither a run dir" in res.stderr, res.stderr[-2000:]
