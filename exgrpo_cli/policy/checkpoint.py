@@ -26,6 +26,7 @@ the step_* rotation, so never pruned nor resumed, and readable by `exgrpo eval` 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
@@ -50,6 +51,7 @@ from exgrpo_cli.policy.checkpoint_io import (
     _shared_digests,
     file_sha256,  # noqa: F401 - re-exported: callers use ckpt.file_sha256
     optimizer_state_from_files,  # noqa: F401 - re-exported
+    os_error_in,
     write_json,
 )
 
@@ -115,8 +117,11 @@ def save_checkpoint(
     error = None
     try:
         write(tmp)
-    except OSError as err:
-        error = f"{type(err).__name__}: {err}"
+    except BaseException as err:  # torch's writer raises a BaseException around a rank's OSError
+        cause = os_error_in(err)
+        if cause is None:
+            raise
+        error = f"{type(cause).__name__}: {str(cause)[:300]}"
     errors = [e for e in _gather(error, dist) if e]
     if errors:
         raise CheckpointWriteError(
@@ -139,7 +144,8 @@ def save_checkpoint(
         if final.exists():  # a re-save of the same step (e.g. the final one): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _remove_if_empty(parent)
+        with contextlib.suppress(OSError):  # another writer's folder still in it: removed at a start
+            parent.rmdir()
         pointer_tmp = ckpt_root / f".{LATEST}.tmp"
         pointer_tmp.write_text(final.name)
         with open(pointer_tmp, "rb") as fh:
@@ -148,13 +154,6 @@ def save_checkpoint(
         _prune(ckpt_root, keep, protect=final)
     _barrier(dist)  # nobody reads or deletes checkpoints while rank 0 publishes one
     return final if main else None
-
-
-def _remove_if_empty(folder: Path) -> None:
-    try:
-        folder.rmdir()
-    except OSError:  # another writer's folder is still in it: that writer's start removes it
-        pass
 
 
 def disk_fault(step: int) -> None:

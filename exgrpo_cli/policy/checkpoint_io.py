@@ -93,3 +93,28 @@ def optimizer_state_from_files(folder: Path) -> dict[str, Any]:
             n: tensors[e["tensor"]] if "tensor" in e else e["value"] for n, e in entries.items()
         }
     return {"state": state, "param_groups": meta["param_groups"]}
+
+
+_OS_MESSAGES = (
+    "No space left on device",
+    "Disk quota exceeded",
+    "Read-only file system",
+    "Permission denied",
+)
+
+
+def os_error_in(err: BaseException, depth: int = 0) -> BaseException | None:
+    """The disk error inside a failed checkpoint write, or None when it is something else. torch's
+    writer wraps an OSError of a rank in a CheckpointException (a BaseException, with `failures`);
+    safetensors reports one as a SafetensorError whose text holds the OS message."""
+    if isinstance(err, OSError):
+        return err
+    if depth > 4 or isinstance(err, (KeyboardInterrupt, SystemExit)):
+        return None
+    inner = [pair[0] for pair in getattr(err, "failures", {}).values() if isinstance(pair, tuple) and pair]
+    for nxt in (*inner, err.__cause__, err.__context__):
+        found = os_error_in(nxt, depth + 1) if nxt is not None else None
+        if found is not None:
+            return found
+    text = str(err)
+    return err if any(m in text for m in _OS_MESSAGES) else None

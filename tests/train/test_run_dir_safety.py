@@ -258,3 +258,33 @@ def test_a_malformed_best_json_is_refused_as_malformed(tmp_path: Path, content: 
     (root / "best" / ckpt.BEST_SCORE).write_text(content)
     with pytest.raises(ckpt.CheckpointError, match="malformed"):
         ckpt.best_record(root)
+
+
+def test_a_full_disk_inside_torchs_writer_is_the_documented_write_error(tmp_path: Path) -> None:
+    """torch's writer wraps a rank's OSError in a CheckpointException (a BaseException): the old
+    `except OSError` let it through as a traceback."""
+    import errno
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    root = tmp_path / "checkpoints"
+    ckpt.save_checkpoint(root, 1, _write("one"), keep=2)
+
+    def full(tmp: Path) -> None:
+        disk = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise CheckpointException("save", {0: (disk, None)})
+
+    with pytest.raises(ckpt.CheckpointWriteError, match="No space left on device"):
+        ckpt.save_checkpoint(root, 2, full, keep=2)
+    assert ckpt.latest_checkpoint(root) == root / "step_1"
+
+
+def test_a_read_only_run_dir_is_one_line(tmp_path: Path) -> None:
+    if os.geteuid() == 0:  # root writes anyway: a file where the dir should be fails for root too
+        (tmp_path / "run").write_text("not a dir")
+        out = tmp_path / "run" / "sub"
+    else:
+        tmp_path.chmod(0o500)
+        out = tmp_path / "run"
+    with pytest.raises(run_lock.RunDirLocked, match="cannot write to the run dir"):
+        run_lock.lock_run_dir(out, DistInfo())
