@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from rich.console import Console
 
 from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.data.template_budget import check_template
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.evaluation.benchmarks import LoadedBenchmark, load_suite
 from exgrpo_cli.evaluation.regrade import regrade
@@ -208,6 +209,7 @@ def evaluate_model(
     device = dist.device if dist is not None else pick_device(cfg.trainer.device)  # a rank: its own GPU
     # rank 0 first: a hub tokenizer or model is downloaded once, the other ranks read its copy
     tokenizer = rank0_first(dist, lambda: load_tokenizer(model_cfg))
+    check_template(template, tokenizer, f"model {path}")  # once, under a time and memory budget
     # an engine that loads the weights itself (vLLM) gets no HF copy: it would only take memory
     engine_spec = pick(ENGINES, "rollout.engine", cfg.rollout.engine)
     model = None

@@ -30,6 +30,7 @@ from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.bad_rows import PROMPT_TOO_LONG, DataError, LoadReport
 from exgrpo_cli.data.sampler import FRESH_DRAWS, QuestionSampler, check_pool_size
 from exgrpo_cli.data.sources import load_questions
+from exgrpo_cli.data.template_budget import check_template
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
@@ -179,6 +180,8 @@ def build_trainer(
         model_cfg = dataclasses.replace(cfg.model, path=str(resume_from / "model"), gguf_file="")
     tokenizer = D.rank0_first(dist, lambda: load_tokenizer(model_cfg))
     template = get_template(cfg.model.template)
+    # rendered for every question below: first once, under a time and memory budget
+    check_template(template, tokenizer, f"model {model_cfg.path}")
     train_qs = filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
     check_pool_size(len(train_qs), cfg.algo.questions_per_step)  # the first step draws that many
     fingerprint = data_fingerprint(train_qs)
