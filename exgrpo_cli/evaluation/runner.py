@@ -199,6 +199,7 @@ def evaluate_model(
     from exgrpo_cli.evaluation.validate import sample_and_grade
     from exgrpo_cli.policy.distributed import rank0_first
     from exgrpo_cli.policy.model import load_model, load_tokenizer, pick_device
+    from exgrpo_cli.policy.model_bounds import check_model
     from exgrpo_cli.registry import pick
     from exgrpo_cli.rollout import ENGINES, build_engine
     from exgrpo_cli.rollout.base import SamplingSpec
@@ -214,6 +215,7 @@ def evaluate_model(
     engine_spec = pick(ENGINES, "rollout.engine", cfg.rollout.engine)
     model = None
     if engine_spec.needs_trainer_model:
+        check_model(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype)  # config.json vs weights, memory
         model = rank0_first(dist, lambda: load_model(model_cfg, device))
     try:
         engine = build_engine(run_cfg, model, tokenizer)

@@ -130,11 +130,13 @@ def _scores(
     from exgrpo_cli.algo.logprobs import ENTROPY, CandidateScore
     from exgrpo_cli.policy.forward import token_budget
     from exgrpo_cli.policy.model import load_model, pick_device
+    from exgrpo_cli.policy.model_bounds import check_model
     from exgrpo_cli.policy.scoring import score_candidates
     from exgrpo_cli.registry import pick
     from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 
     hf_logging.disable_progress_bar()  # a weights-loading bar would garble the listing
+    check_model(mcfg.path, mcfg.gguf_file, mcfg.dtype)  # config.json vs its weights and the memory
     model = load_model(mcfg, pick_device("auto"))
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id

@@ -37,6 +37,7 @@ from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer
+from exgrpo_cli.policy.model_bounds import check_model
 from exgrpo_cli.policy.offload import HostAdamW
 from exgrpo_cli.policy.placement import OFFLOAD_MODES
 from exgrpo_cli.registry import pick
@@ -182,6 +183,7 @@ def build_trainer(
     template = get_template(cfg.model.template)
     # rendered for every question below: first once, under a time and memory budget
     check_template(template, tokenizer, f"model {model_cfg.path}")
+    check_model(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype)  # config.json vs weights, memory
     train_qs = filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
     check_pool_size(len(train_qs), cfg.algo.questions_per_step)  # the first step draws that many
     fingerprint = data_fingerprint(train_qs)
