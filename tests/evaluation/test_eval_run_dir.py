@@ -5,6 +5,7 @@ eval_metrics.jsonl."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,14 @@ def test_eval_with_wandb_keeps_a_runs_metrics(tmp_path: Path, monkeypatch: pytes
     report._log_wandb(cfg, tmp_path, [result])
     assert (tmp_path / "metrics.jsonl").read_text() == rows
     assert (tmp_path / "eval_metrics.jsonl").is_file()
+
+
+def test_skipped_benchmark_rows_are_counted_for_the_console(tmp_path: Path) -> None:
+    """The count was only in the log; the runner prints `LoadedBenchmark.skipped` on stderr."""
+    from exgrpo_cli.config import DataConfig
+    from exgrpo_cli.evaluation.benchmarks import load_custom
+
+    rows = [{"prompt": "1+1?", "ground_truth": "2"}, {"prompt": "", "ground_truth": "3"}, {"prompt": "2+2?"}]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    [lb] = load_custom(str(tmp_path / "b.jsonl"), DataConfig())
+    assert (len(lb.questions), lb.skipped) == (1, 2)
