@@ -153,9 +153,11 @@ def test_verify_refuses_what_is_not_a_listed_regular_file(tmp_path: Path, kind: 
     assert folder is not None
     marker = folder / ckpt.COMPLETE
     record = json.loads(marker.read_text())
-    if kind == "symlink":
+    outside = tmp_path / "outside.txt"  # the same bytes as the payload, outside the checkpoint
+    outside.write_text("one")
+    if kind == "symlink":  # checksums match through the link: only the file type gives it away
         (folder / "payload.txt").unlink()
-        (folder / "payload.txt").symlink_to("/dev/zero")
+        (folder / "payload.txt").symlink_to(outside)
     elif kind == "fifo":
         os.mkfifo(folder / "extra")
     elif kind == "unlisted":
@@ -164,7 +166,7 @@ def test_verify_refuses_what_is_not_a_listed_regular_file(tmp_path: Path, kind: 
     elif kind == "no-file-list":
         marker.write_text(json.dumps({k: v for k, v in record.items() if k != "files"}))
     else:
-        record["files"]["../../etc/passwd"] = {"bytes": 1, "sha256": "0"}
+        record["files"]["../../outside.txt"] = {"bytes": 3, "sha256": ckpt.file_sha256(outside)}
         marker.write_text(json.dumps(record))
     t0 = time.monotonic()
     reason = ckpt.verify(folder)
