@@ -244,9 +244,8 @@ def verify(folder: Path, prefix: str = "", dist: DistInfo | None = None) -> str 
         log.warning("%s predates checkpoint checksums: its files cannot be verified", folder)
     else:
         reason = _manifest_shape(folder, manifest)
-        if reason is not None:
-            return reason
-        reason = _manifest_problem(folder, manifest, prefix, dist)
+        if reason is None and isinstance(manifest, dict):  # a dict whenever the shape passed
+            reason = _manifest_problem(folder, manifest, prefix, dist)
         if reason is not None:
             return reason
     if OPTIMIZER.startswith(prefix):

@@ -53,7 +53,10 @@ def restore_hyper(optimizer: torch.optim.Optimizer, own: list[dict[str, Any]]) -
     for i, (group, mine) in enumerate(zip(optimizer.param_groups, own)):
         for key in COMPARED:
             saved, wanted = group.get(key), mine.get(key)
-            same = tuple(saved) == tuple(wanted) if isinstance(wanted, (tuple, list)) else saved == wanted
+            if isinstance(wanted, (tuple, list)):
+                same = isinstance(saved, (tuple, list)) and tuple(saved) == tuple(wanted)
+            else:
+                same = saved == wanted
             if key in mine and saved is not None and not same:
                 notes.append(
                     f"optimizer group {i}: {key}={wanted} from the config (the checkpoint had {saved})"
