@@ -171,9 +171,11 @@ def resume_point(checkpoint: str | Path | None) -> tuple[int, str | None]:
     the tracker can start before the model loads."""
     if checkpoint is None:
         return 0, None
-    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))
+    from exgrpo_cli.policy.safe_read import read_json
+
+    state = read_json(Path(checkpoint) / "trainer_state.json")  # a regular file, size-capped
     run_id = state.get("wandb_id")
-    return int(state["step"]), (str(run_id) if run_id else None)
+    return int(state["step"]), (str(run_id)[:128] if run_id else None)
 
 
 METRICS_FILE = "metrics.jsonl"  # a training run's rows; `exgrpo eval` appends to EVAL_METRICS_FILE

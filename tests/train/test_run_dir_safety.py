@@ -290,3 +290,18 @@ def test_a_read_only_run_dir_is_one_line(tmp_path: Path) -> None:
         out = tmp_path / "run"
     with pytest.raises(run_lock.RunDirLocked, match="cannot write to the run dir"):
         run_lock.lock_run_dir(out, DistInfo())
+
+
+def test_under_torchrun_the_refusal_says_which_process_holds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
+    first = run_lock.RunLock(tmp_path)
+    first.acquire()
+    try:
+        with pytest.raises(
+            run_lock.RunDirLocked, match=f"rank 0 of torchrun job-7, launched by pid {os.getppid()}"
+        ):
+            run_lock.RunLock(tmp_path).acquire()
+    finally:
+        first.release()
