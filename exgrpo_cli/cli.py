@@ -8,6 +8,7 @@ Nothing heavy is imported here: `exgrpo --help` must answer at once.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -58,16 +59,25 @@ def _usage() -> str:
 
 
 def _translate_inspect_args(args: list[str]) -> list[str]:
-    """inspect-buffer takes a positional run dir and --json; turn them into Hydra overrides."""
+    """inspect-buffer takes a positional run dir and --json; turn them into Hydra overrides. A
+    path that exists is the target even with `=` in it; it is passed quoted, so that spaces,
+    brackets, commas and `${` reach the command as written."""
     out = []
     for a in args:
         if a == "--json":
             out.append("inspect.format=json")
-        elif not a.startswith("-") and "=" not in a:
-            out.append(f"inspect.target={a}")
+        elif os.path.exists(a) or (not a.startswith("-") and "=" not in a):
+            out.append(f"inspect.target={_hydra_quoted(a)}")
         else:
             out.append(a)
     return out
+
+
+def _hydra_quoted(value: str) -> str:
+    """`value` as a quoted Hydra override value: backslashes before a quote (or the end) doubled,
+    quotes escaped, `${` escaped for OmegaConf (a literal, not an interpolation)."""
+    text = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value)
+    return "'" + text.replace("'", "\\'").replace("${", "\\${") + "'"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -387,6 +387,13 @@ class TrainerConfig:
     offload: str = field(
         default="none", metadata={"help": "where the sharded trainer state lives: none | optimizer | all"}
     )
+    resume_new_data: bool = field(
+        default=False,
+        metadata={
+            "help": "resume although the questions (a fingerprint of their ids) differ from the "
+            "checkpoint's: the sampler starts afresh on the new data, the buffer keeps its experiences"
+        },
+    )
 
 
 @dataclass
@@ -471,6 +478,35 @@ class ExgrpoConfig:
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "exgrpo eval"})
     ablation: AblationConfig = field(default_factory=AblationConfig, metadata={"help": "exgrpo ablate"})
     inspect: InspectConfig = field(default_factory=InspectConfig, metadata={"help": "exgrpo inspect-buffer"})
+
+
+# Keys that name code, a model or data. A command that reads a run it did not write (inspect-buffer
+# reading a run's saved config; eval and resume read no saved config at all) takes these from its
+# own config, never from the run's: a run dir you downloaded is data (docs/faults-and-resuming.md).
+# A section name covers every key under it. To register a new key that names code, a model or data
+# (e.g. reward.function, reward.model.path, an adapter's base), add its dotted name here;
+# tests/test_config.py checks that each entry names a key of the schema.
+COMMAND_ONLY: tuple[str, ...] = (
+    "model.path",
+    "model.gguf_file",
+    "model.trust_remote_code",
+    "model.arch.describes",
+    "data",
+)
+
+
+def with_own_command_only(run: ExgrpoConfig, own: ExgrpoConfig) -> ExgrpoConfig:
+    """`run` (a config read from a run) with every COMMAND_ONLY key replaced by `own`'s value."""
+    import dataclasses
+
+    def put(obj: Any, src: Any, parts: list[str]) -> Any:
+        head, rest = parts[0], parts[1:]
+        value = getattr(src, head) if not rest else put(getattr(obj, head), getattr(src, head), rest)
+        return dataclasses.replace(obj, **{head: value})
+
+    for key in COMMAND_ONLY:
+        run = put(run, own, key.split("."))
+    return run
 
 
 def register_configs() -> None:

@@ -115,6 +115,7 @@ class LoadedBenchmark:
     questions: list[Question]  # distinct questions, in file order
     repeats: list[int]  # rows of the file per question (32 for AIME in test.id.parquet)
     source: str  # where the rows came from, for the report
+    skipped: int = 0  # rows without a usable question or answer (printed by the runner)
 
     def kinds(self) -> list[str]:
         """The grading rule per question: a multiple-choice benchmark's gold letters are graded as
@@ -324,7 +325,7 @@ def _grouped(
             f"{bench.title}: no usable rows in {where} (question key {question_key!r}, "
             f"answer key {answer_key!r})"
         )
-    return LoadedBenchmark(bench, questions, repeats, where)
+    return LoadedBenchmark(bench, questions, repeats, where, skipped)
 
 
 # ----------------------------------------------------------------------------- custom files

@@ -224,7 +224,7 @@ def finish(
 def _log_wandb(cfg: ExgrpoConfig, out: Path, results: list[ModelResult]) -> None:
     """Scores to W&B as eval/<benchmark>[/<model>], only when W&B is on: an explicit mode, or
     `auto` with a login (an eval nobody asked to track should leave no offline run behind)."""
-    from exgrpo_cli.metrics.logger import MetricLogger, wandb_mode
+    from exgrpo_cli.metrics.logger import EVAL_METRICS_FILE, MetricLogger, wandb_mode
 
     mode = wandb_mode(cfg.logger.wandb.mode)
     if mode == "disabled" or (cfg.logger.wandb.mode == "auto" and mode == "offline"):
@@ -243,6 +243,7 @@ def _log_wandb(cfg: ExgrpoConfig, out: Path, results: list[ModelResult]) -> None
         asdict(cfg),
         total_steps=1,
         job_type="eval",
+        rows_file=EVAL_METRICS_FILE,  # eval.output_dir may be a training run's dir: its metrics stay
     )
     try:
         logger.log(0, metrics)

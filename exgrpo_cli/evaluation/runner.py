@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from rich.console import Console
 
 from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.data.template_budget import check_template
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.evaluation.benchmarks import LoadedBenchmark, load_suite
 from exgrpo_cli.evaluation.regrade import regrade
@@ -198,6 +199,7 @@ def evaluate_model(
     from exgrpo_cli.evaluation.validate import sample_and_grade
     from exgrpo_cli.policy.distributed import rank0_first
     from exgrpo_cli.policy.model import load_model, load_tokenizer, pick_device
+    from exgrpo_cli.policy.model_bounds import check_model
     from exgrpo_cli.registry import pick
     from exgrpo_cli.rollout import ENGINES, build_engine
     from exgrpo_cli.rollout.base import SamplingSpec
@@ -208,10 +210,12 @@ def evaluate_model(
     device = dist.device if dist is not None else pick_device(cfg.trainer.device)  # a rank: its own GPU
     # rank 0 first: a hub tokenizer or model is downloaded once, the other ranks read its copy
     tokenizer = rank0_first(dist, lambda: load_tokenizer(model_cfg))
+    check_template(template, tokenizer, f"model {path}")  # once, under a time and memory budget
     # an engine that loads the weights itself (vLLM) gets no HF copy: it would only take memory
     engine_spec = pick(ENGINES, "rollout.engine", cfg.rollout.engine)
     model = None
     if engine_spec.needs_trainer_model:
+        check_model(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype)  # config.json vs weights, memory
         model = rank0_first(dist, lambda: load_model(model_cfg, device))
     try:
         engine = build_engine(run_cfg, model, tokenizer)
@@ -330,6 +334,11 @@ def run_eval(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> dict[str, Any] 
         return regrade(cfg, cfg.eval.regrade, out)
     check_one_engine_per_rank(cfg, dist.world_size if dist is not None else 1)
     suite = rank0_first(dist, lambda: load_suite(cfg))  # a missing file stops here, before any model loads
+    for lb in suite:  # on the console too, not only in the log: a score over fewer rows than asked
+        if lb.skipped:
+            console.print(
+                f"warning: {lb.bench.title}: skipped {lb.skipped} rows without a usable question or answer"
+            )
     models = models_to_run(cfg, dist)
     if cfg.trainer.threads:
         import torch

@@ -3,9 +3,11 @@
 The checkpoint's `model/` folder holds the tokenizer (and, for `inspect.score=true`, the policy
 under which each response's mean token entropy is computed with policy/scoring.py exactly as the
 train step does; the response the run's `replay.trajectory_selection` rule would replay is
-marked). The question text and the prompt template come from the run's own config
-(`<run>/.hydra/config.yaml`); a checkpoint kept outside a run dir falls back to the config of the
-inspect command itself, and says so.
+marked). The run's own config (`<run>/.hydra/config.yaml`) gives the settings that only describe
+the run (prompt template, temperature, replay rule); every key that names code, a model or data
+(config.COMMAND_ONLY: trust_remote_code, model and data sources) comes from this command's own
+config, never from the run's: inspect-buffer is what people run on someone else's run. The data
+source the run named is shown; the question text is looked up in this command's `data.*`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from exgrpo_cli.config import ExgrpoConfig, ModelConfig
+from exgrpo_cli.config import ExgrpoConfig, ModelConfig, with_own_command_only
 from exgrpo_cli.inspection.report import run_dir_of
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.experience import Experience
@@ -28,24 +30,32 @@ if TYPE_CHECKING:
     from exgrpo_cli.data.types import Question
 
 
-def run_config(checkpoint: Path, fallback: ExgrpoConfig) -> tuple[ExgrpoConfig, str]:
-    """The typed config the run was trained with, and where it came from."""
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def run_config(checkpoint: Path, own: ExgrpoConfig) -> tuple[ExgrpoConfig, str, str]:
+    """The typed config the run was trained with, with every COMMAND_ONLY key (code, model, data)
+    taken from `own`, this command's config; where it came from; and the data source the run named
+    (for display only; "" when unknown)."""
     run = run_dir_of(checkpoint)
     saved = run / ".hydra" / "config.yaml" if run is not None else None
     if saved is None or not saved.is_file():
-        return fallback, "this command's config (no .hydra/config.yaml beside the checkpoint)"
+        return own, "this command's config (no .hydra/config.yaml beside the checkpoint)", ""
     from omegaconf import OmegaConf
 
     try:
+        if saved.stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"it is larger than {MAX_CONFIG_BYTES} bytes")
         loaded = OmegaConf.load(saved)
         # Saved unresolved: its ${hydra:runtime.output_dir} has no Hydra to resolve it here.
-        loaded.trainer.output_dir = str(run)
+        OmegaConf.update(loaded, "trainer.output_dir", str(run), force_add=True)
         obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ExgrpoConfig), loaded))
         if not isinstance(obj, ExgrpoConfig):  # merged onto the schema: always one
             raise TypeError(f"it holds a {type(obj).__name__}, not an ExgrpoConfig")
     except Exception as err:  # an older or edited config: say so, still show the responses
-        return fallback, f"this command's config ({saved} could not be read: {err})"
-    return obj, str(saved)
+        return own, f"this command's config ({saved} could not be read: {str(err)[:200]})", ""
+    named = f"data.source={obj.data.source}" + (f" data.path={obj.data.path}" if obj.data.path else "")
+    return with_own_command_only(obj, own), f"{saved} (model, code and data keys: this command's)", named
 
 
 def _find_question(cfg: ExgrpoConfig, uid: str) -> tuple[Question | None, str]:
@@ -58,7 +68,7 @@ def _find_question(cfg: ExgrpoConfig, uid: str) -> tuple[Question | None, str]:
     for q in (*train, *val):
         if q.uid == uid:
             return q, ""
-    return None, f"{uid} is not among the run's questions (data.source={cfg.data.source})"
+    return None, f"{uid} is not among this command's questions (data.source={cfg.data.source})"
 
 
 def show_question(
@@ -71,11 +81,14 @@ def show_question(
     from exgrpo_cli.data.templates import get_template
     from exgrpo_cli.policy.model import load_tokenizer
 
-    cfg, source = run_config(checkpoint, fallback)
+    cfg, source, named = run_config(checkpoint, fallback)
+    # the checkpoint's weights and tokenizer, with this command's trust_remote_code (default off)
     mcfg = dataclasses.replace(cfg.model, path=str(checkpoint / "model"), gguf_file="")
     tok = load_tokenizer(mcfg)
     exps = buf.experiences(uid)
     q, note = _find_question(cfg, uid)
+    if named:
+        note = f"{note}; the run named {named}" if note else f"the run named {named}"
     bucket = next(b for b in range(buf.num_buckets) if uid in set(buf.questions_in_bucket(b)))
     rows = [
         {
@@ -117,11 +130,13 @@ def _scores(
     from exgrpo_cli.algo.logprobs import ENTROPY, CandidateScore
     from exgrpo_cli.policy.forward import token_budget
     from exgrpo_cli.policy.model import load_model, pick_device
+    from exgrpo_cli.policy.model_bounds import check_model
     from exgrpo_cli.policy.scoring import score_candidates
     from exgrpo_cli.registry import pick
     from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 
     hf_logging.disable_progress_bar()  # a weights-loading bar would garble the listing
+    check_model(mcfg.path, mcfg.gguf_file, mcfg.dtype)  # config.json vs its weights and the memory
     model = load_model(mcfg, pick_device("auto"))
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -161,7 +176,7 @@ def print_show(info: dict[str, Any], console: Console) -> None:
     )
     if info["question"] is not None:
         c.print(f"[bold]Q:[/] {escape(info['question'])}   [bold]gold:[/] {escape(str(info['answer']))}")
-    else:
+    if info["note"]:
         c.print(f"[dim]{escape(info['note'])}[/]")
     c.print(f"[dim]config: {escape(info['config'])}[/]")
     for i, r in enumerate(info["experiences"]):

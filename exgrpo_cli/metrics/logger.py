@@ -171,9 +171,15 @@ def resume_point(checkpoint: str | Path | None) -> tuple[int, str | None]:
     the tracker can start before the model loads."""
     if checkpoint is None:
         return 0, None
-    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))
+    from exgrpo_cli.policy.safe_read import read_json
+
+    state = read_json(Path(checkpoint) / "trainer_state.json")  # a regular file, size-capped
     run_id = state.get("wandb_id")
-    return int(state["step"]), (str(run_id) if run_id else None)
+    return int(state["step"]), (str(run_id)[:128] if run_id else None)
+
+
+METRICS_FILE = "metrics.jsonl"  # a training run's rows; `exgrpo eval` appends to EVAL_METRICS_FILE
+EVAL_METRICS_FILE = "eval_metrics.jsonl"
 
 
 class MetricLogger:
@@ -189,6 +195,7 @@ class MetricLogger:
         start_step: int = 0,
         wandb_id: str | None = None,
         job_type: str = "train",
+        rows_file: str = METRICS_FILE,
     ) -> None:
         self.console = Console(stderr=True)
         self.cfg = cfg
@@ -201,9 +208,10 @@ class MetricLogger:
         mode = wandb_mode(cfg.wandb.mode)
         if mode != "disabled":  # first: an online run that cannot start refuses before any file changes
             self._start_wandb(mode, output_dir, run_config, job_type)
-        self.path = Path(output_dir) / "metrics.jsonl"
+        self.path = Path(output_dir) / rows_file
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._drop_rows_after(start_step)
+        if rows_file == METRICS_FILE:  # a training run's rows; other files (eval's) only grow
+            self._drop_rows_after(start_step)
         self._fh = self.path.open("a", encoding="utf-8")
         self.live = cfg.console and self.console.is_terminal
         self._progress: Progress | None = None

@@ -26,19 +26,34 @@ the step_* rotation, so never pruned nor resumed, and readable by `exgrpo eval` 
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import hashlib
-import json
 import logging
+import math
 import os
+import secrets
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from exgrpo_cli.errors import ExgrpoError, UsageError
+from exgrpo_cli.policy import safe_read
+from exgrpo_cli.policy.checkpoint_io import (
+    COMPLETE,
+    _barrier,
+    _files,
+    _fsync_tree,
+    _gather,
+    _shared_digests,
+    file_sha256,  # noqa: F401 - re-exported: callers use ckpt.file_sha256
+    optimizer_state_from_files,  # noqa: F401 - re-exported
+    os_error_in,
+    write_json,
+)
 
 if TYPE_CHECKING:
     from exgrpo_cli.policy.distributed import DistInfo
@@ -46,7 +61,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
-COMPLETE = "COMPLETE"
 OPTIMIZER = "optimizer/"  # the sharded optimizer state's folder in a checkpoint
 BEST = "best"
 BEST_SCORE = "BEST.json"
@@ -56,76 +70,24 @@ QUARANTINE_PREFIX = "corrupt-"
 # writing that checkpoint, or its write fails as on a full disk (ENOSPC)
 FAULT_KILL_IN_CHECKPOINT = "EXGRPO_FAULT_KILL_IN_CHECKPOINT"
 FAULT_DISK_FULL_IN_CHECKPOINT = "EXGRPO_FAULT_DISK_FULL_IN_CHECKPOINT"
-_BLOCK = 8 * 2**20
 
 
 class CheckpointError(UsageError):
     """A checkpoint named by the user cannot be used, or none of a run's checkpoints verifies."""
 
 
+class CheckpointLoadError(ExgrpoError):
+    """A checkpoint that verified fails to load: quarantined and fallen back from like a corrupt one."""
+
+
 class CheckpointWriteError(ExgrpoError):
     """Writing a checkpoint failed (disk full, I/O error): the previous checkpoints are intact."""
 
 
-def write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=1, sort_keys=True))
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(_BLOCK):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _files(folder: Path) -> list[str]:
-    """Every file under `folder` (relative paths, sorted), the marker excluded."""
-    out = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
-    return sorted(f for f in out if f != COMPLETE)
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            with open(os.path.join(dirpath, f), "rb") as fh:
-                os.fsync(fh.fileno())
-        fd = os.open(dirpath, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _gather(obj: Any, dist: DistInfo | None) -> list[Any]:
-    if dist is None or not dist.distributed:
-        return [obj]
-    from exgrpo_cli.policy.distributed import all_gather_object
-
-    return all_gather_object(obj, dist)
-
-
-def _barrier(dist: DistInfo | None) -> None:
-    if dist is not None and dist.distributed:
-        from exgrpo_cli.policy.distributed import barrier
-
-        barrier(dist)
-
-
-def _shared_digests(folder: Path, names: list[str], dist: DistInfo | None) -> dict[str, dict[str, Any]]:
-    """{name: {"bytes", "sha256"}} of `names` under `folder`, each rank hashing every W-th file
-    (missing files are left out)."""
-    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
-    mine = {}
-    for name in names[rank::world]:
-        path = folder / name
-        if path.is_file():
-            mine[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    return {k: v for part in _gather(mine, dist) for k, v in part.items()}
+def read_json(path: Path, limit: int = safe_read.MAX_JSON_BYTES) -> Any:
+    """JSON of a regular file under a size cap (policy/safe_read.py): a run's small files are data
+    from whoever wrote the run."""
+    return safe_read.read_json(path, limit)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -139,18 +101,27 @@ def save_checkpoint(
     rank 0 (None elsewhere). A failed write raises CheckpointWriteError on every rank and leaves
     the published checkpoints as they were."""
     main = dist is None or dist.is_main
-    final, tmp = ckpt_root / f"step_{step}", ckpt_root / f".tmp-step_{step}"
+    final, parent = ckpt_root / f"step_{step}", ckpt_root / f".tmp-step_{step}"
+    # each writer (a run: its rank 0's choice, shared) has its own folder under .tmp-step_<N>: two
+    # processes that ever write into one run dir never mix their files (the run lock should
+    # prevent it; this makes it harmless)
+    writer = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}" if main else ""
+    if dist is not None and dist.distributed:
+        from exgrpo_cli.policy.distributed import broadcast_object
+
+        writer = broadcast_object(writer, dist)
+    tmp = parent / writer
     if main:
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
+        tmp.mkdir(parents=True)
     _barrier(dist)
     error = None
     try:
         write(tmp)
-    except OSError as err:
-        error = f"{type(err).__name__}: {err}"
+    except BaseException as err:  # torch's writer raises a BaseException around a rank's OSError
+        cause = os_error_in(err)
+        if cause is None:
+            raise
+        error = f"{type(cause).__name__}: {str(cause)[:300]}"
     errors = [e for e in _gather(error, dist) if e]
     if errors:
         raise CheckpointWriteError(
@@ -173,6 +144,8 @@ def save_checkpoint(
         if final.exists():  # a re-save of the same step (e.g. the final one): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
+        with contextlib.suppress(OSError):  # another writer's folder still in it: removed at a start
+            parent.rmdir()
         pointer_tmp = ckpt_root / f".{LATEST}.tmp"
         pointer_tmp.write_text(final.name)
         with open(pointer_tmp, "rb") as fh:
@@ -201,7 +174,6 @@ def _prune(ckpt_root: Path, keep: int, protect: Path) -> None:
     for old in done[:-keep]:
         if old != protect and _step_of(old) < _step_of(protect):
             shutil.rmtree(old, ignore_errors=True)
-    clean_torn(ckpt_root)
 
 
 def clean_torn(ckpt_root: Path) -> list[Path]:
@@ -234,44 +206,78 @@ def resume_candidates(ckpt_root: Path) -> list[Path]:
     trainer.resume=<older step> abandoned them (it replaces each as it saves that step again).
     Without a usable pointer, every complete checkpoint, newest first."""
     done = sorted(complete_checkpoints(ckpt_root), key=_step_of, reverse=True)
-    pointer = ckpt_root / LATEST
-    if pointer.is_file():
-        named = ckpt_root / pointer.read_text().strip()
+    try:  # a folder name: a regular file of a few bytes (a huge sparse one is never read whole)
+        name = safe_read.read_regular(ckpt_root / LATEST, 256).decode("utf-8", "replace").strip()
+    except safe_read.UnsafeFile:
+        name = ""
+    if name:
+        named = ckpt_root / name
         if named in done:
             return [named] + [p for p in done if _step_of(p) < _step_of(named)]
     return done
 
 
+# files of ours beside a checkpoint's manifest, at its top level: never listed in it
+SIDECARS = (BEST_SCORE, "QUARANTINED.txt")
+
+
 def verify(folder: Path, prefix: str = "", dist: DistInfo | None = None) -> str | None:
     """None when every file of checkpoint `folder` under `prefix` ("" = all, "model/", "replay/")
     has the size and SHA-256 its COMPLETE manifest records, else the first problem, naming the
-    file. A checkpoint written before manifests existed passes with a warning (nothing to check).
-    When the optimizer state is covered, its metadata must also be data (else the reason says it
-    holds something other than data). Collective when `dist` is distributed (the ranks share
-    the hashing)."""
+    file. Refused as well: anything in the folder that is not a regular file or directory (a
+    symlink, a FIFO, a device), a file the manifest does not list, a manifest without its file
+    list. A checkpoint written before manifests existed (a marker without a format) passes with a
+    warning. When the optimizer state is covered, its metadata must also be data. Collective when
+    `dist` is distributed (the ranks share the hashing)."""
     marker = folder / COMPLETE
     if not marker.is_file():
         return f"{folder}: no {COMPLETE} marker (a torn or foreign folder)"
     try:
-        manifest = read_json(marker).get("files")
-    except (json.JSONDecodeError, OSError, AttributeError) as err:
-        return f"{marker}: unreadable ({err})"
-    reason = _manifest_problem(folder, manifest, prefix, dist)
-    if reason is None and OPTIMIZER.startswith(prefix):
+        record = read_json(marker)
+    except (ValueError, OSError) as err:  # UnsafeFile and JSONDecodeError are ValueErrors
+        return f"{marker}: unreadable ({str(err)[:200]})"
+    odd = safe_read.irregular_entry(folder)
+    if odd is not None:
+        return odd
+    manifest = record.get("files") if isinstance(record, dict) else None
+    if manifest is None and isinstance(record, dict) and "format" not in record:
+        log.warning("%s predates checkpoint checksums: its files cannot be verified", folder)
+    else:
+        reason = _manifest_shape(folder, manifest)
+        if reason is None and isinstance(manifest, dict):  # a dict whenever the shape passed
+            reason = _manifest_problem(folder, manifest, prefix, dist)
+        if reason is not None:
+            return reason
+    if OPTIMIZER.startswith(prefix):
         # the checksums say the file is as written, not that what was written is data: the
         # metadata torch would unpickle is parsed as data first (policy/metadata_guard.py)
         from exgrpo_cli.policy.metadata_guard import refusal
 
-        reason = refusal(folder / OPTIMIZER)
-    return reason
+        return refusal(folder / OPTIMIZER)
+    return None
+
+
+def _manifest_shape(folder: Path, manifest: Any) -> str | None:
+    """A problem with the manifest's own shape, or a file on disk that it does not list."""
+    marker = folder / COMPLETE
+    if not isinstance(manifest, dict):
+        return f"{marker}: a manifest without its file list"
+    for name, entry in manifest.items():
+        parts = PurePosixPath(name).parts
+        if not parts or PurePosixPath(name).is_absolute() or ".." in parts or name == COMPLETE:
+            return f"{marker}: lists {name[:100]!r}, not a file inside the checkpoint"
+        ok = isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+        if not ok or isinstance(entry.get("bytes"), bool) or not isinstance(entry.get("bytes"), int):
+            return f"{marker}: the entry of {name[:100]!r} is not a size and a checksum"
+    unlisted = [n for n in _files(folder) if n not in manifest and n not in SIDECARS]
+    if unlisted:
+        return f"{folder / unlisted[0]}: not listed in the manifest (added after the checkpoint was written)"
+    return None
 
 
 def _manifest_problem(
-    folder: Path, manifest: dict[str, Any] | None, prefix: str, dist: DistInfo | None
+    folder: Path, manifest: dict[str, Any], prefix: str, dist: DistInfo | None
 ) -> str | None:
-    if manifest is None:
-        log.warning("%s predates checkpoint checksums: its files cannot be verified", folder)
-        return None
     wanted = sorted(n for n in manifest if n.startswith(prefix))
     found = _shared_digests(folder, wanted, dist)
     for name in wanted:
@@ -285,13 +291,20 @@ def _manifest_problem(
     return None
 
 
-def quarantine(folder: Path, reason: str) -> Path:
-    """Rename a checkpoint that failed verification out of the way, with the reason beside it."""
+def quarantine_target(folder: Path) -> Path:
+    """Where `quarantine` will move `folder`: computed before anything in it is parsed."""
     target = folder.parent / f"{QUARANTINE_PREFIX}{folder.name}"
     if target.exists():
         target = folder.parent / f"{QUARANTINE_PREFIX}{folder.name}-{int(time.time())}"
+    return target
+
+
+def quarantine(folder: Path, reason: str, target: Path | None = None) -> Path:
+    """Rename a checkpoint that failed verification (or loading) out of the way, with the reason
+    beside it (at most 2000 characters)."""
+    target = target if target is not None else quarantine_target(folder)
     os.replace(folder, target)
-    (target / "QUARANTINED.txt").write_text(reason + "\n")
+    (target / "QUARANTINED.txt").write_text(reason[:2000] + "\n")
     return target
 
 
@@ -303,11 +316,12 @@ def latest_verified(ckpt_root: Path, dist: DistInfo | None = None) -> tuple[Path
     main = dist is None or dist.is_main
     warnings: list[str] = []
     for folder in resume_candidates(ckpt_root):
+        target = quarantine_target(folder)  # before anything untrusted is parsed
         reason = verify(folder, dist=dist)
         if reason is None:
             return folder, warnings
         if main:
-            quarantine(folder, reason)
+            quarantine(folder, reason, target)
         _barrier(dist)
         warnings.append(
             f"checkpoint {folder.name} failed verification ({reason}); quarantined as "
@@ -316,7 +330,8 @@ def latest_verified(ckpt_root: Path, dist: DistInfo | None = None) -> tuple[Path
     if warnings:
         raise CheckpointError(
             f"no checkpoint in {ckpt_root} verifies ({'; '.join(warnings)}); nothing was deleted. "
-            "Start over with trainer.resume=never, or point trainer.resume at a good copy"
+            "Start over with trainer.resume=never trainer.overwrite=true, or point trainer.resume "
+            "at a good copy"
         )
     return None, warnings
 
@@ -331,9 +346,29 @@ def best_record(ckpt_root: Path) -> dict[str, Any] | None:
     if not best.is_dir() and old.is_dir():
         os.replace(old, best)
     record = best / BEST_SCORE
-    if not (best / COMPLETE).is_file() or not record.is_file():
+    if not (best / COMPLETE).is_file() or not os.path.lexists(record):
         return None
-    return dict(read_json(record))
+    return check_best(record)
+
+
+def check_best(path: Path) -> dict[str, Any]:
+    """BEST.json's content: an object with "step" (an int >= 0), "score" (a finite number) and
+    optionally "metric" (a string naming the criterion, e.g. "val/accuracy"), nothing else.
+    Raises CheckpointError for anything else (a malformed file, named)."""
+    try:
+        rec = read_json(path, limit=4096)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: malformed ({str(err)[:200]})") from None
+    ok = isinstance(rec, dict) and {"step", "score"} <= set(rec) <= {"step", "score", "metric"}
+    step, score = (rec.get("step"), rec.get("score")) if isinstance(rec, dict) else (None, None)
+    ok = ok and isinstance(step, int) and not isinstance(step, bool) and step >= 0
+    ok = ok and isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score)
+    ok = ok and isinstance(rec.get("metric", ""), str)
+    if not ok:
+        raise CheckpointError(
+            f'{path}: malformed (wants {{"step": int >= 0, "score": a finite number, "metric": a name}})'
+        )
+    return dict(rec)
 
 
 def keep_best(ckpt_root: Path, folder: Path, step: int, score: float, metric: str) -> Path:
@@ -358,21 +393,3 @@ def keep_best(ckpt_root: Path, folder: Path, step: int, score: float, metric: st
     os.replace(tmp, best)
     shutil.rmtree(old, ignore_errors=True)
     return best
-
-
-# ----------------------------------------------------------------------------- legacy optimizer files
-
-
-def optimizer_state_from_files(folder: Path) -> dict[str, Any]:
-    """The optimizer state of a checkpoint written before the sharded format (format 1:
-    optimizer.safetensors + optimizer.json, in `optimizer.state_dict()` layout)."""
-    from safetensors.torch import load_file
-
-    meta = read_json(folder / "optimizer.json")
-    tensors = load_file(str(folder / "optimizer.safetensors"))
-    state: dict[int, dict[str, Any]] = {}
-    for pid, entries in meta["state"].items():
-        state[int(pid)] = {
-            n: tensors[e["tensor"]] if "tensor" in e else e["value"] for n, e in entries.items()
-        }
-    return {"state": state, "param_groups": meta["param_groups"]}

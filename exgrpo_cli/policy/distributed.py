@@ -297,11 +297,11 @@ def load_optimizer(
     osd = get_optimizer_state_dict(model, optimizer)  # the optimizer's own state tensors, by name
     with _quiet_single_process():
         dcp.load({"state": osd["state"]}, storage_reader=reader, no_dist=not dist.distributed)
-    saved = json.loads((folder / PARAM_GROUPS).read_text())
-    if len(saved) != len(optimizer.param_groups):
-        raise ValueError(
-            f"{folder}: {len(saved)} param groups saved, the optimizer has {len(optimizer.param_groups)}"
-        )
+    from exgrpo_cli.policy.optimizer_groups import check_saved_groups
+    from exgrpo_cli.policy.safe_read import read_json
+
+    saved = read_json(folder / PARAM_GROUPS, limit=2**20)
+    check_saved_groups(saved, optimizer)  # only the optimizer's keys, numbers and flags
     for group, hyper in zip(optimizer.param_groups, saved):
         group.update({k: tuple(v) if k == "betas" else v for k, v in hyper.items() if k != "params"})
 

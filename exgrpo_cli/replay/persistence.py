@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,8 @@ META_LEN, META_STEP, META_HASH, META_SEQ = range(4)
 
 ARRAYS_FILE = "experiences.safetensors"
 INDEX_FILE = "index.json"
+MAX_INDEX_BYTES = 64 * 2**20
+MAX_GROUP_SIZE = 4096  # rollout.n of any recipe is far below; bucket schemes are built from it
 
 
 def save_buffer(state: dict[str, Any], directory: str) -> None:
@@ -41,9 +44,22 @@ def load_buffer(directory: str) -> dict[str, Any]:
     """The state written by ``save_buffer``, for ``ExperienceBuffer.load_state_dict``."""
     from safetensors.numpy import load_file
 
-    with open(os.path.join(directory, INDEX_FILE), encoding="utf-8") as f:
-        index = json.load(f)
+    index = _read_index(os.path.join(directory, INDEX_FILE))
+    size = index.get("group_size") if isinstance(index, dict) else None
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_GROUP_SIZE:
+        raise ValueError(f"the buffer's group size is {str(size)[:20]}, not an int in [1, {MAX_GROUP_SIZE}]")
     return {"arrays": load_file(os.path.join(directory, ARRAYS_FILE)), "index": index}
+
+
+def _read_index(path: str) -> Any:
+    """index.json, read only as a regular file (no link, FIFO or device) of at most MAX_INDEX_BYTES
+    (replay imports nothing above it, so this is not policy/safe_read.py)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
+            raise ValueError(f"{path} is not a regular file of at most {MAX_INDEX_BYTES} bytes")
+        return json.loads(fh.read(MAX_INDEX_BYTES + 1))
 
 
 def checked_arrays(

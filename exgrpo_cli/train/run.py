@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.data.bad_rows import skipped_rows_lines
+from exgrpo_cli.data.bad_rows import LoadReport, skipped_rows_lines
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import ExgrpoError, UsageError
 from exgrpo_cli.evaluation.validate import sample_and_grade
@@ -34,7 +34,14 @@ from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.train import notices, preempt
 from exgrpo_cli.train.loop import Trainer
 from exgrpo_cli.train.preempt import StopRequested
-from exgrpo_cli.train.setup import build_trainer, decide_resume, share_run_dir, warn_low_precision_weights
+from exgrpo_cli.train.run_lock import lock_run_dir
+from exgrpo_cli.train.setup import (
+    ResumeRefused,
+    build_trainer,
+    decide_resume,
+    share_run_dir,
+    warn_low_precision_weights,
+)
 
 if TYPE_CHECKING:
     from exgrpo_cli.train.state import RunState
@@ -90,19 +97,53 @@ def _train(cfg: ExgrpoConfig, dist: D.DistInfo, stop: StopRequested) -> dict[str
     _refuse_before_start(cfg, dist)
     cfg = share_run_dir(cfg, dist)
     out = Path(cfg.trainer.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    resume_from, warnings = decide_resume(cfg, dist)
-    for w in warnings:
-        log.warning(w)
+    lock = lock_run_dir(out, dist)  # before anything in the dir is read, deleted or written
+    try:
+        return _train_locked(cfg, dist, stop, out)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _start(
+    cfg: ExgrpoConfig, dist: D.DistInfo, out: Path
+) -> tuple[Logger, Trainer, list[Question], LoadReport, Path | None, list[str]]:
+    """Resume decision, metric logger and trainer. A checkpoint that verifies but fails to load
+    (trainer.resume=auto) is quarantined like one that fails verification, and the next older one
+    is tried; an explicit trainer.resume=<path> that fails to load is refused."""
+    notes: list[str] = []
+    while True:
+        resume_from, warnings = decide_resume(cfg, dist)
+        notes += warnings
+        for w in warnings:
+            log.warning(w)
+        logger = _start_logger(cfg, dist, out, resume_from)  # before the model: an outage costs seconds
+        try:
+            trainer, val_qs, report = build_trainer(cfg, dist.device, dist, resume_from)
+            return logger, trainer, val_qs, report, resume_from, notes
+        except ckpt.CheckpointLoadError as err:
+            logger.close()
+            if cfg.trainer.resume != "auto" or resume_from is None:
+                raise ResumeRefused(f"trainer.resume={cfg.trainer.resume}: {err}") from None
+            target = ckpt.quarantine_target(resume_from)
+            if dist.is_main:
+                ckpt.quarantine(resume_from, str(err), target)
+            D.barrier(dist)
+            notes.append(f"{err}; quarantined as {target.name}, resuming from an older one if any verifies")
+            log.warning(notes[-1])
+        except BaseException:
+            logger.close()
+            raise
+
+
+def _train_locked(cfg: ExgrpoConfig, dist: D.DistInfo, stop: StopRequested, out: Path) -> dict[str, float]:
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     device = dist.device  # the compute device init_distributed picked from trainer.device
     if device.type == "cuda" and cfg.model.dtype != "float32" and dist.is_main:
         warn_low_precision_weights(cfg)
-    logger = _start_logger(cfg, dist, out, resume_from)  # before the model: an outage costs seconds
-    trainer: Trainer | None = None
+    logger, trainer, val_qs, report, resume_from, warnings = _start(cfg, dist, out)
     try:
-        trainer, val_qs, report = build_trainer(cfg, device, dist, resume_from)
         st = trainer.state
         if dist.is_main:
             st.wandb_id = logger.wandb_id
@@ -128,9 +169,8 @@ def _train(cfg: ExgrpoConfig, dist: D.DistInfo, stop: StopRequested) -> dict[str
         return final
     finally:
         logger.close()
-        if trainer is not None:
-            trainer.scorer.close()
-            trainer.engine.close()
+        trainer.scorer.close()
+        trainer.engine.close()
 
 
 def _refuse_before_start(cfg: ExgrpoConfig, dist: D.DistInfo) -> None:
@@ -266,7 +306,11 @@ class _Best:
             and best["step"] == state.step
             and (folder / ckpt.COMPLETE).is_file()
         ):
-            record = ckpt.best_record(root)
+            try:
+                record = ckpt.best_record(root)
+            except ckpt.CheckpointError as err:  # malformed: relinked below with the state's record
+                log.warning("%s", err)
+                record = None
             if record is None or record["step"] != state.step:
                 # the run stopped between publishing this step and linking it as the best
                 ckpt.keep_best(root, folder, state.step, float(best["score"]), self.METRIC)
@@ -288,7 +332,10 @@ class _Best:
             ckpt.keep_best(self.root, saved, step, score, self.METRIC)
 
     def summary(self) -> str:
-        record = ckpt.best_record(self.root) if self.dist.is_main else None
+        try:
+            record = ckpt.best_record(self.root) if self.dist.is_main else None
+        except ckpt.CheckpointError as err:  # a run that finished must not crash on it
+            return f"best checkpoint: {err}"
         if record is None:
             return "no best checkpoint: the run never validated (no held-out questions)"
         best = self.root / ckpt.BEST

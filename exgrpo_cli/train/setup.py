@@ -13,6 +13,7 @@ Resume (`trainer.resume`): auto continues from the latest complete checkpoint of
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import random
 import shutil
@@ -29,12 +30,14 @@ from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.bad_rows import PROMPT_TOO_LONG, DataError, LoadReport
 from exgrpo_cli.data.sampler import FRESH_DRAWS, QuestionSampler, check_pool_size
 from exgrpo_cli.data.sources import load_questions
+from exgrpo_cli.data.template_budget import check_template
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer
+from exgrpo_cli.policy.model_bounds import check_model
 from exgrpo_cli.policy.offload import HostAdamW
 from exgrpo_cli.policy.placement import OFFLOAD_MODES
 from exgrpo_cli.registry import pick
@@ -57,19 +60,44 @@ class ResumeRefused(UsageError):
     """trainer.resume cannot be honoured; nothing was changed on disk."""
 
 
+def _kept(root: Path) -> list[Path]:
+    """What a fresh start would delete: published, best and quarantined checkpoints."""
+    if not root.is_dir():
+        return []
+    found = ckpt.complete_checkpoints(root) + sorted(root.glob(f"{ckpt.QUARANTINE_PREFIX}*"))
+    return found + [p for p in (root / ckpt.BEST,) if p.is_dir()]
+
+
 def _refuse_or_clear(cfg: ExgrpoConfig) -> str | None:
-    """trainer.resume=never: a refusal when the output dir holds checkpoints (unless
-    trainer.overwrite), else the old checkpoints are removed (rank 0 alone calls this)."""
+    """trainer.resume=never: a refusal when the output dir holds checkpoints, the best one or
+    quarantined ones (unless trainer.overwrite), naming what would go; else the old checkpoints
+    are removed (rank 0 alone calls this)."""
     out = Path(cfg.trainer.output_dir)
     root = out / "checkpoints"
-    if ckpt.complete_checkpoints(root) and not cfg.trainer.overwrite:
+    kept = _kept(root)
+    if kept and not cfg.trainer.overwrite:
+        names = ", ".join(p.name for p in kept[:6]) + (f" and {len(kept) - 6} more" if len(kept) > 6 else "")
         return (
-            f"{out} already holds checkpoints; trainer.resume=never refuses "
-            "to overwrite them (set trainer.overwrite=true, or resume=auto)"
+            f"{out} already holds checkpoints ({names}); trainer.resume=never refuses to delete them "
+            "(set trainer.overwrite=true to delete them, or resume=auto)"
         )
     if root.exists():  # overwrite=true: the old run's checkpoints must not mix with the new ones
         shutil.rmtree(root)
     return None
+
+
+def _nothing_to_resume(root: Path) -> None:
+    """resume=auto found no checkpoint to resume: a start from scratch would replace `best/` and
+    empty metrics.jsonl, so a dir that still holds the best or quarantined checkpoints refuses."""
+    kept = [p for p in _kept(root) if p.name == ckpt.BEST or p.name.startswith(ckpt.QUARANTINE_PREFIX)]
+    if kept:
+        best = root / ckpt.BEST
+        hint = f"trainer.resume={best}" if best.is_dir() else "trainer.resume=<a good checkpoint>"
+        raise ResumeRefused(
+            f"{root} holds no checkpoint to resume, only {', '.join(p.name for p in kept[:4])}: "
+            f"a fresh start would replace them; resume from one with {hint}, or start over with "
+            "trainer.resume=never trainer.overwrite=true"
+        )
 
 
 def decide_resume(cfg: ExgrpoConfig, dist: D.DistInfo) -> tuple[Path | None, list[str]]:
@@ -86,6 +114,8 @@ def decide_resume(cfg: ExgrpoConfig, dist: D.DistInfo) -> tuple[Path | None, lis
     D.barrier(dist)
     if r == "auto":
         found, more = ckpt.latest_verified(root, dist)
+        if found is None:
+            _nothing_to_resume(root)
         return found, warnings + more
     if r == "never":
         refusal = D.broadcast_object(_refuse_or_clear(cfg) if dist.is_main else None, dist)
@@ -151,8 +181,13 @@ def build_trainer(
         model_cfg = dataclasses.replace(cfg.model, path=str(resume_from / "model"), gguf_file="")
     tokenizer = D.rank0_first(dist, lambda: load_tokenizer(model_cfg))
     template = get_template(cfg.model.template)
+    # rendered for every question below: first once, under a time and memory budget
+    check_template(template, tokenizer, f"model {model_cfg.path}")
+    check_model(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype)  # config.json vs weights, memory
     train_qs = filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
     check_pool_size(len(train_qs), cfg.algo.questions_per_step)  # the first step draws that many
+    fingerprint = data_fingerprint(train_qs)
+    new_data = resume_from is not None and check_resume_data(cfg, resume_from, fingerprint)
 
     # shard before the optimizer is built: fully_shard swaps the parameters for DTensors
     def shard(m: PreTrainedModel) -> PreTrainedModel:
@@ -177,9 +212,10 @@ def build_trainer(
             buffer=ExperienceBuffer(cfg.rollout.n, cfg.replay.bucket_edges, cfg.replay.max_experiences),
             switch=DelayedStart(cfg.replay.start_threshold),
             seed=cfg.trainer.seed,
+            data_fingerprint=fingerprint,
         )
         if resume_from is not None:
-            state.load(resume_from, dist)
+            _load_checkpoint(state, resume_from, dist, new_data)
         scorer = RewardScorer(requires_think=template.requires_think, workers=1)
         trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), dist=dist)
     except BaseException:
@@ -191,6 +227,58 @@ def build_trainer(
         engine.close()
         raise
     return trainer, val_qs, report
+
+
+def data_fingerprint(questions: list[Question]) -> str:
+    """A digest of the training questions' ids in pool order (what the sampler indexes)."""
+    h = hashlib.blake2b(digest_size=8)
+    for q in questions:
+        h.update(q.uid.encode() + b"\0")
+    return h.hexdigest()
+
+
+def check_resume_data(cfg: ExgrpoConfig, folder: Path, fingerprint: str) -> bool:
+    """Before the model loads: refuse (ResumeRefused, one line) a resume whose rollout.n differs
+    from the checkpoint's, or whose questions differ unless trainer.resume_new_data; returns
+    whether the run continues on new data. Checkpoints written before fingerprints: not checked."""
+    try:
+        state = ckpt.read_json(folder / "trainer_state.json")
+        saved_n = ckpt.read_json(folder / "replay" / "index.json").get("group_size")
+    except (OSError, ValueError, AttributeError) as err:
+        raise ckpt.CheckpointLoadError(f"{folder} does not load: {str(err)[:300]}") from None
+    if not isinstance(state, dict):
+        raise ckpt.CheckpointLoadError(f"{folder} does not load: trainer_state.json is not a mapping")
+    if saved_n != cfg.rollout.n:
+        raise ResumeRefused(
+            f"rollout.n={cfg.rollout.n}, but {folder} was trained with rollout.n={str(saved_n)[:20]} "
+            "(its replay buffer holds groups of that size): resume with that value, or start a new run"
+        )
+    saved = state.get("data_fingerprint")
+    if not saved or saved == fingerprint:
+        return False
+    if not cfg.trainer.resume_new_data:
+        raise ResumeRefused(
+            f"the training questions differ from those of {folder} (data fingerprint {fingerprint}, "
+            f"the checkpoint's {str(saved)[:20]}): resume with the same data.*, or set "
+            "trainer.resume_new_data=true to continue on the new questions (the sampler starts afresh)"
+        )
+    log.warning("trainer.resume_new_data: continuing %s on other questions", folder)
+    return True
+
+
+def _load_checkpoint(state: RunState, folder: Path, dist: D.DistInfo, new_data: bool) -> None:
+    """`state.load`, any failure of which (after verify passed) is a CheckpointLoadError: resume
+    quarantines the checkpoint and falls back as for one that fails verification."""
+    try:
+        notes = state.load(folder, dist, new_data)
+    except Exception as err:  # noqa: BLE001 - whatever a crafted file trips
+        raise ckpt.CheckpointLoadError(
+            f"{folder} does not load: {type(err).__name__}: {str(err)[:300]}"
+        ) from None
+    for note in notes:
+        log.warning("%s", note)
+        if dist.is_main:
+            print(f"exgrpo train: warning: {note}", file=sys.stderr)
 
 
 def filter_long(

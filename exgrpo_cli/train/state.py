@@ -42,7 +42,9 @@ from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.export import export_hf
+from exgrpo_cli.policy.optimizer_groups import own_hyper, restore_hyper
 from exgrpo_cli.replay.buffer import ExperienceBuffer
+from exgrpo_cli.replay.persistence import load_buffer
 from exgrpo_cli.replay.schedule import DelayedStart
 
 # keys of `state_dict()` that may differ between ranks: everything else must agree on every rank
@@ -64,6 +66,9 @@ class RunState:
     # trainer.keep_best: {"step", "score"} of the best validation so far, saved with the state so
     # that a resumed or rolled-back run compares with the best of the history it continues
     best: dict[str, Any] | None = None
+    # what the run trains on, checked at resume (train/setup.py `check_resume_data`): a digest of
+    # the training questions' ids in pool order (the sampler's indices point into that order)
+    data_fingerprint: str = ""
 
     def count_updates(self, applied: list[bool]) -> None:
         """Keep `skipped_in_a_row` for a step's updates in order (False: skipped, for a non-finite
@@ -86,6 +91,8 @@ class RunState:
             "skipped_in_a_row": self.skipped_in_a_row,
             "wandb_id": self.wandb_id,
             "best": self.best,
+            "data_fingerprint": self.data_fingerprint,
+            "rollout_n": self.buffer.group_size,
             "python_random": [version, list(mt), gauss],
             "numpy_random": {
                 "name": name,
@@ -96,9 +103,12 @@ class RunState:
             },
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], new_data: bool = False) -> None:
+        """`new_data` (trainer.resume_new_data): the questions differ from the checkpoint's, so
+        the sampler's saved order (indices into the old pool) is not loaded: it starts afresh."""
         self.step = int(state["step"])
-        self.sampler.load_state_dict(state["sampler"])
+        if not new_data:
+            self.sampler.load_state_dict(state["sampler"])
         self.switch.load_state_dict(state["delayed_start"])
         self.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
         self.wandb_id = state.get("wandb_id")
@@ -134,14 +144,19 @@ class RunState:
 
         return ckpt.save_checkpoint(root, self.step, write, keep, dist)
 
-    def load(self, folder: Path, dist: D.DistInfo) -> None:
+    def load(self, folder: Path, dist: D.DistInfo, new_data: bool = False) -> list[str]:
         """Restore everything but the weights from checkpoint `folder` (the model was built from
-        `folder/model`); the optimizer state is resharded onto this run's ranks."""
+        `folder/model`); the optimizer state is resharded onto this run's ranks, its
+        hyper-parameters stay the config's (returns a line per value the checkpoint had otherwise).
+        The buffer is read into this run's (its group size and buckets must match the config)."""
+        own = own_hyper(self.optimizer)
         if (folder / "optimizer").is_dir():
             D.load_optimizer(self.model, self.optimizer, folder / "optimizer", dist)
         else:  # a checkpoint written before the sharded format: one full optimizer state
             full = ckpt.optimizer_state_from_files(folder) if dist.is_main else {}
             D.load_full_optimizer_state_dict(self.model, self.optimizer, full, dist)
-        self.buffer = ExperienceBuffer.load(str(folder / "replay"))
-        self.load_state_dict(ckpt.read_json(folder / "trainer_state.json"))
+        notes = restore_hyper(self.optimizer, own)
+        self.buffer.load_state_dict(load_buffer(str(folder / "replay")))
+        self.load_state_dict(ckpt.read_json(folder / "trainer_state.json"), new_data)
         torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])
+        return notes
