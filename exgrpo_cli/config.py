@@ -68,7 +68,7 @@ class SyntheticConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "synthetic"  # a name of data.SOURCES: synthetic | jsonl | parquet | hf
+    source: str = "synthetic"  # a name of data.SOURCES: synthetic | local | jsonl | parquet | hf
     path: str = ""  # file (jsonl/parquet) or HF dataset id (hf)
     split: str = "train"
     question_key: str = "prompt"  # field with the question (a string or a chat list)
@@ -157,6 +157,13 @@ class ReplayConfig:
     # question regardless). null rbound: K - 1, every partly solved group, whatever rollout.n is
     experience_lbound: int = 0
     experience_rbound: Optional[int] = None
+    bucket_by: str = field(
+        default="count",
+        metadata={
+            "help": "a name of replay.BUCKET_BY: count (correct responses k of K) | reward_std (the "
+            "group's reward std, min-max normalised over the step's groups, rounded to 0..K)"
+        },
+    )
 
     def experience_bounds(self, K: int) -> tuple[int, int]:
         """(lbound, rbound) for groups of K responses."""
@@ -166,6 +173,47 @@ class ReplayConfig:
     # update (the official code); false: the rollout engine's (vLLM's bf16 ones on a GPU)
     store_trainer_logprobs: bool = True
     entropy_batch_size: int = 64  # rows per no-grad forward when scoring candidates
+
+
+@dataclass
+class RewardModelConfig:
+    """`reward=model`: a Hugging Face sequence-classification reward model (never remote code)."""
+
+    path: str = field(default="", metadata={"help": "HF id or local folder of the reward model"})
+    device: str = field(
+        default="", metadata={"help": "where it runs: '' = the trainer's device, or cpu/cuda"}
+    )
+    batch_size: int = field(default=16, metadata={"help": "responses per forward of the reward model"})
+    max_tokens: int = field(default=1024, metadata={"help": "longer (prompt + response) inputs are cut"})
+    normalise: str = field(
+        default="none", metadata={"help": "none | sigmoid: how its score becomes the reward"}
+    )
+
+
+@dataclass
+class RewardConfig:
+    """The reward stage (exgrpo_cli/reward/stage.py): what turns a response into a number."""
+
+    kind: str = field(
+        default="math", metadata={"help": "a name of reward.REWARDS: math | choice | python | model"}
+    )
+    correct_at: float = field(
+        default=1.0,
+        metadata={"help": "a response is correct when its reward >= this (retirement, buckets, pass@n)"},
+    )
+    function: str = field(
+        default="", metadata={"help": "reward=python: path/to/file.py:name or package.module:name"}
+    )
+    timeout_s: float = field(
+        default=30.0, metadata={"help": "reward=python: seconds per call before it is killed"}
+    )
+    max_failed_steps: int = field(
+        default=3, metadata={"help": "steps in a row on which every item fails before the run stops"}
+    )
+    memory_limit_mb: int = field(
+        default=4096, metadata={"help": "reward=python: address-space cap of its worker (0: none)"}
+    )
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
 
 @dataclass
@@ -270,6 +318,7 @@ class ExgrpoConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

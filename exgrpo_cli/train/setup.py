@@ -42,7 +42,7 @@ from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.replay.selection import QUESTION_SELECTION
 from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
-from exgrpo_cli.reward import RewardScorer
+from exgrpo_cli.reward.stage import REWARDS, Reward, build_reward
 from exgrpo_cli.rollout import build_engine
 from exgrpo_cli.train.loop import Choices, Trainer
 from exgrpo_cli.train.state import RunState
@@ -143,7 +143,9 @@ def build_trainer(
     dist = dist if dist is not None else D.DistInfo(device=device)
     seed_everything(cfg.trainer.seed)
     # rank 0 first: a hub dataset or tokenizer is downloaded once, the other ranks read its copy
-    train_qs, val_qs, report = D.rank0_first(dist, lambda: load_questions(cfg.data))
+    train_qs, val_qs, report = D.rank0_first(
+        dist, lambda: load_questions(cfg.data, answer_required=REWARDS[cfg.reward.kind].needs_answer)
+    )
     if cfg.trainer.val_questions:
         val_qs = val_qs[: cfg.trainer.val_questions]
     model_cfg = cfg.model
@@ -168,19 +170,21 @@ def build_trainer(
     # every rank, at this same point (vLLM's start-up all-reduces the ranks' free memory), and
     # before the optimizer state takes memory; a vLLM engine empties torch's cache first
     engine = build_engine(cfg, model, tokenizer)
-    scorer: RewardScorer | None = None
+    scorer: Reward | None = None
     try:
         state = RunState(
             model=model,
             optimizer=make_optimizer(cfg, model),
             sampler=QuestionSampler(train_qs, cfg.trainer.seed),
-            buffer=ExperienceBuffer(cfg.rollout.n, cfg.replay.bucket_edges, cfg.replay.max_experiences),
+            buffer=ExperienceBuffer(
+                cfg.rollout.n, cfg.replay.bucket_edges, cfg.replay.max_experiences, cfg.replay.bucket_by
+            ),
             switch=DelayedStart(cfg.replay.start_threshold),
             seed=cfg.trainer.seed,
         )
         if resume_from is not None:
             state.load(resume_from, dist)
-        scorer = RewardScorer(requires_think=template.requires_think, workers=1)
+        scorer = build_reward(cfg.reward, template.requires_think, dist.device)
         trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), dist=dist)
     except BaseException:
         # the caller closes the engine and grader of the trainer it gets; without one (a checkpoint

@@ -39,6 +39,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from exgrpo_cli.data.sampler import QuestionSampler
+from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.export import export_hf
@@ -142,6 +143,12 @@ class RunState:
         else:  # a checkpoint written before the sharded format: one full optimizer state
             full = ckpt.optimizer_state_from_files(folder) if dist.is_main else {}
             D.load_full_optimizer_state_dict(self.model, self.optimizer, full, dist)
-        self.buffer = ExperienceBuffer.load(str(folder / "replay"))
+        buffer = ExperienceBuffer.load(str(folder / "replay"))
+        if buffer.bucket_by != self.buffer.bucket_by:  # the levels of its buckets would mean another thing
+            raise UsageError(
+                f"{folder}: its replay buffer is bucketed by {buffer.bucket_by}, this run by "
+                f"replay.bucket_by={self.buffer.bucket_by} (resume with the same rule)"
+            )
+        self.buffer = buffer
         self.load_state_dict(ckpt.read_json(folder / "trainer_state.json"))
         torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])
