@@ -38,6 +38,7 @@ def check_variants(cfg: ExgrpoConfig, command: str) -> None:
         from exgrpo_cli.evaluation.benchmarks import SUITES
 
         pick(SUITES, "eval.suite", cfg.eval.suite)
+        _check_reward(cfg)
     if command == "train":
         _check_training_variants(cfg)
         _check_reward(cfg)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from exgrpo_cli.config import RewardConfig
 from exgrpo_cli.errors import ExgrpoError
 from exgrpo_cli.reward.scorer import RewardScorer, ScoreResult
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Backend(Protocol):
