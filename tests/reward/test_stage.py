@@ -33,7 +33,9 @@ class Fixed:
 
 
 def _groups(n: int, k: int) -> list[Group]:
-    return [Group(Question(f"q{g}", "x", "1"), [1], [Response([1], None) for _ in range(k)]) for g in range(n)]
+    return [
+        Group(Question(f"q{g}", "x", "1"), [1], [Response([1], None) for _ in range(k)]) for g in range(n)
+    ]
 
 
 def test_a_fractional_reward_on_the_threshold_is_correct() -> None:
@@ -59,10 +61,14 @@ def test_grade_step_marks_correctness_and_logs_mean_and_accuracy() -> None:
 
 
 def test_a_reward_failing_on_every_item_stops_the_run_after_n_steps() -> None:
-    reward = Reward(Fixed([0.0] * 4, errors=4), correct_at=1.0, max_failed_steps=3, name="reward.function=f.py:g")
+    reward = Reward(
+        Fixed([0.0] * 4, errors=4), correct_at=1.0, max_failed_steps=3, name="reward.function=f.py:g"
+    )
     grade_step(reward, Shards(), _groups(1, 4), ["t"] * 4)
     grade_step(reward, Shards(), _groups(1, 4), ["t"] * 4)
-    with pytest.raises(RewardFailed, match=r"reward.function=f.py:g failed on every response for 3 steps.*bad row"):
+    with pytest.raises(
+        RewardFailed, match=r"reward.function=f.py:g failed on every response for 3 steps.*bad row"
+    ):
         grade_step(reward, Shards(), _groups(1, 4), ["t"] * 4)
     # a step with one success breaks the streak
     partly = Reward(Fixed([0.0] * 4, errors=3), correct_at=1.0, max_failed_steps=1)
@@ -76,3 +82,22 @@ def test_registry_says_which_kinds_need_an_answer() -> None:
         "python": False,
         "model": False,
     }
+
+
+def test_the_threshold_decides_all_four_places_alike() -> None:
+    """Retirement, buckets and solved_all/none (Group.num_correct), what the buffer stores
+    (storable), val/pass@n and eval's scores all read the one reward.correct_at."""
+    from exgrpo_cli.evaluation.scoring import avg_at_n, mean_pass_at_k
+    from exgrpo_cli.evaluation.validate import SampledResult
+    from exgrpo_cli.replay.bucketing import storable
+
+    rewards = [0.7, 0.7, 0.2, 0.0]
+    for at, k in ((0.7, 2), (0.75, 0)):
+        groups = _groups(1, 4)
+        grade_step(Reward(Fixed(rewards), correct_at=at), Shards(), groups, ["t"] * 4)
+        assert groups[0].num_correct == k
+        assert len(storable(groups, (-1, 4))) == k
+        res = SampledResult([groups[0].question], [["t"] * 4], [rewards], correct_at=at)
+        assert res.pass_at_n == (1.0 if k else 0.0)
+        assert avg_at_n([rewards], correct_at=at) == k / 4
+        assert mean_pass_at_k([rewards], 2, correct_at=at) == (5 / 6 if k else 0.0)
