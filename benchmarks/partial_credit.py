@@ -62,7 +62,7 @@ def _steps_done(run_dir: Path) -> int:
 def curves(run_dir: Path) -> dict[str, list[float]]:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     rows = sorted((r for r in rows if "reward/mean" in r), key=lambda r: r["step"])
-    keys = ("reward/mean", "reward/accuracy", "replay/active")
+    keys = ("reward/mean", "reward/accuracy", "replay/active", "timing/step")
     return {"step": [r["step"] for r in rows], **{k: [float(r.get(k, 0.0)) for r in rows] for k in keys}}
 
 
@@ -84,7 +84,8 @@ def summarize(out: Path, runs_root: Path, walls: dict[tuple[str, int], float | N
                 "accuracy_end": float(np.mean(acc[-WINDOW:])),
                 "distinct_rewards": len({round(x, 6) for x in mean}),
                 "replay_started_at": started,
-                "wall_s": walls.get((variant, int(seed))),
+                "wall_s": walls.get((variant, int(seed))),  # the whole command (None: not recorded)
+                "train_s": float(sum(c["timing/step"])),  # the steps' own time, validation left out
                 "curve_mean": mean,
             }
         )
@@ -101,11 +102,11 @@ def summarize(out: Path, runs_root: Path, walls: dict[tuple[str, int], float | N
         f"reward/mean (fresh responses' mean reward) and reward/accuracy (share exact), each the mean of the first / last {WINDOW} steps.",  # noqa: E501
         "",
         "| variant | seed | steps | reward/mean start -> end | reward/accuracy start -> end "
-        "| replay from step | wall s |",
+        "| replay from step | steps' time s |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in runs:
-        wall = "-" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
+        wall = f"{r['train_s']:.0f}"
         lines.append(
             f"| {r['variant']} | {r['seed']} | {r['steps']} | {r['mean_start']:.3f} -> {r['mean_end']:.3f} | "
             f"{r['accuracy_start']:.3f} -> {r['accuracy_end']:.3f} | {r['replay_started_at'] or '-'} "
@@ -152,6 +153,7 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
     ap.add_argument("--summarize", action="store_true")
+    ap.add_argument("--jobs", nargs="*", default=None, help="variant:seed pairs to run (default: all)")
     args = ap.parse_args()
     walls_file = args.out / "walls.json"
     walls = (
@@ -163,6 +165,8 @@ def main() -> None:
     if not args.summarize:
         args.out.mkdir(parents=True, exist_ok=True)
         jobs = [(v, s) for s in range(args.seeds) for v in args.variants]
+        if args.jobs is not None:
+            jobs = [(j.rsplit(":", 1)[0], int(j.rsplit(":", 1)[1])) for j in args.jobs]
         with ThreadPoolExecutor(args.parallel) as pool:
             for r in pool.map(lambda job: run_one(args.runs, job[0], job[1], args.steps), jobs):
                 print(json.dumps(r), flush=True)

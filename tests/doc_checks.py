@@ -203,6 +203,7 @@ COMMANDS: dict[str, Check] = {
     # --- exgrpo inspect-buffer
     "exgrpo inspect-buffer outputs/train/<run>": C(RUN),
     # --- docs/your-own-task.md (docs/examples/ becomes the repo's folder: the runs' cwd is tmp)
+    "exgrpo eval eval=custom": C(FRAGMENT, "names the suite in a sentence; the full command below runs"),
     "exgrpo train reward=python reward.function=docs/examples/closeness.py:closeness": C(
         RUN, cheap=SMALL_TRAIN
     ),

@@ -11,7 +11,7 @@ sigmoid). Under torchrun every rank holds its own copy and scores its share of t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +21,17 @@ from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import ExgrpoError
 from exgrpo_cli.reward.scorer import ScoreResult
 
-NORMALISE = {"none": lambda x: x, "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x))}
+
+def _identity(x: float) -> float:
+    return x
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0  # exp overflows past ~709
+
+
+# `reward.model.normalise`: name -> score to reward
+NORMALISE: dict[str, Callable[[float], float]] = {"none": _identity, "sigmoid": _sigmoid}
 
 
 class RewardModelError(ExgrpoError):
@@ -65,8 +75,11 @@ class ModelReward:
 
     def _texts(self, responses: Sequence[str], questions: Sequence[Question]) -> list[str]:
         return [
-            self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": q.question}, {"role": "assistant", "content": r}], tokenize=False
+            str(
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": q.question}, {"role": "assistant", "content": r}],
+                    tokenize=False,
+                )
             )
             for r, q in zip(responses, questions)
         ]

@@ -3,6 +3,8 @@ that files questions by them, saves its rule and refuses another on load."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -27,12 +29,17 @@ def test_reward_std_levels_are_min_max_normalised_over_the_step() -> None:
     assert reward_std_levels(groups[:1], 4) == [0]  # no spread: all level 0
     assert count_levels(groups, 4) == [0, 2, 0]  # k: rewards >= correct_at (1.0)
     # 0/1 rewards: the std is the same for p and 1 - p, and peaks at p = 1/2
-    sym = [_group("p1", [1, 0, 0, 0]), _group("p3", [1, 1, 1, 0]), _group("p2", [1, 1, 0, 0]), _group("p0", [0] * 4)]
+    sym = [
+        _group("p1", [1, 0, 0, 0]),
+        _group("p3", [1, 1, 1, 0]),
+        _group("p2", [1, 1, 0, 0]),
+        _group("p0", [0] * 4),
+    ]
     levels = reward_std_levels(sym, 4)
     assert levels[0] == levels[1] and levels[2] == 4 and levels[3] == 0
 
 
-def test_buffer_under_reward_std_stores_correct_responses_in_the_std_bucket(tmp_path) -> None:
+def test_buffer_under_reward_std_stores_correct_responses_in_the_std_bucket(tmp_path: Path) -> None:
     buf = ExperienceBuffer(4, bucket_by="reward_std")
     assert buf.num_buckets == 3 and buf.bucket_centres() == pytest.approx([0.125, 0.5, 0.875])
     groups = [

@@ -13,7 +13,7 @@ from exgrpo_cli.config import ConfigError
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.reward.user_function import FunctionReward, call_arguments, check_output, load_function
 
-FUNCTIONS = '''
+FUNCTIONS = """
 import time
 
 def length(completions, **kw):
@@ -36,7 +36,7 @@ def maybe(completions, **kw):
     return [None if c == "skip" else 1.0 for c in completions]
 
 NOT_CALLABLE = 3
-'''
+"""
 
 
 @pytest.fixture
@@ -89,7 +89,9 @@ def test_call_arguments_pass_every_column_under_its_name_and_our_aliases() -> No
 
 
 @pytest.mark.slow
-def test_worker_scores_counts_failures_and_survives_them(module: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_worker_scores_counts_failures_and_survives_them(
+    module: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     qs = [Question(str(i), "q", "1", columns={"level": i}) for i in range(3)]
     fr = FunctionReward(f"{module}:echo_level", timeout_s=10)
     try:
