@@ -110,7 +110,8 @@ class SyntheticConfig:
 @dataclass
 class DataConfig:
     source: str = field(
-        default="synthetic", metadata={"help": "a name of data.SOURCES: synthetic | jsonl | parquet | hf"}
+        default="synthetic",
+        metadata={"help": "a name of data.SOURCES: synthetic | local | jsonl | parquet | hf"},
     )
     path: str = field(default="", metadata={"help": "file (jsonl/parquet) or HF dataset id (hf)"})
     split: str = field(default="train", metadata={"help": "dataset split (hf source)"})
@@ -276,6 +277,13 @@ class ReplayConfig:
     experience_rbound: Optional[int] = field(
         default=None, metadata={"help": "buffer eligibility: upper bound of the success count (null: K - 1)"}
     )
+    bucket_by: str = field(
+        default="count",
+        metadata={
+            "help": "a name of replay.BUCKET_BY: count (correct responses k of K) | reward_std (the "
+            "group's reward std, min-max normalised over the step's groups, rounded to 0..K)"
+        },
+    )
 
     def experience_bounds(self, K: int) -> tuple[int, int]:
         """(lbound, rbound) for groups of K responses."""
@@ -288,6 +296,47 @@ class ReplayConfig:
     entropy_batch_size: int = field(
         default=64, metadata={"help": "rows per no-grad forward when scoring candidates"}
     )
+
+
+@dataclass
+class RewardModelConfig:
+    """`reward=model`: a Hugging Face sequence-classification reward model (never remote code)."""
+
+    path: str = field(default="", metadata={"help": "HF id or local folder of the reward model"})
+    device: str = field(
+        default="", metadata={"help": "where it runs: '' = the trainer's device, or cpu/cuda"}
+    )
+    batch_size: int = field(default=16, metadata={"help": "responses per forward of the reward model"})
+    max_tokens: int = field(default=1024, metadata={"help": "longer (prompt + response) inputs are cut"})
+    normalise: str = field(
+        default="none", metadata={"help": "none | sigmoid: how its score becomes the reward"}
+    )
+
+
+@dataclass
+class RewardConfig:
+    """The reward stage (exgrpo_cli/reward/stage.py): what turns a response into a number."""
+
+    kind: str = field(
+        default="math", metadata={"help": "a name of reward.REWARDS: math | choice | python | model"}
+    )
+    correct_at: float = field(
+        default=1.0,
+        metadata={"help": "a response is correct when its reward >= this (retirement, buckets, pass@n)"},
+    )
+    function: str = field(
+        default="", metadata={"help": "reward=python: path/to/file.py:name or package.module:name"}
+    )
+    timeout_s: float = field(
+        default=30.0, metadata={"help": "reward=python: seconds per call before it is killed"}
+    )
+    max_failed_steps: int = field(
+        default=3, metadata={"help": "steps in a row on which every item fails before the run stops"}
+    )
+    memory_limit_mb: int = field(
+        default=4096, metadata={"help": "reward=python: address-space cap of its worker (0: none)"}
+    )
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
 
 @dataclass
@@ -471,6 +520,9 @@ class ExgrpoConfig:
     replay: ReplayConfig = field(
         default_factory=ReplayConfig, metadata={"help": "the experience replay buffer (ExGRPO)"}
     )
+    reward: RewardConfig = field(
+        default_factory=RewardConfig, metadata={"help": "the reward stage: what scores a response"}
+    )
     logger: LoggerConfig = field(default_factory=LoggerConfig, metadata={"help": "console and W&B logging"})
     trainer: TrainerConfig = field(
         default_factory=TrainerConfig, metadata={"help": "the training loop, devices and checkpoints"}
@@ -487,6 +539,8 @@ class ExgrpoConfig:
 # (e.g. reward.function, reward.model.path, an adapter's base), add its dotted name here;
 # tests/test_config.py checks that each entry names a key of the schema.
 COMMAND_ONLY: tuple[str, ...] = (
+    "reward.function",
+    "reward.model.path",
     "model.path",
     "model.gguf_file",
     "model.trust_remote_code",

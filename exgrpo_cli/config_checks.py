@@ -196,6 +196,15 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     )
     _check(p.entropy_batch_size >= 1, "replay.entropy_batch_size", p.entropy_batch_size, ">= 1")
 
+    w = cfg.reward
+    _check(math.isfinite(w.correct_at), "reward.correct_at", w.correct_at, "a finite number")
+    _check(w.timeout_s > 0, "reward.timeout_s", w.timeout_s, "> 0 (seconds)")
+    _check(w.max_failed_steps >= 1, "reward.max_failed_steps", w.max_failed_steps, ">= 1")
+    _check(w.memory_limit_mb >= 0, "reward.memory_limit_mb", w.memory_limit_mb, ">= 0 (0: no cap)")
+    _check(w.model.batch_size >= 1, "reward.model.batch_size", w.model.batch_size, ">= 1")
+    _check(w.model.max_tokens >= 1, "reward.model.max_tokens", w.model.max_tokens, ">= 1")
+    _one_of("reward.model.device", w.model.device, ("", "cpu", "cuda"))
+
     _one_of("logger.wandb.mode", cfg.logger.wandb.mode, ("auto", "online", "offline", "disabled"))
     _check(t.steps >= 1, "trainer.steps", t.steps, ">= 1")
     _check(t.save_every >= 0, "trainer.save_every", t.save_every, ">= 0")

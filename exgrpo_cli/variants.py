@@ -38,8 +38,38 @@ def check_variants(cfg: ExgrpoConfig, command: str) -> None:
         from exgrpo_cli.evaluation.benchmarks import SUITES
 
         pick(SUITES, "eval.suite", cfg.eval.suite)
+        _check_reward(cfg)
     if command == "train":
         _check_training_variants(cfg)
+        _check_reward(cfg)
+
+
+def _check_reward(cfg: ExgrpoConfig) -> None:
+    """The reward kind, and what it names: a function that imports and is callable (imported here,
+    in this process, so that a typo stops the run before any model loads), a reward model folder."""
+    from exgrpo_cli.replay.bucketing import BUCKET_BY
+    from exgrpo_cli.reward.reward_model import NORMALISE
+    from exgrpo_cli.reward.stage import REWARDS
+
+    r = cfg.reward
+    pick(REWARDS, "reward.kind", r.kind)
+    pick(BUCKET_BY, "replay.bucket_by", cfg.replay.bucket_by)
+    if r.kind == "python":
+        from exgrpo_cli.reward.user_function import load_function
+
+        if not r.function:
+            raise ConfigError(
+                "invalid reward.function='': allowed path/to/file.py:name or package.module:name"
+            )
+        load_function(r.function)
+    if r.kind == "model":
+        pick(NORMALISE, "reward.model.normalise", r.model.normalise)
+        path = r.model.path
+        local = path.startswith(("/", ".", "~")) or os.path.isdir(os.path.expanduser(path))
+        if not path or (local and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json"))):
+            raise ConfigError(
+                f"invalid reward.model.path={path!r}: allowed a HF id or a folder holding a config.json"
+            )
 
 
 def _check_training_variants(cfg: ExgrpoConfig) -> None:

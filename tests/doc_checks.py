@@ -20,8 +20,11 @@ from typing import Any
 
 from conftest import REPO
 
-GROUPS = ("model", "data", "rollout", "algo", "replay", "logger", "eval", "ablation", "experiment")
-TOP_KEYS = ("model", "data", "rollout", "algo", "replay", "logger", "trainer", "eval", "ablation", "inspect")
+GROUPS = ("model", "data", "rollout", "algo", "replay", "reward", "logger", "eval", "ablation", "experiment")
+TOP_KEYS = (
+    "model", "data", "rollout", "algo", "replay", "reward", "logger", "trainer", "eval", "ablation",
+    "inspect",
+)  # fmt: skip
 
 # How a command is checked.
 RUN = "run"  # executed on the CPU by tests/test_docs_run.py (slow), with the small sizes of `cheap`
@@ -223,6 +226,24 @@ COMMANDS: dict[str, Check] = {
     ),
     # --- exgrpo inspect-buffer
     "exgrpo inspect-buffer outputs/train/<run>": C(RUN),
+    # --- docs/your-own-task.md (docs/examples/ becomes the repo's folder: the runs' cwd is tmp)
+    "exgrpo eval eval=custom": C(FRAGMENT, "names the suite in a sentence; the full command below runs"),
+    "exgrpo train reward=python reward.function=docs/examples/closeness.py:closeness": C(
+        RUN, cheap=SMALL_TRAIN
+    ),
+    "exgrpo train data=local data.path=docs/examples/my_task.jsonl data.question_key=prompt "
+    "data.answer_key=answer reward=python reward.function=docs/examples/closeness.py:strict_on_easy": C(
+        RUN, cheap=SMALL_TRAIN
+    ),
+    "exgrpo eval eval=custom eval.path=docs/examples/my_task.jsonl data.question_key=prompt reward=python "
+    "reward.function=docs/examples/closeness.py:closeness": C(RUN, cheap=SMALL_EVAL),
+    "exgrpo train reward=model reward.model.path=<reward model folder> reward.correct_at=0": C(
+        ELSEWHERE, "tests/reward/test_reward_model.py", needle='"reward=model"'
+    ),
+    "exgrpo train reward=python reward.function=docs/examples/closeness.py:closeness "
+    "replay.bucket_by=reward_std": C(RUN, cheap=(*SMALL_TRAIN, "replay.start_threshold=0")),
+    "python benchmarks/partial_credit.py --out benchmarks/results/2026-12-03-partial-credit "
+    "--runs /tmp/partial-credit-runs": C(SCRIPT, "9 training runs of 60 steps, ~1 h on a shared CPU"),
     "exgrpo inspect-buffer outputs/train/<run>/checkpoints/step_40 --json": C(RUN, "the run's last step"),
     "exgrpo inspect-buffer outputs/train/<run> inspect.plot=true": C(RUN),
     "exgrpo inspect-buffer outputs/train/<run> inspect.show=syn-02689 inspect.score=true": C(

@@ -41,6 +41,7 @@ PLACEHOLDERS = {
     "<partition>": "gpu",
     "<account>": "acct",
     "<that checkpoint>": "ckpt/model",
+    "<reward model folder>": "org/reward-model",  # composed as a hub id: nothing is read
     "<overrides>": "",
     "$MASTER_ADDR": "node0",
 }

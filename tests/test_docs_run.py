@@ -34,6 +34,7 @@ def _substitutions(tmp: Path) -> dict[str, str]:
         "outputs/train/exgrpo": str(run_a),
         "outputs/strong-start/checkpoints/step_60/model": f"{run_a}/checkpoints/step_2/model",
         "inspect.show=syn-02689": f"inspect.show={{buffered:{run_a}}}",  # a question this run buffered
+        "docs/examples/": f"{REPO}/docs/examples/",  # the page's files, from the runs' cwd (tmp)
     }
 
 

@@ -3,12 +3,15 @@
 Loading the data is the start of a run, before the first train step: `load_questions` gives the
 training pool the sampler draws from and the held-out set. A row (read by rows.py) needs a
 question (a string, or a chat list of {role, content} whose last user turn is the question) and a
-gold answer (`data.answer_key`, a dotted path such as reward_model.ground_truth); a row without
-them is a bad row, skipped and counted or refused as `data.on_bad_row` says (bad_rows.py).
+gold answer (`data.answer_key`, a dotted path such as reward_model.ground_truth; optional when the
+reward needs none, reward=python or model); a row without them is a bad row, skipped and counted or
+refused as `data.on_bad_row` says (bad_rows.py). Every column of a row is kept on its question
+(`Question.columns`): a reward function receives them by name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterable
@@ -75,8 +78,11 @@ def _text_field(value: Any, what: str, key: str, expected: str) -> str | BadRow:
     return _text_problem(value, f"{what} ({key})") or value
 
 
-def parse_row(row: dict[str, Any], idx: int, cfg: DataConfig, prefix: str) -> Question | BadRow:
-    """The question of one row, or why it is not one. `idx` (from 0) is the id of a row with none."""
+def parse_row(
+    row: dict[str, Any], idx: int, cfg: DataConfig, prefix: str, answer_required: bool = True
+) -> Question | BadRow:
+    """The question of one row, or why it is not one. `idx` (from 0) is the id of a row with none.
+    Without `answer_required`, a row with no answer has the answer "" (a wrong one is still bad)."""
     if "__error__" in row:  # read_rows' mark of an unreadable row
         return BadRow(str(row.get("__kind__", OTHER)), str(row["__error__"]))
     qkey, akey = cfg.question_key, cfg.answer_key
@@ -108,27 +114,38 @@ def parse_row(row: dict[str, Any], idx: int, cfg: DataConfig, prefix: str) -> Qu
     if isinstance(raw_a, int | float) and not isinstance(raw_a, bool):
         raw_a = str(raw_a)
     answer = _text_field(raw_a, "answer", akey, "a string or number")
+    if isinstance(answer, BadRow) and not answer_required and answer.kind == MISSING:
+        answer = ""
     if isinstance(answer, BadRow):
         return answer
     uid = str(row.get("id") or dig(row, "extra_info.index") or idx)
     meta: dict[str, Any] = {k: row[k] for k in ("data_source", "difficulty", "source") if k in row}
     return Question(
-        uid=f"{prefix}-{uid}", question=question, answer=answer.strip(), messages=messages, meta=meta
+        uid=f"{prefix}-{uid}",
+        question=question,
+        answer=answer.strip(),
+        messages=messages,
+        meta=meta,
+        columns=dict(row),
     )
 
 
 def row_to_question(
-    row: dict[str, Any], idx: int, cfg: DataConfig, prefix: str
+    row: dict[str, Any], idx: int, cfg: DataConfig, prefix: str, answer_required: bool = True
 ) -> tuple[Question | None, str]:
     """(question, "") or (None, why): `parse_row` for callers that need no kind."""
-    q = parse_row(row, idx, cfg, prefix)
+    q = parse_row(row, idx, cfg, prefix, answer_required)
     if isinstance(q, BadRow):
         return None, q.reason if "__error__" in row else f"row {idx}: {q.reason}"
     return q, ""
 
 
 def questions_from_rows(
-    rows: Iterable[tuple[str, dict[str, Any] | BadRow]], cfg: DataConfig, prefix: str, report: LoadReport
+    rows: Iterable[tuple[str, dict[str, Any] | BadRow]],
+    cfg: DataConfig,
+    prefix: str,
+    report: LoadReport,
+    answer_required: bool = True,
 ) -> list[Question]:
     """The questions of located rows (see `located_rows`), counting or refusing the bad ones."""
     out: list[Question] = []
@@ -140,21 +157,19 @@ def questions_from_rows(
             continue  # a blank line
         idx += 1  # the row's index among the rows, as ids without an `id` field have always been
         report.count_row()
-        q = parse_row(row, idx, cfg, prefix) if isinstance(row, dict) else row
+        q = parse_row(row, idx, cfg, prefix, answer_required) if isinstance(row, dict) else row
         if isinstance(q, BadRow):
             report.skip(f"{where}: {q.reason}", strict, q.kind)
             continue
         if q.uid in seen:  # keep ids unique: they key the replay buffer
-            q = Question(
-                uid=f"{q.uid}#{idx}", question=q.question, answer=q.answer, messages=q.messages, meta=q.meta
-            )
+            q = dataclasses.replace(q, uid=f"{q.uid}#{idx}")
         seen.add(q.uid)
         out.append(q)
     return out
 
 
-# (data config, report of skipped rows) -> (training pool, held-out set)
-Loader = Callable[[DataConfig, LoadReport], tuple[list[Question], list[Question]]]
+# (data config, report of skipped rows, whether rows need an answer) -> (training pool, held-out set)
+Loader = Callable[[DataConfig, LoadReport, bool], tuple[list[Question], list[Question]]]
 
 
 @dataclass(frozen=True)
@@ -163,7 +178,9 @@ class DataSource:
     path_kind: Literal["file", "dataset"] | None  # what data.path must name (None: unused)
 
 
-def _load_synthetic(cfg: DataConfig, report: LoadReport) -> tuple[list[Question], list[Question]]:
+def _load_synthetic(
+    cfg: DataConfig, report: LoadReport, answer_required: bool = True
+) -> tuple[list[Question], list[Question]]:
     s = cfg.synthetic
     return synthetic.train_and_val(
         s.num_train, s.num_val, max_digits=s.max_digits, ops=list(s.ops), seed=s.seed
@@ -176,14 +193,16 @@ Rows = Iterable[tuple[str, dict[str, Any] | BadRow]]
 def _from_rows(read: Callable[[DataConfig], Rows]) -> Loader:
     """A loader for row-based sources: rows -> questions, then the held-out split."""
 
-    def load(cfg: DataConfig, report: LoadReport) -> tuple[list[Question], list[Question]]:
+    def load(
+        cfg: DataConfig, report: LoadReport, answer_required: bool = True
+    ) -> tuple[list[Question], list[Question]]:
         if cfg.val_path:
             check_val_path(cfg.val_path)  # before the (maybe long) read of the training data
         report.source = cfg.path
-        questions = questions_from_rows(read(cfg), cfg, "q", report)
+        questions = questions_from_rows(read(cfg), cfg, "q", report, answer_required)
         if cfg.val_path:
             report.source = cfg.val_path
-            val = questions_from_rows(located_rows(cfg.val_path), cfg, "val", report)
+            val = questions_from_rows(located_rows(cfg.val_path), cfg, "val", report, answer_required)
             report.source = cfg.path  # later skips (the prompt length filter) are the training data's
         else:
             n_val = min(cfg.val_size, len(questions) // 10)
@@ -209,17 +228,22 @@ def check_val_path(val_path: str) -> None:
 # `data.source`: name -> loader and what data.path must be
 SOURCES: dict[str, DataSource] = {
     "synthetic": DataSource(_load_synthetic, path_kind=None),
+    # data=local: parquet when the file's name ends in .parquet, else jsonl
+    "local": DataSource(_from_rows(lambda c: located_rows(c.path)), path_kind="file"),
     "jsonl": DataSource(_from_rows(lambda c: located_rows(c.path, "jsonl")), path_kind="file"),
     "parquet": DataSource(_from_rows(lambda c: located_rows(c.path, "parquet")), path_kind="file"),
     "hf": DataSource(_from_rows(lambda c: hf_rows(c.path, c.split)), path_kind="dataset"),
 }
 
 
-def load_questions(cfg: DataConfig) -> tuple[list[Question], list[Question], LoadReport]:
+def load_questions(
+    cfg: DataConfig, answer_required: bool = True
+) -> tuple[list[Question], list[Question], LoadReport]:
     """(training pool, held-out set, report of skipped rows). The caller says what was skipped
-    (`bad_rows.skipped_rows_lines`: train/run.py prints it once, to the console and train.log)."""
+    (`bad_rows.skipped_rows_lines`: train/run.py prints it once, to the console and train.log).
+    `answer_required=False`: the reward needs no gold answer, so a row may have none."""
     report = LoadReport()
-    questions, val = pick(SOURCES, "data.source", cfg.source).load(cfg, report)
+    questions, val = pick(SOURCES, "data.source", cfg.source).load(cfg, report, answer_required)
     if not questions:
         raise DataError(
             f"no usable rows in {cfg.path} ({report.skipped} skipped: "

@@ -9,6 +9,7 @@ gives the same pool, whatever the training seed.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from exgrpo_cli.data.types import Question
@@ -91,12 +92,11 @@ def compute(a: int, op: str, b: int) -> int:
 
 def make_question(uid: str, a: int, op: str, b: int) -> Question:
     digits = max(len(str(a)), len(str(b)))
-    return Question(
-        uid=uid,
-        question=f"What is {a}{op}{b}?",
-        answer=str(compute(a, op, b)),
-        meta={"source": "synthetic", "op": op, "digits": digits, "a": a, "b": b},
-    )
+    meta = {"source": "synthetic", "op": op, "digits": digits, "a": a, "b": b}
+    question, answer = f"What is {a}{op}{b}?", str(compute(a, op, b))
+    # its "data columns", as a reward=python function receives them
+    columns = {"question": question, "answer": answer, **meta}
+    return Question(uid=uid, question=question, answer=answer, meta=meta, columns=columns)
 
 
 def generate(n: int, *, max_digits: int, ops: list[str], seed: int, prefix: str) -> list[Question]:
@@ -130,7 +130,7 @@ def train_and_val(
     order = random.Random(seed + 1).sample(range(len(pool)), len(pool))
     train = [pool[i] for i in order[:num_train]]
     val = [
-        Question(uid=q.uid.replace("syn-", "syn-val-"), question=q.question, answer=q.answer, meta=q.meta)
+        dataclasses.replace(q, uid=q.uid.replace("syn-", "syn-val-"))
         for q in (pool[i] for i in order[num_train:])
     ]
     return train, val

@@ -10,6 +10,8 @@ from typing import Any
 class Question:
     uid: str  # stable id (the buffer's and the retired set's key)
     question: str  # the user-facing question text
-    answer: str  # gold answer, checked by math-verify
+    answer: str  # gold answer, checked by math-verify ("" when the data has none: reward=python|model)
     messages: tuple[tuple[str, str], ...] = ()  # (role, content) given by the data, if any
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # e.g. difficulty, source
+    # every column of the data row, by name: what a reward=python function receives
+    columns: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)

@@ -201,7 +201,9 @@ def _load_one(bench: Benchmark, cfg: ExgrpoConfig, cache: dict[Path, list[dict]]
         )
         return [LoadedBenchmark(bench, val, [1] * len(val), "built-in arithmetic held-out set")]
     if bench.name == "custom":
-        return load_custom(cfg.eval.path, cfg.data)
+        from exgrpo_cli.reward.stage import REWARDS
+
+        return load_custom(cfg.eval.path, cfg.data, REWARDS[cfg.reward.kind].needs_answer)
     return [load_official(bench, cfg.eval.data_dir, cache)]
 
 
@@ -278,7 +280,7 @@ def options_row(row: dict[str, Any], data_source: str) -> dict[str, Any]:
 
 
 def group_rows(
-    rows: list[dict], prefix: str, question_key: str, answer_key: str
+    rows: list[dict], prefix: str, question_key: str, answer_key: str, answer_required: bool = True
 ) -> tuple[list[Question], list[int], int]:
     """(distinct questions in first-seen order, rows per question, unusable rows skipped).
 
@@ -291,7 +293,11 @@ def group_rows(
     uids: set[str] = set()
     skipped = 0
     for i, row in enumerate(rows):
-        q, _ = row_to_question(row, i, data_cfg, prefix) if isinstance(row, dict) else (None, "")
+        q, _ = (
+            row_to_question(row, i, data_cfg, prefix, answer_required)
+            if isinstance(row, dict)
+            else (None, "")
+        )
         if q is None:
             skipped += 1
             continue
@@ -309,9 +315,14 @@ def group_rows(
 
 
 def _grouped(
-    bench: Benchmark, rows: list[dict], where: str, question_key: str, answer_key: str
+    bench: Benchmark,
+    rows: list[dict],
+    where: str,
+    question_key: str,
+    answer_key: str,
+    answer_required: bool = True,
 ) -> LoadedBenchmark:
-    questions, repeats, skipped = group_rows(rows, bench.name, question_key, answer_key)
+    questions, repeats, skipped = group_rows(rows, bench.name, question_key, answer_key, answer_required)
     if skipped:
         log.warning(
             "%s: skipped %d of %d rows without a usable question or answer in %s",
@@ -339,12 +350,12 @@ def _pick_key(rows: list[dict], preferred: str, fallbacks: tuple[str, ...]) -> s
     return preferred
 
 
-def load_custom(path: str, data_cfg: DataConfig) -> list[LoadedBenchmark]:
+def load_custom(path: str, data_cfg: DataConfig, answer_required: bool = True) -> list[LoadedBenchmark]:
     """A local parquet/jsonl file. Keys: data.question_key / data.answer_key, else the official
     schema's or common names. A file with several `data_source` values gives one benchmark each
     (a known source keeps its paper title and group); a benchmark whose gold answers are all
     single letters A-J is graded as multiple choice. Samples per question default to the file's
-    repeat count."""
+    repeat count. Without `answer_required` (a reward=python or model eval) rows need no answer."""
     try:
         rows = read_rows(path)
     except DataError as err:
@@ -376,8 +387,8 @@ def load_custom(path: str, data_cfg: DataConfig) -> list[LoadedBenchmark]:
     out = []
     for bench, part in parts:
         where = path + (f" (data_source={bench.data_source})" if bench.data_source else "")
-        lb = _grouped(bench, part, where, qkey, akey)
-        if all(_LETTER.match(q.answer) for q in lb.questions):
+        lb = _grouped(bench, part, where, qkey, akey, answer_required)
+        if answer_required and all(_LETTER.match(q.answer) for q in lb.questions):
             lb.bench = replace(lb.bench, kind="choice")
         out.append(lb)
     order = list(REGISTRY)  # known sources in the paper's column order, the others after them

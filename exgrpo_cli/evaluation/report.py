@@ -187,7 +187,10 @@ def summarize(
     seconds: float = 0.0,
     timeouts: int = 0,
     errors: int = 0,
+    correct_at: float | None = None,
 ) -> BenchmarkResult:
+    """A benchmark's scores from its samples' rewards (`correct`): a sample is correct when its
+    reward is >= `correct_at` (reward.correct_at), or above 0.5 without one."""
     samples = max((len(r) for r in correct), default=0)
     flat = [x for row in extracted for x in row]
     return BenchmarkResult(
@@ -199,8 +202,8 @@ def summarize(
         questions=len(correct),
         samples_per_question=samples,
         metric=metric_name(samples),
-        score=avg_at_n(correct),
-        pass_at_k=mean_pass_at_k(correct, k),
+        score=avg_at_n(correct, correct_at),
+        pass_at_k=mean_pass_at_k(correct, k, correct_at),
         k=k,
         no_answer=sum(x is None for x in flat) / max(len(flat), 1),
         timeouts=timeouts,

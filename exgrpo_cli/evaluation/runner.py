@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from exgrpo_cli.evaluation.validate import SampledResult
     from exgrpo_cli.policy.distributed import DistInfo
     from exgrpo_cli.reward import RewardScorer
+    from exgrpo_cli.reward.stage import Reward
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,8 @@ def _rows(
                 "requires_think": requires_think,
                 "think_rule": rule.think,
                 "boxed_only": rule.boxed_only,
-                "correct": res.correct[i][j] > 0.5,
+                "correct": res.correct[i][j] >= res.correct_at,
+                "reward": res.correct[i][j],
             }
 
 
@@ -190,7 +192,7 @@ def evaluate_model(
     path: str,
     suite: list[LoadedBenchmark],
     template: Template,
-    scorer: RewardScorer,
+    scorer: RewardScorer | Reward,
     gen_fh: TextIO,
     console: Console,
     dist: DistInfo | None = None,
@@ -265,6 +267,7 @@ def evaluate_model(
                 time.time() - t0,
                 res.timeouts,
                 res.errors,
+                res.correct_at,
             )
             result.benchmarks.append(br)
             console.print(
@@ -322,6 +325,20 @@ class _Progress:
             self.bar.stop()
 
 
+def eval_scorer(cfg: ExgrpoConfig, template: Template, dist: DistInfo | None) -> RewardScorer | Reward:
+    """reward=math (the default): the benchmarks' own grading, math or choice per benchmark, in
+    up to 4 workers; any other reward.kind: the run's reward (reward/stage.py), as training uses it."""
+    from exgrpo_cli.policy.model import pick_device
+    from exgrpo_cli.reward import RewardScorer
+    from exgrpo_cli.reward.stage import build_reward
+
+    if cfg.reward.kind != "math":
+        device = dist.device if dist is not None else pick_device(cfg.trainer.device)
+        return build_reward(cfg.reward, template.requires_think, device)
+    workers = min(4, os.cpu_count() or 1) // (dist.world_size if dist is not None else 1)
+    return RewardScorer(requires_think=template.requires_think, workers=max(1, workers))
+
+
 def run_eval(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> dict[str, Any] | None:
     """The whole `exgrpo eval` run (or a regrade); returns the results.json content. Under several
     ranks (`dist`) each samples and grades its share; rank 0 alone writes and returns the results."""
@@ -344,12 +361,9 @@ def run_eval(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> dict[str, Any] 
         import torch
 
         torch.set_num_threads(cfg.trainer.threads)
-    from exgrpo_cli.reward import RewardScorer
-
     template = get_template(cfg.model.template)
     out.mkdir(parents=True, exist_ok=True)
-    workers = min(4, os.cpu_count() or 1) // (dist.world_size if dist is not None else 1)
-    scorer = RewardScorer(requires_think=template.requires_think, workers=max(1, workers))
+    scorer = eval_scorer(cfg, template, dist)
     results: list[ModelResult] = []
     try:
         with (out / GENERATIONS).open("w", encoding="utf-8") if main else open(os.devnull, "w") as fh:

@@ -30,22 +30,27 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1 - Fraction(comb(n - c, k), comb(n, k)))
 
 
-def _counts(correct: Sequence[Sequence[float]]) -> list[tuple[int, int]]:
-    """(samples, correct samples) per question; a reward above 0.5 counts as correct."""
-    return [(len(row), sum(1 for x in row if x > 0.5)) for row in correct]
+def _counts(correct: Sequence[Sequence[float]], correct_at: float | None = None) -> list[tuple[int, int]]:
+    """(samples, correct samples) per question; a reward >= `correct_at` (reward.correct_at)
+    counts as correct, or above 0.5 without one (0/1 rewards)."""
+    if correct_at is None:
+        return [(len(row), sum(1 for x in row if x > 0.5)) for row in correct]
+    return [(len(row), sum(1 for x in row if x >= correct_at)) for row in correct]
 
 
-def avg_at_n(correct: Sequence[Sequence[float]]) -> float:
+def avg_at_n(correct: Sequence[Sequence[float]], correct_at: float | None = None) -> float:
     """Mean over questions of the per-question accuracy; 0.0 for no questions."""
-    counts = [(n, c) for n, c in _counts(correct) if n > 0]
+    counts = [(n, c) for n, c in _counts(correct, correct_at) if n > 0]
     if not counts:
         return 0.0
     return sum(c / n for n, c in counts) / len(counts)
 
 
-def mean_pass_at_k(correct: Sequence[Sequence[float]], k: int) -> float | None:
+def mean_pass_at_k(
+    correct: Sequence[Sequence[float]], k: int, correct_at: float | None = None
+) -> float | None:
     """pass@k averaged over questions; None when some question has fewer than k samples."""
-    counts = _counts(correct)
+    counts = _counts(correct, correct_at)
     if not counts or any(n < k for n, _ in counts):
         return None
     return sum(pass_at_k(n, c, k) for n, c in counts) / len(counts)

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
 
 class Scorer(Protocol):
-    """What `sample_and_grade` needs of a scorer (`RewardScorer`): a `ScoreResult` per call.
-    `rules` is None unless the caller gives `rule_for_prompt` (then: the scorer's own rule)."""
+    """What `sample_and_grade` needs of a scorer (`RewardScorer`, the run's `Reward`): a
+    `ScoreResult` per call. `rules` is None unless the caller gives `rule_for_prompt` (then: the
+    scorer's own rule); `questions` are the samples' data rows (a reward function reads them)."""
 
     def score(
         self,
@@ -36,6 +37,7 @@ class Scorer(Protocol):
         kinds: Sequence[str] | None = None,
         *,
         rules: Sequence[AnswerRule] | None = None,
+        questions: Sequence[Question] | None = None,
     ) -> ScoreResult: ...
 
 
@@ -49,6 +51,7 @@ class SampledResult:
     timeouts: int = 0  # samples whose verification timed out (graded 0)
     errors: int = 0  # samples whose verification failed (graded 0)
     rules: list[AnswerRule] = field(default_factory=list)  # per question ([]: the scorer's own rule)
+    correct_at: float = 1.0  # a sample is correct when its reward is >= this (reward.correct_at)
 
     @property
     def accuracy(self) -> float:
@@ -57,7 +60,8 @@ class SampledResult:
 
     @property
     def pass_at_n(self) -> float:
-        return sum(any(c > 0.5 for c in row) for row in self.correct) / max(len(self.correct), 1)
+        solved = sum(any(c >= self.correct_at for c in row) for row in self.correct)
+        return solved / max(len(self.correct), 1)
 
 
 def sample_and_grade(
@@ -103,6 +107,7 @@ def sample_and_grade(
         got.counts["timeouts"],
         got.counts["errors"],
         rules,
+        float(getattr(scorer, "correct_at", 1.0)),  # a bare RewardScorer: 0/1 rewards
     )
 
 
@@ -169,7 +174,8 @@ def _grade(
         return _Graded({i: (texts[i], [], []) for i in idx})
     # no rules (training's validation): the scorer's own rule
     flat_rules = [rules[i] for i in idx for _ in range(n)] if rules else None
-    graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind, rules=flat_rules)
+    rows = [questions[i] for i in idx for _ in range(n)]
+    graded = scorer.score(flat_resp, flat_gold, kinds=flat_kind, rules=flat_rules, questions=rows)
     per_question = {
         i: (texts[i], list(graded.rewards[k * n : (k + 1) * n]), list(graded.extracted[k * n : (k + 1) * n]))
         for k, i in enumerate(idx)

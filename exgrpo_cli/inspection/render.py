@@ -61,15 +61,17 @@ def _header(rep: dict[str, Any]) -> Table:
 
 def _buckets(rep: dict[str, Any]) -> Table:
     # No box and 14-cell bars: the table must fit an 80-column terminal (or a CI log).
+    by_std = rep.get("bucket_by") == "reward_std"
+    what = "normalised reward std (replay.bucket_by=reward_std)" if by_std else "accuracy"
     t = Table(
-        title="buckets (latest accuracy of each buffered question)",
+        title=f"buckets (latest {what} of each buffered question)",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         show_edge=False,
         padding=(0, 1),
     )
     t.add_column("bucket", justify="right")
-    t.add_column("acc", justify="right")
+    t.add_column("std" if by_std else "acc", justify="right")
     t.add_column("questions", justify="right", no_wrap=True)
     t.add_column("", no_wrap=True, min_width=14)
     t.add_column("experiences", justify="right", no_wrap=True)

@@ -163,6 +163,7 @@ def buffer_report(
         "step": ts.get("step"),
         "delayed_start": ts.get("delayed_start"),
         "group_size": buf.group_size,
+        "bucket_by": buf.bucket_by,  # what "accuracy" measures: k/K (count) or normalised std (reward_std)
         "questions": buf.num_questions,
         "experiences": buf.num_experiences,
         "retired": len(index["retired"]),

@@ -1,6 +1,7 @@
 """Bucket geometry of the replay buffer (docs/algorithm.md §2): which accuracy range each bucket
-covers, the bucket of a success count k out of K, and each bucket's centre (what the Gaussian
-question selection weighs).
+covers, the bucket of a level out of K (the success count k under `replay.bucket_by=count`, a
+normalised reward std under `reward_std`: replay/bucketing.py), and each bucket's centre (what the
+Gaussian question selection weighs).
 
 Place in the train step: pure and fixed for a run; the buffer files each observed group into
 `bucket_of_count(k)`, and selection reads `centres`.
@@ -20,7 +21,9 @@ def default_bucket_edges(group_size: int) -> list[float]:
 class BucketScheme:
     """Buckets as ranges [e_i, e_i+1) of accuracy k/K, from `bucket_edges` (None: one per count)."""
 
-    def __init__(self, group_size: int, bucket_edges: Sequence[float] | None = None) -> None:
+    def __init__(
+        self, group_size: int, bucket_edges: Sequence[float] | None = None, min_level: int = 1
+    ) -> None:
         if group_size < 2:
             raise ValueError(f"group_size must be >= 2 (got {group_size}): K=1 has no partial accuracy")
         edges = default_bucket_edges(group_size) if bucket_edges is None else [float(e) for e in bucket_edges]
@@ -29,12 +32,16 @@ class BucketScheme:
         self.group_size = group_size
         self.edges = edges
         self.user_edges = None if bucket_edges is None else edges  # what a checkpoint records
-        # bucket of each success count 1..K-1 (index 0 unused); bisect_right makes ranges [e_i, e_i+1)
-        self._count_bucket = [-1] + [bisect_right(edges, k / group_size) for k in range(1, group_size)]
+        # the levels a stored question can have: 1..K-1 (counts), or 0..K (min_level 0)
+        self.levels = range(min_level, group_size + 1 - min_level)
+        # bucket of each level (-1: none); bisect_right makes ranges [e_i, e_i+1)
+        self._count_bucket = [
+            bisect_right(edges, k / group_size) if k in self.levels else -1 for k in range(group_size + 1)
+        ]
         bounds = [0.0, *edges, 1.0]
         self.centres: list[float] = []
         for b in range(len(edges) + 1):
-            accs = [k / group_size for k in range(1, group_size) if self._count_bucket[k] == b]
+            accs = [k / group_size for k in self.levels if self._count_bucket[k] == b]
             # A bucket holding no count can never fill; its midpoint is a harmless placeholder.
             self.centres.append(sum(accs) / len(accs) if accs else (bounds[b] + bounds[b + 1]) / 2)
 
@@ -43,6 +50,9 @@ class BucketScheme:
         return len(self.centres)
 
     def bucket_of_count(self, k: int) -> int:
-        if not 1 <= k <= self.group_size - 1:
-            raise ValueError(f"success count must be in 1..{self.group_size - 1} (got {k})")
+        """The bucket of level k (a success count under bucket_by=count)."""
+        if k not in self.levels:
+            raise ValueError(
+                f"success count must be in {self.levels.start}..{self.levels.stop - 1} (got {k})"
+            )
         return self._count_bucket[k]

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from exgrpo_cli.replay.bucketing import BUCKET_BY, collects, storable
+from exgrpo_cli.replay.bucketing import Bounds as Bounds  # re-exported: train/loop.py reads it here
 from exgrpo_cli.replay.buckets import BucketScheme
 from exgrpo_cli.replay.experience import META_BYTES, Experience, StoredQuestion, new_responses, value_hash
 from exgrpo_cli.replay.indexed_set import IndexedSet
@@ -39,18 +41,23 @@ from exgrpo_cli.replay.persistence import META_SEQ as _SEQ
 if TYPE_CHECKING:
     from exgrpo_cli.replay.mixing import Group
 
-Bounds = tuple[int, int]  # (lbound, rbound): groups with lbound < k <= rbound are collected
-
 
 class ExperienceBuffer:
     """Question id -> stored correct responses, bucketed by latest accuracy, plus the retired set."""
 
     def __init__(
-        self, group_size: int, bucket_edges: Sequence[float] | None = None, max_experiences: int = 0
+        self,
+        group_size: int,
+        bucket_edges: Sequence[float] | None = None,
+        max_experiences: int = 0,
+        bucket_by: str = "count",
     ) -> None:
         if max_experiences < 0:
             raise ValueError(f"replay.max_experiences must be >= 0 (got {max_experiences})")
-        self._scheme = BucketScheme(group_size, bucket_edges)
+        if bucket_by not in BUCKET_BY:
+            raise ValueError(f"replay.bucket_by must be one of {', '.join(BUCKET_BY)} (got {bucket_by!r})")
+        self.bucket_by = bucket_by  # replay/bucketing.py: what a question's bucket is measured by
+        self._scheme = BucketScheme(group_size, bucket_edges, BUCKET_BY[bucket_by].min_level)
         self.group_size = group_size
         self.max_experiences = max_experiences
         self._clear()
@@ -99,12 +106,14 @@ class ExperienceBuffer:
         correct: Sequence[tuple[np.ndarray, np.ndarray]],
         step: int,
         collect: bool,
+        level: int | None = None,
     ) -> None:
         """Apply one scored group (docs/algorithm.md §2).
 
         ``num_correct`` is k out of K (for a replayed question it counts the replayed
         response); ``correct`` holds (token ids, behaviour log-probs) of the group's new
-        fresh correct responses. ``collect`` is False before the delayed start.
+        fresh correct responses. ``collect`` is False before the delayed start. ``level`` places
+        the question in a bucket (replay/bucketing.py; None: k, the count rule).
         """
         k, K = int(num_correct), self.group_size
         if not 0 <= k <= K:
@@ -119,7 +128,7 @@ class ExperienceBuffer:
             return
         if k == 0 or not collect:
             return  # k == 0 keeps the last informative accuracy; before the start nothing is stored
-        b = self._scheme.bucket_of_count(k)
+        b = self._scheme.bucket_of_count(k if level is None else level)
         q = self._questions.get(uid)
         ids, logps, hashes = new_responses(q, correct)
         if q is None:
@@ -147,19 +156,8 @@ class ExperienceBuffer:
             self._add_to_checksum(sum(value_hash(a, lp) for a, lp in zip(ids, logps)))
             self._enforce_cap()
 
-    @staticmethod
-    def storable(groups: Sequence[Group], bounds: Bounds | None) -> list[tuple[int, int]]:
-        """(group, response) of every response ``observe_groups`` stores from a step's groups, in
-        the order they are stored: the fresh correct responses of the groups it collects
-        (lbound < k <= rbound, docs/algorithm.md §2); none before the delayed start (``bounds``
-        None). Every rank finds the same from the same groups."""
-        collected = [(gi, g) for gi, g in enumerate(groups) if _collects(g, bounds)]
-        return [
-            (gi, ri)
-            for gi, g in collected
-            for ri, r in enumerate(g.responses)
-            if r.reward > 0.5 and not r.replayed
-        ]
+    # (group, response) of every response ``observe_groups`` stores (replay/bucketing.py)
+    storable = staticmethod(storable)
 
     def observe_groups(
         self,
@@ -182,8 +180,10 @@ class ExperienceBuffer:
             else:
                 continue
             correct[gi].append((np.asarray(r.ids, dtype=np.int32), logp))
+        levels = BUCKET_BY[self.bucket_by].levels(groups, self.group_size)
         for gi, g in enumerate(groups):
-            self.observe_group(g.question.uid, g.num_correct, correct[gi], step, collect=_collects(g, bounds))
+            collect = collects(g, bounds)
+            self.observe_group(g.question.uid, g.num_correct, correct[gi], step, collect, levels[gi])
 
     def end_step(self) -> list[str]:
         """Retire the questions that reached k == K this step; returns them."""
@@ -335,6 +335,7 @@ class ExperienceBuffer:
             "format_version": FORMAT_VERSION,
             "group_size": self.group_size,
             "bucket_edges": self._scheme.user_edges,
+            "bucket_by": self.bucket_by,
             "max_experiences": self.max_experiences,
             "next_seq": self._next_seq,
             "questions": list(self._questions),
@@ -347,9 +348,13 @@ class ExperienceBuffer:
         return {"arrays": arrays, "index": index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace the content with ``state``; group size and bucket edges must match this buffer."""
-
+        """Replace the content with ``state``; group size, bucket edges and rule must match."""
         index = state["index"]
+        saved_rule = index.get("bucket_by", "count")  # absent from buffers saved before the rule
+        if saved_rule != self.bucket_by:
+            raise ValueError(
+                f"buffer was bucketed by {saved_rule}, this run uses replay.bucket_by={self.bucket_by}"
+            )
         ids, logp, meta, counts = checked_arrays(state, self.group_size, self._scheme.edges)
         uids, qbuckets = index["questions"], index["question_buckets"]
         self._clear()
@@ -382,19 +387,13 @@ class ExperienceBuffer:
 
     def save(self, directory: str) -> None:
         """Write the buffer into ``directory`` (format: replay/persistence.py)."""
-
         save_buffer(self.state_dict(), directory)
 
     @classmethod
     def load(cls, directory: str) -> ExperienceBuffer:
-
         state = load_buffer(directory)
         index = state["index"]
-        buf = cls(index["group_size"], index["bucket_edges"], index["max_experiences"])
+        rule = index.get("bucket_by", "count")
+        buf = cls(index["group_size"], index["bucket_edges"], index["max_experiences"], rule)
         buf.load_state_dict(state)
         return buf
-
-
-def _collects(group: Group, bounds: Bounds | None) -> bool:
-    """Whether the buffer stores responses of `group`: after the delayed start, lbound < k <= rbound."""
-    return bounds is not None and bounds[0] < group.num_correct <= bounds[1]

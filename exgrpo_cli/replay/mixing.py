@@ -23,6 +23,13 @@ class Response:
     reward: float = 0.0
     replayed: bool = False  # True for the experience taken from the buffer
     finished: bool = True  # ended with end-of-sequence
+    # reward >= reward.correct_at, set by the reward stage with the reward; None (a response built
+    # with a 0/1 reward and no stage, as in tests and benchmarks): reward > 0.5
+    correct: bool | None = None
+
+    @property
+    def is_correct(self) -> bool:
+        return self.reward > 0.5 if self.correct is None else self.correct
 
 
 @dataclass
@@ -34,7 +41,7 @@ class Group:
 
     @property
     def num_correct(self) -> int:
-        return sum(r.reward > 0.5 for r in self.responses)
+        return sum(r.is_correct for r in self.responses)
 
 
 @dataclass

@@ -48,6 +48,7 @@ class ScoreResult:
     extracted: list[str | None]  # the answer each response was judged on (None: no answer)
     timeouts: int = 0  # items whose verification ran out of time (scored 0)
     errors: int = 0  # items whose worker crashed, or with an unusable gold answer (scored 0)
+    unscored: int = 0  # items a reward function returned None for (scored 0)
 
 
 class RewardScorer:
@@ -128,9 +129,11 @@ class RewardScorer:
         *,
         timeout_s: float | None = None,
         rules: Sequence[AnswerRule] | None = None,
+        questions: Sequence[object] | None = None,
     ) -> ScoreResult:
         """Reward per response; `kinds` per item is "math" (default) or "choice"; `rules` per item
-        says where its answer is read (default: `training_rule(self.requires_think)`)."""
+        says where its answer is read (default: `training_rule(self.requires_think)`). `questions`
+        (the reward stage's rows) are not needed: only `answers` are read."""
         n = len(responses)
         if len(answers) != n:
             raise ValueError(f"got {n} responses but {len(answers)} answers")

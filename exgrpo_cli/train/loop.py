@@ -38,10 +38,11 @@ from exgrpo_cli.replay.experience import Experience
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, row_keys, update_order
 from exgrpo_cli.replay.selection import QuestionSelector, n_replay
 from exgrpo_cli.replay.trajectory import TrajectoryRule
-from exgrpo_cli.reward.scorer import RewardScorer
+from exgrpo_cli.reward.stage import Reward
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 from exgrpo_cli.train.divergence import check_synced_weights, engine_check
 from exgrpo_cli.train.metrics import loss_metrics, rollout_metrics
+from exgrpo_cli.train.reward_step import grade_step
 from exgrpo_cli.train.state import RunState
 from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update
 
@@ -77,7 +78,7 @@ class Trainer:
     tokenizer: Any  # an HF tokenizer
     template: Template
     engine: RolloutEngine
-    scorer: RewardScorer
+    scorer: Reward  # the reward stage (reward/stage.py)
     choices: Choices
     # data parallel (policy/sharding.py): every rank draws the same questions and holds the same
     # buffer; each generates, grades and trains on its share of the groups, every rank gets every
@@ -290,45 +291,11 @@ class Trainer:
         return groups
 
     def score(self, groups: list[Group]) -> dict[str, float]:
-        """Rewards for every response, the replayed ones included (docs/algorithm.md §4).
-
-        Under torchrun each rank grades its share of the groups and every rank gets every
-        group's rewards. Grading has a wall-clock timeout per answer, so if every rank graded every
-        group, a timeout on one rank only would leave the ranks with different rewards, then
-        different buffers, and then mismatched collectives when they select replay candidates.
-        """
+        """Rewards for every response, the replayed ones included (docs/algorithm.md §4): this
+        rank grades its share of the groups, every rank gets them all (train/reward_step.py)."""
         mine = self.shards.mine(len(groups))
         texts = [decode_response(self.tokenizer, r.ids) for gi in mine for r in groups[gi].responses]
-        golds = [groups[gi].question.answer for gi in mine for _ in groups[gi].responses]
-        result = self.scorer.score(texts, golds)
-        rewards: dict[int, list[float]] = {}
-        start = 0
-        for gi in mine:
-            end = start + len(groups[gi].responses)
-            rewards[gi] = [float(x) for x in result.rewards[start:end]]
-            start = end
-        graded = self.shards.merge(rewards, timeouts=result.timeouts, errors=result.errors)
-        for gi, group_rewards in graded.items.items():
-            for resp, rew in zip(groups[gi].responses, group_rewards):
-                resp.reward = rew
-        timeouts, errors = graded.counts["timeouts"], graded.counts["errors"]
-        fresh = [r.reward for g in groups for r in g.responses if not r.replayed]
-        replayed = [r.reward for g in groups for r in g.responses if r.replayed]
-        out = {
-            "reward/accuracy": float(np.mean(fresh)) if fresh else 0.0,
-            "reward/timeouts": float(timeouts),
-            "reward/errors": float(errors),
-            "reward/solved_all": float(np.mean([g.num_correct == len(g.responses) for g in groups])),
-            "reward/solved_none": float(np.mean([g.num_correct == 0 for g in groups])),
-        }
-        # A replayed group always holds a correct response, so solved_none falls with the replay
-        # share alone; the fresh groups' share is what compares on-policy and ExGRPO runs.
-        fresh_groups = [g for g in groups if not g.from_buffer]
-        if fresh_groups:
-            out["reward/fresh_solved_none"] = float(np.mean([g.num_correct == 0 for g in fresh_groups]))
-        if replayed:
-            out["reward/replayed_accuracy"] = float(np.mean(replayed))
-        return out
+        return grade_step(self.scorer, self.shards, groups, texts)
 
     def bounds(self) -> Bounds | None:
         """The success counts whose groups the buffer collects (lbound, rbound) this step; None

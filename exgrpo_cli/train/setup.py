@@ -45,7 +45,7 @@ from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.replay.selection import QUESTION_SELECTION
 from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
-from exgrpo_cli.reward import RewardScorer
+from exgrpo_cli.reward.stage import REWARDS, Reward, build_reward
 from exgrpo_cli.rollout import build_engine
 from exgrpo_cli.train.loop import Choices, Trainer
 from exgrpo_cli.train.state import RunState
@@ -173,7 +173,9 @@ def build_trainer(
     dist = dist if dist is not None else D.DistInfo(device=device)
     seed_everything(cfg.trainer.seed)
     # rank 0 first: a hub dataset or tokenizer is downloaded once, the other ranks read its copy
-    train_qs, val_qs, report = D.rank0_first(dist, lambda: load_questions(cfg.data))
+    train_qs, val_qs, report = D.rank0_first(
+        dist, lambda: load_questions(cfg.data, answer_required=REWARDS[cfg.reward.kind].needs_answer)
+    )
     if cfg.trainer.val_questions:
         val_qs = val_qs[: cfg.trainer.val_questions]
     model_cfg = cfg.model
@@ -203,20 +205,22 @@ def build_trainer(
     # every rank, at this same point (vLLM's start-up all-reduces the ranks' free memory), and
     # before the optimizer state takes memory; a vLLM engine empties torch's cache first
     engine = build_engine(cfg, model, tokenizer)
-    scorer: RewardScorer | None = None
+    scorer: Reward | None = None
     try:
         state = RunState(
             model=model,
             optimizer=make_optimizer(cfg, model),
             sampler=QuestionSampler(train_qs, cfg.trainer.seed),
-            buffer=ExperienceBuffer(cfg.rollout.n, cfg.replay.bucket_edges, cfg.replay.max_experiences),
+            buffer=ExperienceBuffer(
+                cfg.rollout.n, cfg.replay.bucket_edges, cfg.replay.max_experiences, cfg.replay.bucket_by
+            ),
             switch=DelayedStart(cfg.replay.start_threshold),
             seed=cfg.trainer.seed,
             data_fingerprint=fingerprint,
         )
         if resume_from is not None:
             _load_checkpoint(state, resume_from, dist, new_data)
-        scorer = RewardScorer(requires_think=template.requires_think, workers=1)
+        scorer = build_reward(cfg.reward, template.requires_think, dist.device)
         trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), dist=dist)
     except BaseException:
         # the caller closes the engine and grader of the trainer it gets; without one (a checkpoint
@@ -238,12 +242,14 @@ def data_fingerprint(questions: list[Question]) -> str:
 
 
 def check_resume_data(cfg: ExgrpoConfig, folder: Path, fingerprint: str) -> bool:
-    """Before the model loads: refuse (ResumeRefused, one line) a resume whose rollout.n differs
-    from the checkpoint's, or whose questions differ unless trainer.resume_new_data; returns
-    whether the run continues on new data. Checkpoints written before fingerprints: not checked."""
+    """Before the model loads: refuse (ResumeRefused, one line) a resume whose rollout.n or
+    replay.bucket_by differs from the checkpoint's, or whose questions differ unless
+    trainer.resume_new_data; returns whether the run continues on new data. Checkpoints written
+    before fingerprints: not checked."""
     try:
         state = ckpt.read_json(folder / "trainer_state.json")
-        saved_n = ckpt.read_json(folder / "replay" / "index.json").get("group_size")
+        index = ckpt.read_json(folder / "replay" / "index.json")
+        saved_n, saved_rule = index.get("group_size"), index.get("bucket_by", "count")
     except (OSError, ValueError, AttributeError) as err:
         raise ckpt.CheckpointLoadError(f"{folder} does not load: {str(err)[:300]}") from None
     if not isinstance(state, dict):
@@ -252,6 +258,11 @@ def check_resume_data(cfg: ExgrpoConfig, folder: Path, fingerprint: str) -> bool
         raise ResumeRefused(
             f"rollout.n={cfg.rollout.n}, but {folder} was trained with rollout.n={str(saved_n)[:20]} "
             "(its replay buffer holds groups of that size): resume with that value, or start a new run"
+        )
+    if saved_rule != cfg.replay.bucket_by:  # its buckets' levels would mean another thing
+        raise ResumeRefused(
+            f"replay.bucket_by={cfg.replay.bucket_by}, but the replay buffer of {folder} is bucketed by "
+            f"{str(saved_rule)[:20]}: resume with that rule, or start a new run"
         )
     saved = state.get("data_fingerprint")
     if not saved or saved == fingerprint:

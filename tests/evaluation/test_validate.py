@@ -44,6 +44,7 @@ class LastSampleRight:
         answers: list[str],
         kinds: list[str] | None = None,
         rules: list[Any] | None = None,
+        questions: Any = None,  # the samples' data rows (a reward function's columns)
     ) -> ScoreResult:
         assert rules is None, "training's validation passes no answer rules"
         rewards = [1.0 if r == f"\\boxed{{{a}}}" else 0.0 for r, a in zip(responses, answers)]
@@ -132,6 +133,7 @@ class RecordingScorer:
         answers: list[str],
         kinds: list[str] | None = None,
         rules: list[Any] | None = None,
+        questions: Any = None,  # the samples' data rows (a reward function's columns)
     ) -> ScoreResult:
         self.rules = rules
         return ScoreResult([0.0] * len(responses), [None] * len(responses))

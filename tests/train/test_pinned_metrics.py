@@ -64,3 +64,16 @@ def test_run_reproduces_pinned_metrics(run: str, tiny_model: Path, tmp_path: Pat
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert _mismatches(pinned["rows"], got) == []
+
+
+@pytest.mark.slow
+def test_reward_math_at_another_threshold_is_todays_run(tiny_model: Path, tmp_path: Path):
+    """reward=math named explicitly, with a threshold of "correct" other than the default 1: for
+    0/1 rewards any threshold in (0, 1] is today's rule, so the default run's pinned rows hold."""
+    pinned = PINNED["runs"]["default"]
+    overrides = [*pinned["overrides"], "reward=math", "reward.correct_at=0.5"]
+    res = run_cli(["train", f"hydra.run.dir={tmp_path}", *overrides], timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    got = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert _mismatches(pinned["rows"], got) == []
+    assert all(row["reward/mean"] == row["reward/accuracy"] for row in got if "reward/mean" in row)

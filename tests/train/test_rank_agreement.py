@@ -21,6 +21,7 @@ from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response
 from exgrpo_cli.replay.schedule import DelayedStart
+from exgrpo_cli.reward.stage import Reward
 from exgrpo_cli.train.loop import Trainer
 from exgrpo_cli.train.setup import choices
 from exgrpo_cli.train.state import RunState
@@ -41,7 +42,9 @@ class FlakyGrader:
         self.times_out = times_out
         self.graded = 0
 
-    def score(self, texts: list[str], golds: list[str]) -> SimpleNamespace:
+    def score(
+        self, texts: list[str], golds: list[str], kinds: object = None, **kw: object
+    ) -> SimpleNamespace:
         self.graded += len(texts)
         rewards = [0.0 if self.times_out else float(g in t.split()) for t, g in zip(texts, golds)]
         return SimpleNamespace(rewards=rewards, timeouts=len(texts) if self.times_out else 0, errors=0)
@@ -69,7 +72,14 @@ def _trainer(rank: int, world: int, scorer: FlakyGrader) -> Trainer:
     cfg = ExgrpoConfig()
     state = _state(ExperienceBuffer(4), DelayedStart(0.0))
     return Trainer(
-        cfg, state, Tok(), None, None, scorer, choices(cfg), dist=DistInfo(rank=rank, world_size=world)
+        cfg,
+        state,
+        Tok(),
+        None,
+        None,
+        Reward(scorer, 1.0),
+        choices(cfg),
+        dist=DistInfo(rank=rank, world_size=world),
     )  # type: ignore[arg-type]
 
 

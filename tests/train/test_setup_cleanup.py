@@ -29,7 +29,7 @@ def _fail(*args: object, **kwargs: object) -> None:
     raise Broken
 
 
-@pytest.mark.parametrize("stage", ["make_optimizer", "RewardScorer"])
+@pytest.mark.parametrize("stage", ["make_optimizer", "build_reward"])
 def test_the_engine_is_closed_when_the_start_fails_after_it(
     stage: str, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,0 +1,138 @@
+"""The reward stage's choice (`reward.kind`) and what every kind shares: the correctness threshold
+and the stop after steps of total failure.
+
+Place in the train step: built once with the trainer (train/setup.py), then called after the
+rollouts with this rank's responses and their data rows (train/reward_step.py) and by validation.
+A backend scores a call's responses; `Reward` wraps it with `reward.correct_at` (a response is
+correct when its reward is >= it: what retires a question, fills the buckets' counts and decides
+pass@n) and counts the steps in a row on which every item failed.
+
+    math     math-verify against the gold answer, 1 or 0 (the default, today's run)
+    choice   the answer's letter A-J against the gold letter, 1 or 0
+    python   the user's function (reward/user_function.py), any finite numbers
+    model    a sequence-classification reward model (reward/reward_model.py), its logit
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from exgrpo_cli.config import RewardConfig
+from exgrpo_cli.errors import ExgrpoError
+from exgrpo_cli.reward.scorer import RewardScorer, ScoreResult
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Backend(Protocol):
+    def score(
+        self,
+        responses: Sequence[str],
+        answers: Sequence[str],
+        kinds: Any = None,
+        *,
+        rules: Any = None,
+        questions: Any = None,
+    ) -> ScoreResult: ...
+
+    def close(self) -> None: ...
+
+    def metrics(self) -> dict[str, int]: ...
+
+
+class RewardFailed(ExgrpoError):
+    """Every item of the reward failed for `reward.max_failed_steps` steps in a row."""
+
+
+class ChoiceScorer(RewardScorer):
+    """`RewardScorer` with every item of the "choice" kind unless the caller says otherwise."""
+
+    def score(
+        self, responses: Sequence[str], answers: Sequence[str], kinds: Any = None, **kw: Any
+    ) -> ScoreResult:
+        return super().score(
+            responses, answers, ["choice"] * len(responses) if kinds is None else kinds, **kw
+        )
+
+
+def _function(cfg: RewardConfig, requires_think: bool, device: torch.device) -> Backend:
+    from exgrpo_cli.reward.user_function import FunctionReward
+
+    return FunctionReward(cfg.function, cfg.timeout_s, cfg.memory_limit_mb)
+
+
+def _model(cfg: RewardConfig, requires_think: bool, device: torch.device) -> Backend:
+    from exgrpo_cli.reward.reward_model import ModelReward
+
+    return ModelReward(cfg.model, device)
+
+
+@dataclass(frozen=True)
+class RewardKind:
+    build: Callable[[RewardConfig, bool, torch.device], Backend]
+    needs_answer: bool  # a data row without a gold answer is a bad row
+    zero_one: bool  # rewards are 1 or 0
+
+
+# `reward.kind`: name -> how to build it and what it needs
+REWARDS: dict[str, RewardKind] = {
+    "math": RewardKind(lambda c, think, d: RewardScorer(requires_think=think, workers=1), True, True),
+    "choice": RewardKind(lambda c, think, d: ChoiceScorer(requires_think=think, workers=1), True, True),
+    "python": RewardKind(_function, needs_answer=False, zero_one=False),
+    "model": RewardKind(_model, needs_answer=False, zero_one=False),
+}
+
+
+def describe(cfg: RewardConfig) -> str:
+    """How the run's messages name its reward."""
+    if cfg.kind == "python":
+        return f"reward.function={cfg.function}"
+    if cfg.kind == "model":
+        return f"reward.model.path={cfg.model.path}"
+    return f"reward={cfg.kind}"
+
+
+class Reward:
+    """The run's reward: a backend, the threshold of "correct", and the failure streak."""
+
+    def __init__(
+        self, backend: Backend, correct_at: float, max_failed_steps: int = 3, name: str = "reward"
+    ) -> None:
+        self.backend, self.correct_at, self.name = backend, float(correct_at), name
+        self.max_failed_steps = max_failed_steps
+        self.failed_steps = 0  # steps in a row on which every item failed
+
+    def score(
+        self, responses: Sequence[str], answers: Sequence[str], kinds: Any = None, **kw: Any
+    ) -> ScoreResult:
+        return self.backend.score(responses, answers, kinds, **kw)
+
+    def is_correct(self, reward: float) -> bool:
+        return reward >= self.correct_at
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def metrics(self) -> dict[str, int]:
+        return self.backend.metrics()
+
+    def end_step(self, failed: int, total: int) -> None:
+        """Count a step whose `failed` items (errors and timeouts, all ranks) were all of them;
+        raise RewardFailed at the `max_failed_steps`-th such step in a row."""
+        self.failed_steps = self.failed_steps + 1 if total and failed >= total else 0
+        if self.failed_steps >= self.max_failed_steps:
+            first = getattr(self.backend, "first_error", "") or "every item scored as an error"
+            raise RewardFailed(
+                f"{self.name} failed on every response for {self.failed_steps} steps in a row "
+                f"(reward.max_failed_steps={self.max_failed_steps}); first error: {first}"
+            )
+
+
+def build_reward(cfg: RewardConfig, requires_think: bool, device: torch.device) -> Reward:
+    kind = REWARDS[cfg.kind]
+    return Reward(
+        kind.build(cfg, requires_think, device), cfg.correct_at, cfg.max_failed_steps, describe(cfg)
+    )

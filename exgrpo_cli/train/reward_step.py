@@ -1,0 +1,73 @@
+"""The reward stage of one train step: grade this rank's share, share the rewards, log them.
+
+Place in the train step (train/loop.py `Trainer.score`): after the rollouts, before the delayed
+start switch and the mixed batch. Each rank grades its share of the groups (the texts it is given
+and the groups' data rows) with the run's `Reward` (reward/stage.py), every rank gets every
+group's rewards, and every response is marked correct when its reward is >= `reward.correct_at`.
+Grading has a time budget, so if every rank graded every group, a timeout on one rank only would
+leave the ranks with different rewards, then different buffers, then mismatched collectives.
+
+Metrics: `reward/mean` (the fresh responses' mean reward), `reward/accuracy` (their share that is
+correct: what the delayed start reads, whatever the reward's scale), `reward/solved_all`,
+`reward/solved_none` and `reward/fresh_solved_none` (groups whose responses are all / none
+correct), `reward/replayed_accuracy`, and the step's `reward/timeouts`, `reward/errors`
+(and `reward/unscored` when the reward can return None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from exgrpo_cli.policy.sharding import Shards
+from exgrpo_cli.replay.mixing import Group
+from exgrpo_cli.reward.stage import Reward
+
+
+def grade_step(
+    reward: Reward, shards: Shards, groups: Sequence[Group], texts: Sequence[str]
+) -> dict[str, float]:
+    """Set every response's reward and correctness; `texts` are this rank's groups' responses
+    (`shards.mine`), group by group. Returns the step's reward metrics; raises RewardFailed after
+    `reward.max_failed_steps` steps in a row on which every response failed."""
+    mine = shards.mine(len(groups))
+    rows = [groups[gi].question for gi in mine for _ in groups[gi].responses]
+    result = reward.score(list(texts), [q.answer for q in rows], questions=rows)
+    rewards: dict[int, list[float]] = {}
+    start = 0
+    for gi in mine:
+        end = start + len(groups[gi].responses)
+        rewards[gi] = [float(x) for x in result.rewards[start:end]]
+        start = end
+    unscored = getattr(result, "unscored", 0)
+    graded = shards.merge(rewards, timeouts=result.timeouts, errors=result.errors, unscored=unscored)
+    for gi, group_rewards in graded.items.items():
+        for resp, rew in zip(groups[gi].responses, group_rewards):
+            resp.reward, resp.correct = rew, reward.is_correct(rew)
+    counts = graded.counts
+    reward.end_step(counts["timeouts"] + counts["errors"], sum(len(g.responses) for g in groups))
+    return step_metrics(groups, counts)
+
+
+def step_metrics(groups: Sequence[Group], counts: dict[str, int]) -> dict[str, float]:
+    fresh = [r for g in groups for r in g.responses if not r.replayed]
+    replayed = [r for g in groups for r in g.responses if r.replayed]
+    out = {
+        "reward/mean": float(np.mean([r.reward for r in fresh])) if fresh else 0.0,
+        "reward/accuracy": float(np.mean([r.is_correct for r in fresh])) if fresh else 0.0,
+        "reward/timeouts": float(counts["timeouts"]),
+        "reward/errors": float(counts["errors"]),
+        "reward/solved_all": float(np.mean([g.num_correct == len(g.responses) for g in groups])),
+        "reward/solved_none": float(np.mean([g.num_correct == 0 for g in groups])),
+    }
+    if counts.get("unscored"):
+        out["reward/unscored"] = float(counts["unscored"])
+    # A replayed group always holds a correct response, so solved_none falls with the replay
+    # share alone; the fresh groups' share is what compares on-policy and ExGRPO runs.
+    fresh_groups = [g for g in groups if not g.from_buffer]
+    if fresh_groups:
+        out["reward/fresh_solved_none"] = float(np.mean([g.num_correct == 0 for g in fresh_groups]))
+    if replayed:
+        out["reward/replayed_accuracy"] = float(np.mean([r.reward for r in replayed]))
+    return out

@@ -1,0 +1,103 @@
+"""The reward stage shared by every kind: the threshold of "correct", the failure streak, and the
+step's grading and metrics (reward/stage.py, train/reward_step.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from exgrpo_cli.data.types import Question
+from exgrpo_cli.policy.sharding import Shards
+from exgrpo_cli.replay.mixing import Group, Response
+from exgrpo_cli.reward.scorer import ScoreResult
+from exgrpo_cli.reward.stage import REWARDS, Reward, RewardFailed
+from exgrpo_cli.train.reward_step import grade_step
+
+
+class Fixed:
+    """A backend returning given rewards (and failure counts) per call; records what it got."""
+
+    def __init__(self, rewards: list[float], errors: int = 0) -> None:
+        self.rewards, self.errors, self.calls = rewards, errors, []
+        self.first_error = "ValueError: bad row"
+
+    def score(self, responses: Any, answers: Any, kinds: Any = None, **kw: Any) -> ScoreResult:
+        self.calls.append((list(responses), kw.get("questions")))
+        return ScoreResult(self.rewards[: len(responses)], [None] * len(responses), errors=self.errors)
+
+    def close(self) -> None: ...
+
+    def metrics(self) -> dict[str, int]:
+        return {}
+
+
+def _groups(n: int, k: int) -> list[Group]:
+    return [
+        Group(Question(f"q{g}", "x", "1"), [1], [Response([1], None) for _ in range(k)]) for g in range(n)
+    ]
+
+
+def test_a_fractional_reward_on_the_threshold_is_correct() -> None:
+    # documented: correct when reward >= reward.correct_at
+    assert Reward(Fixed([]), correct_at=0.7).is_correct(0.7)
+    assert not Reward(Fixed([]), correct_at=0.75).is_correct(0.7)
+    # 0/1 rewards: any threshold in (0, 1] is today's "reward > 0.5"
+    for at in (1e-9, 0.5, 1.0):
+        assert [Reward(Fixed([]), at).is_correct(r) for r in (0.0, 1.0)] == [False, True]
+
+
+def test_grade_step_marks_correctness_and_logs_mean_and_accuracy() -> None:
+    backend = Fixed([1.0, 0.7, 0.2, 0.0, 0.7, 0.7, 0.7, 0.7])
+    groups = _groups(2, 4)
+    m = grade_step(Reward(backend, correct_at=0.7), Shards(), groups, ["t"] * 8)
+    assert [r.correct for r in groups[0].responses] == [True, True, False, False]
+    assert [g.num_correct for g in groups] == [2, 4]
+    assert m["reward/mean"] == pytest.approx((1.9 + 2.8) / 8)
+    assert m["reward/accuracy"] == pytest.approx(6 / 8)  # the share >= correct_at: the delayed start's
+    assert m["reward/solved_all"] == 0.5 and m["reward/solved_none"] == 0.0
+    texts, rows = backend.calls[0]
+    assert [q.uid for q in rows] == ["q0"] * 4 + ["q1"] * 4  # each response with its data row
+
+
+def test_a_reward_failing_on_every_item_stops_the_run_after_n_steps() -> None:
+    reward = Reward(
+        Fixed([0.0] * 4, errors=4), correct_at=1.0, max_failed_steps=3, name="reward.function=f.py:g"
+    )
+    grade_step(reward, Shards(), _groups(1, 4), ["t"] * 4)
+    grade_step(reward, Shards(), _groups(1, 4), ["t"] * 4)
+    with pytest.raises(
+        RewardFailed, match=r"reward.function=f.py:g failed on every response for 3 steps.*bad row"
+    ):
+        grade_step(reward, Shards(), _groups(1, 4), ["t"] * 4)
+    # a step with one success breaks the streak
+    partly = Reward(Fixed([0.0] * 4, errors=3), correct_at=1.0, max_failed_steps=1)
+    grade_step(partly, Shards(), _groups(1, 4), ["t"] * 4)
+
+
+def test_registry_says_which_kinds_need_an_answer() -> None:
+    assert {n: k.needs_answer for n, k in REWARDS.items()} == {
+        "math": True,
+        "choice": True,
+        "python": False,
+        "model": False,
+    }
+
+
+def test_the_threshold_decides_all_four_places_alike() -> None:
+    """Retirement, buckets and solved_all/none (Group.num_correct), what the buffer stores
+    (storable), val/pass@n and eval's scores all read the one reward.correct_at."""
+    from exgrpo_cli.evaluation.scoring import avg_at_n, mean_pass_at_k
+    from exgrpo_cli.evaluation.validate import SampledResult
+    from exgrpo_cli.replay.bucketing import storable
+
+    rewards = [0.7, 0.7, 0.2, 0.0]
+    for at, k in ((0.7, 2), (0.75, 0)):
+        groups = _groups(1, 4)
+        grade_step(Reward(Fixed(rewards), correct_at=at), Shards(), groups, ["t"] * 4)
+        assert groups[0].num_correct == k
+        assert len(storable(groups, (-1, 4))) == k
+        res = SampledResult([groups[0].question], [["t"] * 4], [rewards], correct_at=at)
+        assert res.pass_at_n == (1.0 if k else 0.0)
+        assert avg_at_n([rewards], correct_at=at) == k / 4
+        assert mean_pass_at_k([rewards], 2, correct_at=at) == (5 / 6 if k else 0.0)
