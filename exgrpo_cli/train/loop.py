@@ -46,6 +46,22 @@ from exgrpo_cli.train.state import RunState
 from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update
 
 
+def accuracy_by_origin(groups: list[Group]) -> dict[str, float]:
+    """The fresh responses' accuracy apart for questions drawn fresh this step and for questions
+    replayed from the buffer (their K-1 fresh responses; the replayed response is left out):
+    `reward/accuracy` pools both, so a run that keeps replaying a few questions it now solves can
+    show a rising training accuracy while it does worse on new ones. A key is absent when the step
+    has no group of that origin."""
+    out = {}
+    for key, from_buffer in (("fresh_questions", False), ("replayed_questions", True)):
+        rewards = [
+            r.reward for g in groups if g.from_buffer == from_buffer for r in g.responses if not r.replayed
+        ]
+        if rewards:
+            out[f"reward/accuracy_{key}"] = float(np.mean(rewards))
+    return out
+
+
 def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
     """An independent generator per (seed, step, purpose): no RNG state to carry across steps."""
     return np.random.default_rng([seed, step, purpose])
@@ -99,8 +115,7 @@ class Trainer:
     def prompt_ids(self, q: Question) -> list[int]:
         ids = self._prompt_cache.get(q.uid)
         if ids is None:
-            text = self.template.render(q, self.tokenizer)
-            ids = self._prompt_cache[q.uid] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = self._prompt_cache[q.uid] = self.template.prompt_ids(q, self.tokenizer)
         return ids
 
     # ------------------------------------------------------------------ the step
@@ -326,6 +341,7 @@ class Trainer:
             out["reward/fresh_solved_none"] = float(np.mean([g.num_correct == 0 for g in fresh_groups]))
         if replayed:
             out["reward/replayed_accuracy"] = float(np.mean(replayed))
+        out.update(accuracy_by_origin(groups))
         return out
 
     def bounds(self) -> Bounds | None:

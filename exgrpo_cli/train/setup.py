@@ -198,7 +198,7 @@ def filter_long(
 ) -> list[Question]:
     kept = []
     for q in questions:
-        n = len(tokenizer(template.render(q, tokenizer), add_special_tokens=False)["input_ids"])
+        n = len(template.prompt_ids(q, tokenizer))
         if n <= limit:
             kept.append(q)
         else:
