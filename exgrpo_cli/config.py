@@ -151,6 +151,13 @@ class ReplayConfig:
     bucket_edges: Optional[list[float]] = None  # None: one bucket per success count 1..K-1
     readmit_retired_fraction: float = 0.0  # share of retired questions put back into sampling
     readmit_every: int = 0  # steps between re-admissions (0: never)
+    readmit_into: str = field(
+        default="sampling",
+        metadata={
+            "help": "where re-admitted retired questions go: sampling (back into fresh sampling from "
+            "the next epoch) | batch (also into the next steps' fresh slots, first; the paper's App. E.4)"
+        },
+    )
     max_experiences: int = 0  # optional cap on stored experiences (0: no cap)
     # eligibility: a group with k of K correct enters the buffer when lbound < k <= rbound
     # (the official experience_lbound / experience_rbound, 0 and 7 at K = 8; k == K retires the
@@ -195,9 +202,16 @@ class TrainerConfig:
     val_questions: int = 0  # held-out questions used (0: all)
     val_temperature: Optional[float] = None  # None: the rollout temperature (the paper: 0.6)
     keep_checkpoints: int = 2
-    # also keep the checkpoint of the best val/accuracy so far in checkpoints/best (saved at the
+    # also keep the checkpoint of the best trainer.best_metric so far in checkpoints/best (saved at the
     # validation that reached it, never pruned), as the official trainer does; `exgrpo eval` reads it
     keep_best: bool = False
+    best_metric: str = field(
+        default="val/accuracy",
+        metadata={
+            "help": "the validation score checkpoints/best maximises: val/accuracy (every sample pooled) | "
+            "val/source_mean (mean over data sources) | val/source_mean_no_minerva (the official criterion)"
+        },
+    )
     resume: str = "auto"  # auto | never | <checkpoint path>
     overwrite: bool = False
     max_skipped_steps: int = 5  # skipped optimizer updates in a row before the run stops

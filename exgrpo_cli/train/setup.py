@@ -32,6 +32,7 @@ from exgrpo_cli.data.sources import load_questions
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
+from exgrpo_cli.evaluation.val_scores import check_best_metric
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer
@@ -153,6 +154,7 @@ def build_trainer(
     template = get_template(cfg.model.template)
     train_qs = filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
     check_pool_size(len(train_qs), cfg.algo.questions_per_step)  # the first step draws that many
+    check_best_metric(cfg.trainer.best_metric, cfg.trainer.keep_best, val_qs)  # before the weights load
 
     # shard before the optimizer is built: fully_shard swaps the parameters for DTensors
     def shard(m: PreTrainedModel) -> PreTrainedModel:

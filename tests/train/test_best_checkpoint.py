@@ -61,10 +61,10 @@ def test_the_best_score_comes_from_the_resumed_state_not_from_an_abandoned_futur
     root = tmp_path / "checkpoints"
     ckpt.keep_best(root, _published(root, 5), 5, 0.9, "val/accuracy")  # the abandoned future's best
     state = SimpleNamespace(step=2, best={"step": 1, "score": 0.2})
-    best = _Best(root, state, DistInfo())  # type: ignore[arg-type]
+    best = _Best(root, state, DistInfo(), "val/accuracy")  # type: ignore[arg-type]
     assert best.improved(0.3) and not best.improved(0.2)
     best.record(3, 0.3)
-    assert state.best == {"step": 3, "score": 0.3}
+    assert state.best == {"step": 3, "score": 0.3, "metric": "val/accuracy"}
 
 
 def test_a_stop_between_the_save_and_the_best_link_is_finished_at_resume(tmp_path: Path) -> None:
@@ -79,6 +79,6 @@ def test_a_stop_between_the_save_and_the_best_link_is_finished_at_resume(tmp_pat
     root = tmp_path / "checkpoints"
     ckpt.keep_best(root, _published(root, 1), 1, 0.2, "val/accuracy")
     _published(root, 3)
-    _Best(root, SimpleNamespace(step=3, best={"step": 3, "score": 0.5}), DistInfo())  # type: ignore[arg-type]
+    _Best(root, SimpleNamespace(step=3, best={"step": 3, "score": 0.5}), DistInfo(), "val/accuracy")  # type: ignore[arg-type]
     assert ckpt.best_record(root) == {"step": 3, "score": 0.5, "metric": "val/accuracy"}
     assert ckpt.verify(root / ckpt.BEST) is None
