@@ -29,10 +29,8 @@ PANELS = (
     Panel("validation accuracy", ("val/accuracy",), 1),
     # reward/accuracy pools both origins; apart they show whether a rising training accuracy is
     # on new questions or on the few the buffer keeps replaying (runs before the split: no line)
-    Panel("training accuracy, questions drawn fresh", ("reward/accuracy_fresh_questions",), 5),
-    Panel(
-        "training accuracy, replayed questions (fresh responses)", ("reward/accuracy_replayed_questions",), 5
-    ),
+    Panel("train accuracy, questions drawn fresh", ("reward/accuracy_fresh_questions",), 5),
+    Panel("train accuracy, replayed questions", ("reward/accuracy_replayed_questions",), 5),
     Panel("token entropy of the update", ("loss/entropy",), 5),
     Panel("response length (fresh, tokens)", ("rollout/response_length",), 5),
     Panel("fresh groups with no correct response", ("reward/fresh_solved_none", "reward/solved_none"), 5),

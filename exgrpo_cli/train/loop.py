@@ -41,25 +41,9 @@ from exgrpo_cli.replay.trajectory import TrajectoryRule
 from exgrpo_cli.reward.scorer import RewardScorer
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 from exgrpo_cli.train.divergence import engine_check
-from exgrpo_cli.train.metrics import loss_metrics, rollout_metrics
+from exgrpo_cli.train.metrics import accuracy_by_origin, loss_metrics, rollout_metrics
 from exgrpo_cli.train.state import RunState
 from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update
-
-
-def accuracy_by_origin(groups: list[Group]) -> dict[str, float]:
-    """The fresh responses' accuracy apart for questions drawn fresh this step and for questions
-    replayed from the buffer (their K-1 fresh responses; the replayed response is left out):
-    `reward/accuracy` pools both, so a run that keeps replaying a few questions it now solves can
-    show a rising training accuracy while it does worse on new ones. A key is absent when the step
-    has no group of that origin."""
-    out = {}
-    for key, from_buffer in (("fresh_questions", False), ("replayed_questions", True)):
-        rewards = [
-            r.reward for g in groups if g.from_buffer == from_buffer for r in g.responses if not r.replayed
-        ]
-        if rewards:
-            out[f"reward/accuracy_{key}"] = float(np.mean(rewards))
-    return out
 
 
 def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
@@ -131,7 +115,9 @@ class Trainer:
                 replayed, selected_score = self.select_replay(step, t)
         retired = st.buffer.retired if self.replay_enabled else ()
         per_step = cfg.algo.questions_per_step
-        fresh = self.choices.draw(st.sampler, per_step - len(replayed), per_step, retired)
+        readmitted = self.take_readmitted(per_step - len(replayed))  # replay.readmit_into=batch
+        slots = per_step - len(replayed) - len(readmitted)
+        fresh = readmitted + self.choices.draw(st.sampler, slots, per_step, retired)
         with t("rollout"), mem("rollout"):
             groups = self.rollout(fresh, replayed, step)
         with t("reward"):
@@ -171,6 +157,8 @@ class Trainer:
             **mem,
             **self.state_metrics(len(replayed), selected_score),
         }
+        if cfg.replay.readmit_into == "batch":
+            metrics["replay/readmitted_trained"] = float(len(readmitted))  # this step
         # the whole step's wall time (batch building and metrics included), not the stages' sum
         metrics["timing/step"] = time.perf_counter() - t_step
         return metrics
@@ -385,6 +373,22 @@ class Trainer:
         self.shards.check_agree(self.state.digest, step)
 
     def maybe_readmit(self, step: int) -> None:
+        """docs/algorithm.md §2: every `replay.readmit_every` steps a share of the retired questions
+        leaves the retired set (back into fresh sampling from the next epoch); with
+        `replay.readmit_into=batch` they are also queued for the next steps' batches."""
         p = self.cfg.replay
         if p.readmit_every and p.readmit_retired_fraction > 0 and step % p.readmit_every == 0:
-            self.state.buffer.readmit(p.readmit_retired_fraction, step_rng(self.cfg.trainer.seed, step, 3))
+            back = self.state.buffer.readmit(
+                p.readmit_retired_fraction, step_rng(self.cfg.trainer.seed, step, 3)
+            )
+            if p.readmit_into == "batch":
+                self.state.readmit_queue.extend(back)
+
+    def take_readmitted(self, slots: int) -> list[Question]:
+        """The queued re-admitted questions this step trains: the first `slots` of the queue (the
+        rest wait for the next steps). They take the first fresh slots; the sampler fills the
+        others (under data.draw=batch it still draws the step's full batch, and the rows the
+        re-admitted questions displace are dropped, as those replay displaces)."""
+        queue = self.state.readmit_queue
+        taken, self.state.readmit_queue = queue[: max(slots, 0)], queue[max(slots, 0) :]
+        return [self.questions[u] for u in taken]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,9 @@ class RunState:
     # trainer.keep_best: {"step", "score"} of the best validation so far, saved with the state so
     # that a resumed or rolled-back run compares with the best of the history it continues
     best: dict[str, Any] | None = None
+    # replay.readmit_into=batch: re-admitted questions not yet trained, served first into the next
+    # steps' fresh slots (uids, in re-admission order)
+    readmit_queue: list[str] = field(default_factory=list)
 
     def count_updates(self, applied: list[bool]) -> None:
         """Keep `skipped_in_a_row` for a step's updates in order (False: skipped, for a non-finite
@@ -86,6 +89,7 @@ class RunState:
             "skipped_in_a_row": self.skipped_in_a_row,
             "wandb_id": self.wandb_id,
             "best": self.best,
+            "readmit_queue": list(self.readmit_queue),
             "python_random": [version, list(mt), gauss],
             "numpy_random": {
                 "name": name,
@@ -103,6 +107,7 @@ class RunState:
         self.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
         self.wandb_id = state.get("wandb_id")
         self.best = state.get("best")
+        self.readmit_queue = [str(u) for u in state.get("readmit_queue", [])]  # absent before it existed
         version, mt, gauss = state["python_random"]
         random.setstate((version, tuple(mt), gauss))
         n = state["numpy_random"]
