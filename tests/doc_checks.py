@@ -188,6 +188,7 @@ COMMANDS: dict[str, Check] = {
     ),
     "exgrpo ablate ablation=paper-table6 trainer.val_samples=4 trainer.eval_every=25": C(DRY),
     "exgrpo ablate ablation=retired trainer.val_samples=4 trainer.eval_every=25": C(DRY),
+    "exgrpo ablate ablation=retired": C(DRY),
     "exgrpo ablate ablation=paper-table6|sampler|replay-ratio|retired": C(TEMPLATE, "each preset named"),
     "exgrpo ablate ablation=replay-ratio hydra/launcher=submitit_slurm hydra.launcher.partition=<partition> "
     "hydra.launcher.account=<account> hydra.launcher.gpus_per_node=8 hydra.launcher.cpus_per_task=64 "
