@@ -5,7 +5,8 @@
 
 Each run is the real CLI in a subprocess with its own output dir; the script reads
 `val/accuracy` at step 0 and at the last step from metrics.jsonl, sums the fresh rollouts, and
-prints a table (median and spread over seeds). Results go to benchmarks/results/<date>-default.json.
+prints a table (median and spread over seeds). Results go to benchmarks/results/<date>-default.json,
+with the date, the load, the commit and the torch/transformers versions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_info, provenance  # noqa: E402  (benchmarks/common.py: date, commit, versions)
 
 
 def run_once(ratio: float | None, seed: int, extra: list[str], out: Path) -> dict:
@@ -87,6 +90,7 @@ def main() -> None:
     p.add_argument("extra", nargs="*", help="more Hydra overrides for every run")
     a = p.parse_args()
     ratios = a.ratios if a.ratios else [None]
+    started = dt.datetime.now().isoformat(timespec="seconds")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for ratio in ratios:
@@ -113,7 +117,15 @@ def main() -> None:
         )
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"{dt.date.today().isoformat()}-default.json"
-    path.write_text(json.dumps({"runs": runs, "summary": summary, "extra": a.extra}, indent=1))
+    record = {
+        "date": started,
+        "machine": {**machine_info(), "loadavg_end": os.getloadavg()[0]},
+        "provenance": provenance(),
+        "runs": runs,
+        "summary": summary,
+        "extra": a.extra,
+    }
+    path.write_text(json.dumps(record, indent=1))
     print(f"\nwrote {path}")
 
 

@@ -104,7 +104,9 @@ COMMANDS: dict[str, Check] = {
     "exgrpo train model=qwen2.5-7b replay.ratio=0.5 trainer.dry_run=true trainer.plan_devices=1x80": C(
         RUN, "exits 2: does not fit, as the page says", rc=2, says="the memory plan does not fit 1 x 80 GiB"
     ),
-    "exgrpo train model=qwen2.5-7b --cfg job": C(RUN),
+    "exgrpo train experiment=paper-qwen2.5-math-1.5b --cfg job": C(
+        RUN, "prints the recipe's 3,072-token cut", says="max_response_tokens: 3072"
+    ),
     "exgrpo train model=qwen2.5-7b replay=none rollout=hf algo.lr=2e-6": C(COMPOSE, "GPU"),
     "exgrpo train experiment=<name>": C(TEMPLATE, "every conf/experiment preset"),
     "exgrpo train experiment=paper-<backbone>": C(TEMPLATE, "every conf/experiment preset"),
