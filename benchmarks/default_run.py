@@ -87,15 +87,17 @@ def main() -> None:
         help="replay.ratio values to compare (default: the config's own)",
     )
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument("--keep", type=Path, default=None, help="keep the run dirs here (default: a temp dir)")
     p.add_argument("extra", nargs="*", help="more Hydra overrides for every run")
     a = p.parse_args()
     ratios = a.ratios if a.ratios else [None]
     started = dt.datetime.now().isoformat(timespec="seconds")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
+        where = a.keep if a.keep is not None else Path(tmp)
         for ratio in ratios:
             for seed in a.seeds:
-                r = run_once(ratio, seed, a.extra, Path(tmp) / f"r{ratio}_s{seed}")
+                r = run_once(ratio, seed, a.extra, where / f"r{ratio}_s{seed}")
                 runs.append(r)
                 print(
                     f"ratio={ratio} seed={seed}: {r['wall_s']:.0f}s  val {r['val_start']:.3f} -> "
