@@ -388,7 +388,9 @@ class Trainer:
         """The queued re-admitted questions this step trains: the first `slots` of the queue (the
         rest wait for the next steps). They take the first fresh slots; the sampler fills the
         others (under data.draw=batch it still draws the step's full batch, and the rows the
-        re-admitted questions displace are dropped, as those replay displaces)."""
+        re-admitted questions displace are dropped, as those replay displaces). Being out of the
+        retired set, a queued question can also come up in sampling once a new epoch starts, so a
+        step may rarely hold it twice (two groups, each counted as the other fresh groups)."""
         queue = self.state.readmit_queue
         taken, self.state.readmit_queue = queue[: max(slots, 0)], queue[max(slots, 0) :]
         return [self.questions[u] for u in taken]
