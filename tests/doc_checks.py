@@ -89,6 +89,7 @@ COMMANDS: dict[str, Check] = {
     "python scripts/build_tiny_model.py --out exgrpo_cli/assets/tiny": C(SCRIPT, "11-13 min"),
     "python benchmarks/default_run.py": C(SCRIPT, "6 training runs"),
     "python benchmarks/default_run.py --seeds 0 1 2 --ratios 0 -- trainer.threads=1": C(SCRIPT, "3 runs"),
+    "python benchmarks/suite.py --only vs_trl memory buffer": C(SCRIPT, "README's bench sections"),
     # --- exgrpo train
     "exgrpo train": C(RUN, cheap=SMALL_TRAIN),
     "exgrpo train replay.ratio=0": C(RUN, cheap=SMALL_TRAIN),
