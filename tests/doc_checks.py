@@ -100,6 +100,7 @@ COMMANDS: dict[str, Check] = {
     "python scripts/build_tiny_model.py --out exgrpo_cli/assets/tiny": C(SCRIPT, "11-13 min"),
     "python benchmarks/default_run.py": C(SCRIPT, "6 training runs"),
     "python benchmarks/default_run.py --seeds 0 1 2 --ratios 0 -- trainer.threads=1": C(SCRIPT, "3 runs"),
+    "python benchmarks/suite.py --only vs_trl memory buffer": C(SCRIPT, "README's bench sections"),
     # --- exgrpo train
     "exgrpo train": C(RUN, cheap=SMALL_TRAIN),
     "exgrpo train replay.ratio=0": C(RUN, cheap=SMALL_TRAIN),
@@ -123,6 +124,9 @@ COMMANDS: dict[str, Check] = {
         says="host memory: a node of 8 ranks needs 246.02 GiB after the first validation",
     ),
     "exgrpo train model=qwen2.5-7b --cfg job": C(RUN),
+    "exgrpo train experiment=paper-qwen2.5-math-1.5b --cfg job": C(
+        RUN, "prints the recipe's 3,072-token cut", says="max_response_tokens: 3072"
+    ),
     "exgrpo train model=qwen2.5-7b replay=none rollout=hf algo.lr=2e-6": C(COMPOSE, "GPU"),
     "exgrpo train experiment=<name>": C(TEMPLATE, "every conf/experiment preset"),
     "exgrpo train experiment=paper-<backbone>": C(TEMPLATE, "every conf/experiment preset"),
@@ -208,6 +212,7 @@ COMMANDS: dict[str, Check] = {
     ),
     "exgrpo ablate ablation=paper-table6 trainer.val_samples=4 trainer.eval_every=25": C(DRY),
     "exgrpo ablate ablation=retired trainer.val_samples=4 trainer.eval_every=25": C(DRY),
+    "exgrpo ablate ablation=retired": C(DRY),
     "exgrpo ablate ablation=paper-table6|sampler|replay-ratio|retired": C(TEMPLATE, "each preset named"),
     "exgrpo ablate ablation=replay-ratio experiment=paper-qwen2.5-math-7b hydra/launcher=submitit_slurm "
     "hydra.launcher.partition=<partition> "

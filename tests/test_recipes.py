@@ -68,6 +68,8 @@ PAPER = {
     # experience_collate_fn drops those replay displaces (about two passes over the 46k in 700 steps)
     "data.draw": "batch",
     "trainer.keep_best": True,  # the official trainer keeps its best validation checkpoint
+    # by its criterion: the unweighted mean of the per-source scores, Minerva left out
+    "trainer.best_metric": "val/source_mean_no_minerva",
 }
 PER_BACKBONE: dict[str, dict[str, Any]] = {
     "paper-qwen2.5-math-7b": {"model.path": "Elliott/Qwen2.5-Math-7B-16k-think", "model.template": "think"},

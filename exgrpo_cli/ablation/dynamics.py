@@ -3,8 +3,8 @@
 Place: `exgrpo ablate`'s summary (ablation/report.py summarize_dir) reads every finished run's
 metrics.jsonl (summary.read_metrics) and plot.plot_dynamics draws these series as dynamics.png:
 the quantities a collapse shows in (token entropy, response length, the share of fresh groups with
-no correct response, the training accuracy, the gradient norm) next to validation accuracy, all
-against the step. Pure maths here; no plotting.
+no correct response, the training accuracy on fresh-drawn and on replayed questions apart, the
+gradient norm) next to validation accuracy, all against the step. Pure maths here; no plotting.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ class Panel:
 # a correct response); runs logged before it existed fall back to reward/solved_none.
 PANELS = (
     Panel("validation accuracy", ("val/accuracy",), 1),
-    Panel("training accuracy (fresh rollouts)", ("reward/accuracy",), 5),
+    # reward/accuracy pools both origins; apart they show whether a rising training accuracy is
+    # on new questions or on the few the buffer keeps replaying (runs before the split: no line)
+    Panel("train accuracy, questions drawn fresh", ("reward/accuracy_fresh_questions",), 5),
+    Panel("train accuracy, replayed questions", ("reward/accuracy_replayed_questions",), 5),
     Panel("token entropy of the update", ("loss/entropy",), 5),
     Panel("response length (fresh, tokens)", ("rollout/response_length",), 5),
     Panel("fresh groups with no correct response", ("reward/fresh_solved_none", "reward/solved_none"), 5),

@@ -64,7 +64,8 @@ def plot_dynamics(
     from exgrpo_cli.ablation.dynamics import PANELS, panel_band
 
     cols = 3
-    fig, axes = plt.subplots(-(-len(PANELS) // cols), cols, figsize=(14, 7.5), squeeze=False)
+    rows = -(-len(PANELS) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(14, 3.75 * rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, panel in zip(axes.flat, PANELS):
         keys: set[str] = set()

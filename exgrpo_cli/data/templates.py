@@ -6,13 +6,14 @@ requires the closing `</think>` (`Template.requires_think`). When a data row car
 messages (the official parquet files do), `think` uses them as given so that a model sees exactly
 the prompt it was trained with. The official evaluation (generate_vllm.py) drops the data's
 system message and lets the model's own chat template supply its default one: `exgrpo eval` asks
-for that with `data_system=False` on the paper benchmarks.
+for that with `data_system=False` on the paper benchmarks. `Template.prompt_ids` is the one place
+a prompt becomes token ids (the plain-text templates' BOS is added there).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from exgrpo_cli.data.types import Question
 
@@ -56,6 +57,18 @@ class Template:
         # tokenize=False on one conversation: the text (the declared union covers ids and batches)
         msgs = self.messages(q, data_system)
         return cast(str, tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+
+    def prompt_ids(self, q: Question, tokenizer: Any, data_system: bool = True) -> list[int]:
+        """The prompt's token ids, what training, validation and eval feed the model. A chat
+        template writes its own special tokens into the text (Llama's `<|begin_of_text|>`), so the
+        text is tokenised without adding any; a plain-text template gets the tokenizer's BOS in
+        front where the tokenizer defines one, as the base model saw every document start in
+        pre-training (Llama-3.1-8B base without it often degrades)."""
+        ids = list(tokenizer(self.render(q, tokenizer, data_system), add_special_tokens=False)["input_ids"])
+        bos = None if self.chat else getattr(tokenizer, "bos_token_id", None)
+        if bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, int(bos))
+        return ids
 
 
 TEMPLATES: dict[str, Template] = {

@@ -91,7 +91,7 @@ def sample_and_grade(
 
     texts_in = [template.render(q, tokenizer, data_system) for q in questions]
     rules = [] if rule_for_prompt is None else [rule_for_prompt(t) for t in texts_in]
-    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts_in]
+    prompts = [template.prompt_ids(q, tokenizer, data_system) for q in questions]
     shards = Shards(dist) if dist is not None else Shards()
     texts = _sample_share(engine, tokenizer, prompts, n, spec, max(1, chunk // n), shards, progress)
     graded = _grade(sorted(texts), texts, questions, scorer, n, kinds, rules)

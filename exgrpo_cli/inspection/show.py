@@ -112,7 +112,7 @@ def show_question(
     if score:
         if q is None:
             raise KeyError(f"cannot score {uid!r}: its prompt is unknown ({note})")
-        out.update(_scores(cfg, mcfg, tok, get_template(cfg.model.template).render(q, tok), exps, rows))
+        out.update(_scores(cfg, mcfg, tok, get_template(cfg.model.template).prompt_ids(q, tok), exps, rows))
     return out
 
 
@@ -120,7 +120,7 @@ def _scores(
     cfg: ExgrpoConfig,
     mcfg: ModelConfig,
     tok: PreTrainedTokenizerBase,
-    prompt: str,
+    prompt_ids: list[int],
     exps: list[Experience],
     rows: list[dict[str, Any]],
 ) -> dict[str, Any]:
@@ -138,7 +138,7 @@ def _scores(
     hf_logging.disable_progress_bar()  # a weights-loading bar would garble the listing
     check_model(mcfg.path, mcfg.gguf_file, mcfg.dtype)  # config.json vs its weights and the memory
     model = load_model(mcfg, pick_device("auto"))
-    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    ids = prompt_ids  # as training fed them (Template.prompt_ids)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     budget = token_budget(cfg.algo.micro_batch_tokens, next(model.parameters()).device)
 

@@ -41,7 +41,7 @@ from exgrpo_cli.replay.trajectory import TrajectoryRule
 from exgrpo_cli.reward.stage import Reward
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 from exgrpo_cli.train.divergence import check_synced_weights, engine_check
-from exgrpo_cli.train.metrics import loss_metrics, rollout_metrics
+from exgrpo_cli.train.metrics import accuracy_by_origin, loss_metrics, rollout_metrics
 from exgrpo_cli.train.reward_step import grade_step
 from exgrpo_cli.train.state import RunState
 from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update
@@ -100,8 +100,7 @@ class Trainer:
     def prompt_ids(self, q: Question) -> list[int]:
         ids = self._prompt_cache.get(q.uid)
         if ids is None:
-            text = self.template.render(q, self.tokenizer)
-            ids = self._prompt_cache[q.uid] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = self._prompt_cache[q.uid] = self.template.prompt_ids(q, self.tokenizer)
         return ids
 
     # ------------------------------------------------------------------ the step
@@ -117,7 +116,9 @@ class Trainer:
                 replayed, selected_score = self.select_replay(step, t)
         retired = st.buffer.retired if self.replay_enabled else ()
         per_step = cfg.algo.questions_per_step
-        fresh = self.choices.draw(st.sampler, per_step - len(replayed), per_step, retired)
+        readmitted = self.take_readmitted(per_step - len(replayed))  # replay.readmit_into=batch
+        slots = per_step - len(replayed) - len(readmitted)
+        fresh = readmitted + self.choices.draw(st.sampler, slots, per_step, retired)
         with t("rollout"), mem("rollout"):
             groups = self.rollout(fresh, replayed, step)
         with t("reward"):
@@ -159,6 +160,8 @@ class Trainer:
             **mem,
             **self.state_metrics(len(replayed), selected_score),
         }
+        if cfg.replay.readmit_into == "batch":
+            metrics["replay/readmitted_trained"] = float(len(readmitted))  # this step
         # the whole step's wall time (batch building and metrics included), not the stages' sum
         metrics["timing/step"] = time.perf_counter() - t_step
         return metrics
@@ -295,7 +298,8 @@ class Trainer:
         rank grades its share of the groups, every rank gets them all (train/reward_step.py)."""
         mine = self.shards.mine(len(groups))
         texts = [decode_response(self.tokenizer, r.ids) for gi in mine for r in groups[gi].responses]
-        return grade_step(self.scorer, self.shards, groups, texts)
+        # accuracy apart for questions drawn fresh and replayed ones: reward/accuracy pools both
+        return grade_step(self.scorer, self.shards, groups, texts) | accuracy_by_origin(groups)
 
     def bounds(self) -> Bounds | None:
         """The success counts whose groups the buffer collects (lbound, rbound) this step; None
@@ -338,6 +342,24 @@ class Trainer:
         self.shards.check_agree(self.state.digest, step)
 
     def maybe_readmit(self, step: int) -> None:
+        """docs/algorithm.md §2: every `replay.readmit_every` steps a share of the retired questions
+        leaves the retired set (back into fresh sampling from the next epoch); with
+        `replay.readmit_into=batch` they are also queued for the next steps' batches."""
         p = self.cfg.replay
         if p.readmit_every and p.readmit_retired_fraction > 0 and step % p.readmit_every == 0:
-            self.state.buffer.readmit(p.readmit_retired_fraction, step_rng(self.cfg.trainer.seed, step, 3))
+            back = self.state.buffer.readmit(
+                p.readmit_retired_fraction, step_rng(self.cfg.trainer.seed, step, 3)
+            )
+            if p.readmit_into == "batch":
+                self.state.readmit_queue.extend(back)
+
+    def take_readmitted(self, slots: int) -> list[Question]:
+        """The queued re-admitted questions this step trains: the first `slots` of the queue (the
+        rest wait for the next steps). They take the first fresh slots; the sampler fills the
+        others (under data.draw=batch it still draws the step's full batch, and the rows the
+        re-admitted questions displace are dropped, as those replay displaces). Being out of the
+        retired set, a queued question can also come up in sampling once a new epoch starts, so a
+        step may rarely hold it twice (two groups, each counted as the other fresh groups)."""
+        queue = self.state.readmit_queue
+        taken, self.state.readmit_queue = queue[: max(slots, 0)], queue[max(slots, 0) :]
+        return [self.questions[u] for u in taken]

@@ -1,4 +1,5 @@
-"""The `rollout/` and `loss/` metrics of one step, from its groups and its update's result.
+"""The `rollout/`, `loss/` and per-origin `reward/` metrics of one step, from its groups and its
+update's result.
 
 Where it sits in the step: last, before logging (train/run.py then averages every metric over the
 ranks). Functions of what the step produced; `loss_metrics` is a collective under torchrun: its
@@ -58,3 +59,24 @@ def loss_metrics(res: UpdateResult, lr: float, dist: DistInfo | None = None) -> 
         "optim/skipped_steps": float(res.skipped),
         "optim/lr": lr,
     }
+
+
+def accuracy_by_origin(groups: list[Group]) -> dict[str, float]:
+    """The fresh responses' accuracy apart for questions drawn fresh this step and for questions
+    replayed from the buffer (their K-1 fresh responses; the replayed response is left out), as
+    `reward/accuracy` counts them (at or above reward.correct_at):
+    `reward/accuracy` pools both, so a run that keeps replaying a few questions it now solves can
+    show a rising training accuracy while it does worse on new ones. A key is absent when the step
+    has no group of that origin."""
+    out = {}
+    for key, from_buffer in (("fresh_questions", False), ("replayed_questions", True)):
+        correct = [
+            r.is_correct
+            for g in groups
+            if g.from_buffer == from_buffer
+            for r in g.responses
+            if not r.replayed
+        ]
+        if correct:
+            out[f"reward/accuracy_{key}"] = float(np.mean(correct))
+    return out

@@ -23,6 +23,7 @@ from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.bad_rows import LoadReport, skipped_rows_lines
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import ExgrpoError, UsageError
+from exgrpo_cli.evaluation.val_scores import source_scores
 from exgrpo_cli.evaluation.validate import sample_and_grade
 from exgrpo_cli.metrics import MetricLogger
 from exgrpo_cli.metrics.logger import resume_point
@@ -237,7 +238,7 @@ def _loop(
 ) -> None:
     st, dist, t, shards = trainer.state, trainer.dist, trainer.cfg.trainer, trainer.shards
     switch, ratio, warned = st.switch, trainer.cfg.replay.ratio, False
-    best = _Best(out / "checkpoints", st, dist) if t.keep_best else None
+    best = _Best(out / "checkpoints", st, dist, t.best_metric) if t.keep_best else None
     with stop:
         for step in range(st.step + 1, t.steps + 1):
             raw = trainer.train_step(step)
@@ -261,14 +262,14 @@ def _loop(
             # a signal may reach one rank only: all ranks stop at the same step (and requeue or not)
             code = shards.max({"stop": float(stop.code)})["stop"]
             stop.agree(int(code))
-            improved = best is not None and best.improved(metrics.get(_Best.METRIC))
+            improved = best is not None and best.improved(metrics.get(t.best_metric))
             if improved and best is not None:
-                best.record(step, metrics[_Best.METRIC])
+                best.record(step, metrics[t.best_metric])
             saved_s = time.monotonic()
             if last or stop.flag or give_up or improved or (t.save_every and step % t.save_every == 0):
                 saved = st.save(out / "checkpoints", t.keep_checkpoints, trainer.tokenizer, dist)
                 if improved and best is not None:
-                    best.keep(saved, step, metrics[_Best.METRIC])
+                    best.keep(saved, step, metrics[t.best_metric])
             saved_s = time.monotonic() - saved_s
             if give_up:
                 raise TrainingAborted(
@@ -293,12 +294,11 @@ class _Best:
     """trainer.keep_best: the best validation score so far and the save that keeps a new best
     (policy/checkpoint.py). The score lives in the run state (`RunState.best`, in every
     checkpoint), so a resumed run compares with the best of the history it continues, also after
-    a roll-back; `checkpoints/best` is the copy a user evaluates."""
+    a roll-back; `checkpoints/best` is the copy a user evaluates. The score is `trainer.best_metric`
+    (evaluation/val_scores.py); a best recorded under another criterion does not count."""
 
-    METRIC = "val/accuracy"
-
-    def __init__(self, root: Path, state: RunState, dist: D.DistInfo) -> None:
-        self.root, self.state, self.dist = root, state, dist
+    def __init__(self, root: Path, state: RunState, dist: D.DistInfo, metric: str) -> None:
+        self.root, self.state, self.dist, self.metric = root, state, dist, metric
         best, folder = state.best, root / f"step_{state.step}"
         if (
             dist.is_main
@@ -313,7 +313,7 @@ class _Best:
                 record = None
             if record is None or record["step"] != state.step:
                 # the run stopped between publishing this step and linking it as the best
-                ckpt.keep_best(root, folder, state.step, float(best["score"]), self.METRIC)
+                ckpt.keep_best(root, folder, state.step, float(best["score"]), self.metric)
 
     def improved(self, score: float | None) -> bool:
         """Whether this validation beats the best so far; every rank takes rank 0's decision (a
@@ -321,15 +321,17 @@ class _Best:
         if score is None:  # no validation this step (on every rank alike)
             return False
         best = self.state.best
+        if best is not None and best.get("metric", "val/accuracy") != self.metric:
+            best = None  # resumed under another criterion: its scores do not compare
         return bool(Shards(self.dist).from_main(best is None or score > float(best["score"])))
 
     def record(self, step: int, score: float) -> None:
         """Before the save: the checkpoint of this step holds its own best record."""
-        self.state.best = {"step": step, "score": score}
+        self.state.best = {"step": step, "score": score, "metric": self.metric}
 
     def keep(self, saved: Path | None, step: int, score: float) -> None:
         if saved is not None:  # rank 0
-            ckpt.keep_best(self.root, saved, step, score, self.METRIC)
+            ckpt.keep_best(self.root, saved, step, score, self.metric)
 
     def summary(self) -> str:
         try:
@@ -370,4 +372,6 @@ def validate(trainer: Trainer, val_qs: list[Question]) -> dict[str, float]:
     # next rollout syncs the weights again (seconds at 7B); level 1 would keep them in pinned host
     # memory, rounded up by torch's host allocator and never given back (plan/host.py)
     trainer.engine.release(keep_weights=cfg.rollout.validation_sleep_level == 1)
-    return {"val/accuracy": res.accuracy, f"val/pass@{cfg.trainer.val_samples}": res.pass_at_n}
+    # per data source too when the held-out rows name theirs (the official valid.parquet does)
+    scores = {"val/accuracy": res.accuracy, f"val/pass@{cfg.trainer.val_samples}": res.pass_at_n}
+    return {**scores, **source_scores(res.questions, res.correct)}

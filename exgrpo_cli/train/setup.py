@@ -34,6 +34,7 @@ from exgrpo_cli.data.template_budget import check_template
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
+from exgrpo_cli.evaluation.val_scores import check_best_metric
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer
@@ -190,6 +191,7 @@ def build_trainer(
     check_pool_size(len(train_qs), cfg.algo.questions_per_step)  # the first step draws that many
     fingerprint = data_fingerprint(train_qs)
     new_data = resume_from is not None and check_resume_data(cfg, resume_from, fingerprint)
+    check_best_metric(cfg.trainer.best_metric, cfg.trainer.keep_best, val_qs)  # before the weights load
 
     # shard before the optimizer is built: fully_shard swaps the parameters for DTensors
     def shard(m: PreTrainedModel) -> PreTrainedModel:
@@ -297,7 +299,7 @@ def filter_long(
 ) -> list[Question]:
     kept = []
     for q in questions:
-        n = len(tokenizer(template.render(q, tokenizer), add_special_tokens=False)["input_ids"])
+        n = len(template.prompt_ids(q, tokenizer))
         if n <= limit:
             kept.append(q)
         else:

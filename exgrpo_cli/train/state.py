@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,9 @@ class RunState:
     # what the run trains on, checked at resume (train/setup.py `check_resume_data`): a digest of
     # the training questions' ids in pool order (the sampler's indices point into that order)
     data_fingerprint: str = ""
+    # replay.readmit_into=batch: re-admitted questions not yet trained, served first into the next
+    # steps' fresh slots (uids, in re-admission order)
+    readmit_queue: list[str] = field(default_factory=list)
 
     def count_updates(self, applied: list[bool]) -> None:
         """Keep `skipped_in_a_row` for a step's updates in order (False: skipped, for a non-finite
@@ -93,6 +96,7 @@ class RunState:
             "best": self.best,
             "data_fingerprint": self.data_fingerprint,
             "rollout_n": self.buffer.group_size,
+            "readmit_queue": list(self.readmit_queue),
             "python_random": [version, list(mt), gauss],
             "numpy_random": {
                 "name": name,
@@ -113,6 +117,8 @@ class RunState:
         self.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
         self.wandb_id = state.get("wandb_id")
         self.best = state.get("best")
+        # absent before it existed; uids of the old pool mean nothing on new data
+        self.readmit_queue = [] if new_data else [str(u) for u in state.get("readmit_queue", [])]
         version, mt, gauss = state["python_random"]
         random.setstate((version, tuple(mt), gauss))
         n = state["numpy_random"]

@@ -61,10 +61,10 @@ def test_the_best_score_comes_from_the_resumed_state_not_from_an_abandoned_futur
     root = tmp_path / "checkpoints"
     ckpt.keep_best(root, _published(root, 5), 5, 0.9, "val/accuracy")  # the abandoned future's best
     state = SimpleNamespace(step=2, best={"step": 1, "score": 0.2})
-    best = _Best(root, state, DistInfo())  # type: ignore[arg-type]
+    best = _Best(root, state, DistInfo(), "val/accuracy")  # type: ignore[arg-type]
     assert best.improved(0.3) and not best.improved(0.2)
     best.record(3, 0.3)
-    assert state.best == {"step": 3, "score": 0.3}
+    assert state.best == {"step": 3, "score": 0.3, "metric": "val/accuracy"}
 
 
 def test_a_stop_between_the_save_and_the_best_link_is_finished_at_resume(tmp_path: Path) -> None:
@@ -79,6 +79,54 @@ def test_a_stop_between_the_save_and_the_best_link_is_finished_at_resume(tmp_pat
     root = tmp_path / "checkpoints"
     ckpt.keep_best(root, _published(root, 1), 1, 0.2, "val/accuracy")
     _published(root, 3)
-    _Best(root, SimpleNamespace(step=3, best={"step": 3, "score": 0.5}), DistInfo())  # type: ignore[arg-type]
+    _Best(root, SimpleNamespace(step=3, best={"step": 3, "score": 0.5}), DistInfo(), "val/accuracy")  # type: ignore[arg-type]
     assert ckpt.best_record(root) == {"step": 3, "score": 0.5, "metric": "val/accuracy"}
     assert ckpt.verify(root / ckpt.BEST) is None
+
+
+@pytest.mark.slow
+def test_the_best_is_kept_by_the_official_criterion_when_asked(tiny_model: Path, tmp_path: Path) -> None:
+    """trainer.best_metric=val/source_mean_no_minerva (the paper recipes'): validation logs each
+    data_source's accuracy and their Minerva-free mean, and checkpoints/best is the step where
+    that mean peaked, not where the pooled val/accuracy did."""
+    from exgrpo_cli.data.synthetic import generate
+
+    qs = generate(96, max_digits=2, ops=["+", "-", "*"], seed=5, prefix="s")
+    train, val = qs[:64], qs[64:]
+    sources = ["aime"] * 20 + ["math"] * 4 + ["minerva"] * 8  # many rows of one source, as AIME's repeats
+
+    def write(path: Path, rows: list, tags: list[str] | None = None) -> None:
+        lines = []
+        for i, q in enumerate(rows):
+            row = {"id": q.uid, "prompt": q.question, "ground_truth": q.answer}
+            if tags:
+                row["data_source"] = tags[i]
+            lines.append(json.dumps(row))
+        path.write_text("\n".join(lines) + "\n")
+
+    write(tmp_path / "train.jsonl", train)
+    write(tmp_path / "val.jsonl", val, sources)
+    run = tmp_path / "run"
+    args = [
+        "data=local",
+        f"data.path={tmp_path / 'train.jsonl'}",
+        f"data.val_path={tmp_path / 'val.jsonl'}",
+        "trainer.steps=4",
+        "trainer.eval_every=1",
+        "trainer.val_questions=0",
+        "trainer.keep_best=true",
+        "trainer.best_metric=val/source_mean_no_minerva",
+    ]
+    res = run_cli(["train", f"hydra.run.dir={run}", *SMALL_RUN, *args], timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    vals = {r["step"]: r for r in rows if r["step"] >= 1 and "val/accuracy" in r}
+    assert sorted(vals) == [1, 2, 3, 4]
+    for r in vals.values():
+        per = [r["val/accuracy/aime"], r["val/accuracy/math"]]
+        assert r["val/source_mean_no_minerva"] == pytest.approx(sum(per) / 2)
+        assert "val/accuracy/minerva" in r
+    official = {s: r["val/source_mean_no_minerva"] for s, r in vals.items()}
+    best_step = max(official, key=lambda s: (official[s], -s))
+    record = json.loads((run / "checkpoints" / "best" / "BEST.json").read_text())
+    assert record == {"step": best_step, "score": official[best_step], "metric": "val/source_mean_no_minerva"}

@@ -44,6 +44,9 @@ class Template:
     def render(self, q: Question, tokenizer: object, data_system: bool = True) -> str:
         return q.question
 
+    def prompt_ids(self, q: Question, tokenizer: Tok, data_system: bool = True) -> list[int]:
+        return tokenizer(self.render(q, tokenizer, data_system))["input_ids"]
+
 
 class Engine:
     """A response is [prompt's first id, its rank among that prompt's responses, seed]: it names

@@ -1,0 +1,87 @@
+"""Re-admission of retired questions (docs/algorithm.md §2): back into fresh sampling
+(`replay.readmit_into=sampling`), or also into the next steps' batches (`batch`, the paper's
+App. E.4: 10% of the retired questions put back into the training batch every 25 steps)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.data.sampler import QuestionSampler
+from exgrpo_cli.data.types import Question
+from exgrpo_cli.replay.buffer import ExperienceBuffer
+from exgrpo_cli.replay.mixing import Group, Response
+from exgrpo_cli.replay.schedule import DelayedStart
+from exgrpo_cli.train.loop import Trainer
+from exgrpo_cli.train.setup import choices
+from exgrpo_cli.train.state import RunState
+
+from conftest import SMALL_RUN, run_cli
+
+
+def _trainer(into: str) -> Trainer:
+    cfg = ExgrpoConfig()
+    cfg.rollout.n = 4
+    cfg.replay.readmit_retired_fraction, cfg.replay.readmit_every, cfg.replay.readmit_into = 0.5, 2, into
+    switch = DelayedStart(0.0)
+    switch.update(1, 1.0)
+    sampler = QuestionSampler([Question(f"p{i}", "p", "1") for i in range(8)], 0)
+    state = RunState(None, None, sampler, ExperienceBuffer(4), switch, 0)  # type: ignore[arg-type]
+    t = Trainer(cfg, state, None, None, None, None, choices(cfg))  # type: ignore[arg-type]
+    solved = [
+        Group(Question(f"p{i}", "p", "1"), [1], [Response([1], [-1.0], reward=1.0)] * 4) for i in range(4)
+    ]
+    t.observe(solved, step=1, trainer_logp={})
+    t.state.buffer.end_step()  # p0..p3 retired
+    return t
+
+
+def test_readmit_into_batch_queues_them_for_the_next_steps_first_fresh_slots() -> None:
+    t = _trainer("batch")
+    t.maybe_readmit(1)  # not a re-admission step
+    assert t.state.readmit_queue == []
+    t.maybe_readmit(2)
+    back = list(t.state.readmit_queue)
+    assert len(back) == 2 and not any(t.state.buffer.is_retired(u) for u in back)
+    assert [q.uid for q in t.take_readmitted(1)] == back[:1]  # one fresh slot: the first
+    assert t.state.readmit_queue == back[1:]  # the other waits for the next step
+    state = t.state.state_dict()  # and is in the checkpoint
+    assert state["readmit_queue"] == back[1:]
+    t.state.readmit_queue = []
+    t.state.load_state_dict(state)
+    assert [q.uid for q in t.take_readmitted(5)] == back[1:] and t.state.readmit_queue == []
+
+
+def test_readmit_into_sampling_queues_nothing() -> None:
+    t = _trainer("sampling")
+    t.maybe_readmit(2)
+    assert t.state.readmit_queue == [] and t.take_readmitted(4) == []
+    assert sum(t.state.buffer.is_retired(f"p{i}") for i in range(4)) == 2  # they left the retired set
+
+
+@pytest.mark.slow
+def test_a_run_trains_the_readmitted_questions_in_the_step_after(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = [
+        "trainer.steps=6",
+        "trainer.eval_every=0",
+        "data.synthetic.max_digits=1",  # an easy pool: groups solved K/K, so questions retire
+        "data.synthetic.num_train=64",
+        "data.synthetic.num_val=16",
+        "replay.start_threshold=0",
+        "replay.readmit_retired_fraction=1.0",
+        "replay.readmit_every=2",
+        "replay.readmit_into=batch",
+    ]
+    res = run_cli(["train", f"hydra.run.dir={run}", *SMALL_RUN, *args], timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    # re-admission at steps 2 and 4 (the whole retired set), trained at steps 3 and 5 (up to the
+    # step's fresh slots): a question retired by then must have come back
+    readmitted = {s: rows[s]["replay/readmitted"] for s in (2, 4)}
+    assert readmitted[4] > 0, readmitted
+    trained = [rows[s]["replay/readmitted_trained"] for s in (1, 2, 3, 4, 5, 6)]
+    assert trained[0] == trained[1] == 0 and trained[2] + trained[4] > 0, trained
