@@ -123,7 +123,6 @@ COMMANDS: dict[str, Check] = {
         rc=2,
         says="host memory: a node of 8 ranks needs 246.02 GiB after the first validation",
     ),
-    "exgrpo train model=qwen2.5-7b --cfg job": C(RUN),
     "exgrpo train experiment=paper-qwen2.5-math-1.5b --cfg job": C(
         RUN, "prints the recipe's 3,072-token cut", says="max_response_tokens: 3072"
     ),

@@ -47,7 +47,9 @@ class _Recorder:
 
 
 class _Zero:
-    def score(self, responses: Any, answers: Any, kinds: Any = None, *, rules: Any = None) -> ScoreResult:
+    def score(
+        self, responses: Any, answers: Any, kinds: Any = None, *, rules: Any = None, questions: Any = None
+    ) -> ScoreResult:
         return ScoreResult([0.0] * len(responses), [None] * len(responses))
 
 

@@ -73,14 +73,16 @@ def test_the_training_validation_logs_the_per_source_scores() -> None:
             return "".join(chr(i) for i in ids)
 
     class Scorer:  # "aime" questions wrong, the others right
-        def score(self, responses: Any, answers: Any, kinds: Any = None, *, rules: Any = None) -> ScoreResult:
+        def score(
+            self, responses: Any, answers: Any, kinds: Any = None, *, rules: Any = None, questions: Any = None
+        ) -> ScoreResult:
             return ScoreResult([float(a == "1") for a in answers], [None] * len(responses))
 
     qs = [Question(f"a{i}", "x", "0", meta={"data_source": "aime"}) for i in range(8)]
     qs += [Question(f"m{i}", "x", "1", meta={"data_source": s}) for i, s in enumerate(["math", "minerva"])]
     cfg = SimpleNamespace(
         trainer=SimpleNamespace(val_temperature=0.6, seed=0, val_samples=1),
-        rollout=SimpleNamespace(temperature=1.0, top_p=1.0),
+        rollout=SimpleNamespace(temperature=1.0, top_p=1.0, validation_sleep_level=2),
         model=SimpleNamespace(max_response_tokens=4),
     )
     trainer = SimpleNamespace(

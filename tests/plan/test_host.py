@@ -128,7 +128,7 @@ def test_validation_sleeps_at_the_configured_level(monkeypatch: pytest.MonkeyPat
 
     levels: list[bool] = []
     engine = SimpleNamespace(release=lambda keep_weights=False: levels.append(keep_weights))
-    graded = SimpleNamespace(accuracy=0.5, pass_at_n=1.0)
+    graded = SimpleNamespace(accuracy=0.5, pass_at_n=1.0, questions=[], correct=[])
     monkeypatch.setattr(run, "sample_and_grade", lambda *a, **k: graded)
     cfg = ExgrpoConfig()
     trainer = SimpleNamespace(cfg=cfg, engine=engine, tokenizer=None, template=None, scorer=None, dist=None)
