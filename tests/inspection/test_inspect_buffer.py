@@ -1,4 +1,5 @@
-"""`exgrpo inspect-buffer`: on a real checkpoint of a short ExGRPO run (text, JSON, show, plot), the
+"""`exgrpo inspect-buffer`: on a real checkpoint of a short ExGRPO run (the session's shared
+replay_run, conftest.py) (text, JSON, show, plot), the
 pure report maths, and the speed on a synthetic buffer of 100k experiences."""
 
 from __future__ import annotations
@@ -13,31 +14,14 @@ import pytest
 from exgrpo_cli.inspection import report as rp
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 
-from conftest import run_cli
-
-SMALL = [
-    "algo.questions_per_step=8",
-    "rollout.n=4",
-    "trainer.val_questions=8",
-    "trainer.val_samples=1",
-    "logger.wandb.mode=disabled",
-    "trainer.threads=1",
-    "trainer.steps=2",
-    "replay.start_threshold=0",
-    "replay.ratio=0.5",
-]
+from conftest import SharedRun, run_cli
+from shared_artefacts import private_copy
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from conftest import TINY
-
-    if not (TINY / "config.json").is_file():
-        pytest.skip("the tiny model is not built (make tiny-model)")
-    out = tmp_path_factory.mktemp("inspect") / "run"
-    res = run_cli(["train", f"hydra.run.dir={out}", *SMALL])
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return out
+def _run_copy(replay_run: SharedRun, dest: Path) -> Path:
+    """The shared replaying run (conftest.REPLAY_RUN: 3 steps, replay from step 1), copied: the plot
+    below writes buffer.png into the run dir it inspects."""
+    return private_copy(replay_run.dir, dest)
 
 
 def _inspect(*args: str, cwd: Path) -> dict | str:
@@ -47,12 +31,13 @@ def _inspect(*args: str, cwd: Path) -> dict | str:
 
 
 @pytest.mark.slow
-def test_inspect_a_real_run_as_json_and_text(run_dir: Path, tmp_path: Path):
+def test_inspect_a_real_run_as_json_and_text(replay_run: SharedRun, tmp_path: Path):
+    run_dir = _run_copy(replay_run, tmp_path / "run")
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
-    buf = ExperienceBuffer.load(str(run_dir / "checkpoints/step_2/replay"))
+    buf = ExperienceBuffer.load(str(run_dir / "checkpoints/step_3/replay"))
     assert buf.num_questions > 0, "the tiny model solves some questions partly"
     rep = _inspect(str(run_dir), "--json", cwd=tmp_path)  # a run dir: its latest checkpoint
-    assert rep["checkpoint"].endswith("checkpoints/step_2") and rep["step"] == 2
+    assert rep["checkpoint"].endswith("checkpoints/step_3") and rep["step"] == 3
     assert rep["delayed_start"] == {"active": True, "started_at": 1, "threshold": 0.0}
     assert (rep["questions"], rep["experiences"], rep["retired"]) == (
         buf.num_questions,
@@ -67,7 +52,7 @@ def test_inspect_a_real_run_as_json_and_text(run_dir: Path, tmp_path: Path):
     every = [u for b in range(buf.num_buckets) for u in buf.questions_in_bucket(b)]
     assert top["experiences"] == max(len(buf.experiences(u)) for u in every)
 
-    text = _inspect(str(run_dir / "checkpoints/step_2"), cwd=tmp_path)  # a checkpoint dir
+    text = _inspect(str(run_dir / "checkpoints/step_3"), cwd=tmp_path)  # a checkpoint dir
     for needle in (
         "delayed start",
         "active since step 1",
@@ -103,11 +88,11 @@ def test_inspect_refuses_a_missing_target(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_inspect_refuses_a_missing_question(run_dir: Path, tmp_path: Path):
+def test_inspect_refuses_a_missing_question(replay_run: SharedRun, tmp_path: Path):
     res = run_cli(
         [
             "inspect-buffer",
-            str(run_dir),
+            str(replay_run.dir),
             "inspect.show=no-such-question",
             "--json",
             f"hydra.run.dir={tmp_path / 'h'}",

@@ -13,11 +13,19 @@ import pytest
 
 from exgrpo_cli.policy import checkpoint as ckpt
 
-from conftest import SMALL_RUN, run_cli
+from conftest import SMALL_RUN, SharedRun, run_cli, shared_train_run
+from shared_artefacts import private_copy
 
 pytestmark = pytest.mark.slow
 
 SMALL = [*SMALL_RUN, "trainer.save_every=2", "trainer.keep_checkpoints=2"]
+
+
+@pytest.fixture(scope="session")
+def four_steps(request: pytest.FixtureRequest) -> SharedRun:
+    """SMALL's 4-step run (checkpoints step_2 and step_4), trained once per test run: two tests
+    below start from their own copy of it."""
+    return shared_train_run(request, "faults-4-steps", [*SMALL, "trainer.steps=4"])
 
 
 def _steps(out: Path) -> list[int]:
@@ -25,11 +33,9 @@ def _steps(out: Path) -> list[int]:
 
 
 def test_a_corrupted_checkpoint_is_quarantined_and_the_run_resumes_from_the_last_good_one(
-    tiny_model: Path, tmp_path: Path
+    four_steps: SharedRun, tmp_path: Path
 ) -> None:
-    out = tmp_path / "run"
-    first = run_cli(["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=4"])
-    assert first.returncode == 0, first.stderr[-3000:]
+    out = private_copy(four_steps.dir, tmp_path / "run")
     root = out / "checkpoints"
     keep = tmp_path / "step_4-copy"
     shutil.copytree(root / "step_4", keep)
@@ -96,12 +102,12 @@ def _poison_optimizer_metadata(folder: Path, marker: Path) -> None:
     (folder / ckpt.COMPLETE).write_text(json.dumps(record))
 
 
-def test_a_checkpoint_whose_optimizer_metadata_is_code_runs_nothing(tiny_model: Path, tmp_path: Path) -> None:
+def test_a_checkpoint_whose_optimizer_metadata_is_code_runs_nothing(
+    four_steps: SharedRun, tmp_path: Path
+) -> None:
     """The issue's scenario: an explicit resume from the crafted checkpoint exits 2 with one
     message and runs nothing; an automatic resume quarantines it and falls back to the older one."""
-    out = tmp_path / "run"
-    first = run_cli(["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=4"])
-    assert first.returncode == 0, first.stderr[-3000:]
+    out = private_copy(four_steps.dir, tmp_path / "run")
     root = out / "checkpoints"
     marker = tmp_path / "pwned"
     _poison_optimizer_metadata(root / "step_4", marker)

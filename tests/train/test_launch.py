@@ -17,9 +17,10 @@ from exgrpo_cli.config import ConfigError, ExgrpoConfig
 from exgrpo_cli.config_checks import validate
 from exgrpo_cli.train.launch import resolve_nproc
 
-from conftest import REPO, cli_env, run_cli
+from conftest import REPO, SMALL_RUN, cli_env, run_cli
 
-ARGS = ["trainer.threads=1", "trainer.val_questions=8", "trainer.val_samples=1", "logger.wandb.mode=disabled"]
+# SMALL_RUN's sizes: 4 questions x 4 responses a step, i.e. two questions on each of the two ranks
+ARGS = SMALL_RUN
 
 
 def test_nproc_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,9 +69,9 @@ def test_ctrl_c_stops_every_rank_with_one_checkpoint(tiny_model: Path, tmp_path:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     deadline = time.time() + 300
     while time.time() < deadline and not (out / "metrics.jsonl").is_file():
-        time.sleep(1)
+        time.sleep(0.2)
     while time.time() < deadline and len(_steps(out)) < 3:  # step 0 (validation) and two steps
-        time.sleep(1)
+        time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from exgrpo_cli.policy.distributed import read_optimizer_tensors
 
 from conftest import REPO, cli_env, run_cli
+from shared_artefacts import build_once, session_root
 
 ARGS = [
     "algo.questions_per_step=6",
@@ -34,7 +35,7 @@ ARGS = [
     "trainer.seed=7",
 ]
 
-# Every test here shares a 4-step reference run (the module fixture), and two rerun it with kills.
+# Every test here shares a 4-step reference run (built once per test run), and two rerun it with kills.
 pytestmark = pytest.mark.slow
 
 
@@ -67,9 +68,13 @@ def _train(out: Path, env_extra: dict | None = None) -> subprocess.CompletedProc
 def reference(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict:
     if not (REPO / "exgrpo_cli/assets/tiny/config.json").is_file():
         pytest.skip("the tiny model is not built")
-    out = tmp_path_factory.mktemp("ref")
-    res = _train(out)
-    assert res.returncode == 0, res.stderr[-3000:]
+
+    def build(out: Path) -> None:
+        res = _train(out)
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    # once per test run, also when pytest-xdist gives this file's tests to several workers
+    out = build_once(session_root(request), "resume-reference", build)
     index = json.loads((out / "checkpoints/step_4/replay/index.json").read_text())
     return {"state": _final_state(out), "index": index, "out": out}
 

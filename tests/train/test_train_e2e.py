@@ -1,4 +1,6 @@
-"""`exgrpo train` end to end through the real CLI, on the shipped tiny model (CPU, small batches)."""
+"""`exgrpo train` end to end through the real CLI, on the shipped tiny model (CPU, small batches).
+The on-policy and the replaying run are the session's shared ones (conftest: onpolicy_run,
+replay_run), trained once per test run and read here and by other files."""
 
 from __future__ import annotations
 
@@ -9,21 +11,26 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SMALL_RUN, TINY, run_cli
+from conftest import SMALL_RUN, TINY, SharedRun, run_cli
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def _train(out: Path, *extra: str) -> list[dict]:
     res = run_cli(["train", f"hydra.run.dir={out}", *SMALL_RUN, *extra], timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return _rows(out)
 
 
 @pytest.mark.slow
-def test_train_smoke(tiny_model: Path, tmp_path: Path):
+def test_train_smoke(tiny_model: Path, onpolicy_run: SharedRun):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = tmp_path / "run"
-    rows = _train(out, "trainer.steps=2", "replay.ratio=0")
+    assert {"trainer.steps=2", "replay.ratio=0"} <= set(onpolicy_run.overrides)
+    out = onpolicy_run.dir
+    rows = _rows(out)
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert "val/accuracy" in rows[0] and "val/accuracy" in rows[-1]
     for key in (
@@ -63,11 +70,11 @@ def test_train_smoke(tiny_model: Path, tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_exgrpo_replays_from_the_second_step(tiny_model: Path, tmp_path: Path):
-    out = tmp_path / "run"
-    rows = _train(
-        out, "trainer.steps=3", "replay.ratio=0.5", "replay.start_threshold=0", "algo.questions_per_step=8"
-    )
+def test_exgrpo_replays_from_the_second_step(replay_run: SharedRun):
+    wanted = {"trainer.steps=3", "replay.ratio=0.5", "replay.start_threshold=0", "algo.questions_per_step=8"}
+    assert wanted <= set(replay_run.overrides)
+    out = replay_run.dir
+    rows = _rows(out)
     steps = {r["step"]: r for r in rows}
     for key in (
         "replay/active",
@@ -110,12 +117,14 @@ def test_a_run_whose_delayed_start_never_fires_says_so(tiny_model: Path, tmp_pat
 
 
 @pytest.mark.slow
-def test_ratio_zero_is_exactly_on_policy(tiny_model: Path, tmp_path: Path):
-    """With replay.ratio=0 no replay setting may change anything: the run is plain Dr.GRPO."""
-    a = tmp_path / "a"
+def test_ratio_zero_is_exactly_on_policy(onpolicy_run: SharedRun, tmp_path: Path):
+    """With replay.ratio=0 no replay setting may change anything: the run is plain Dr.GRPO. Run a
+    is the shared on-policy run; b is the same command with every replay setting changed."""
+    a = onpolicy_run.dir
     b = tmp_path / "b"
-    base = ["trainer.steps=2", "replay.ratio=0", "trainer.val_questions=2"]
-    rows_a = _train(a, *base)
+    base = ["trainer.steps=2", "replay.ratio=0"]
+    assert [*SMALL_RUN, *base] == list(onpolicy_run.overrides)
+    rows_a = _rows(a)
     rows_b = _train(
         b,
         *base,
