@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,3 +16,9 @@ class Question:
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # e.g. difficulty, source
     # every column of the data row, by name: what a reward=python function receives
     columns: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+
+def answer_only_questions(answers: Sequence[str]) -> list[Question]:
+    """Stand-in questions for a scorer called with gold answers only (eval's and old callers'
+    form): they carry the answer and nothing else."""
+    return [Question(uid=str(i), question="", answer=str(a)) for i, a in enumerate(answers)]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from exgrpo_cli.config import RewardModelConfig
-from exgrpo_cli.data.types import Question
+from exgrpo_cli.data.types import Question, answer_only_questions
 from exgrpo_cli.errors import ExgrpoError
 from exgrpo_cli.reward.scorer import ScoreResult
 
@@ -95,7 +95,7 @@ class ModelReward:
         questions: Sequence[Question] | None = None,
     ) -> ScoreResult:
         if questions is None:
-            questions = [Question(uid=str(i), question="", answer=str(a)) for i, a in enumerate(answers)]
+            questions = answer_only_questions(answers)
         texts = self._texts(responses, questions)
         rewards: list[float] = []
         for start in range(0, len(texts), self.cfg.batch_size):

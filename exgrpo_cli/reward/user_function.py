@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo_cli.config import ConfigError
-from exgrpo_cli.data.types import Question
+from exgrpo_cli.data.types import Question, answer_only_questions
 from exgrpo_cli.reward.scorer import ScoreResult
 from exgrpo_cli.reward.verify import _limit_memory
 
@@ -237,7 +237,7 @@ class FunctionReward:
     ) -> ScoreResult:
         n = len(responses)
         if questions is None:  # a caller with answers only: the questions carry nothing else
-            questions = [Question(uid=str(i), question="", answer=str(a)) for i, a in enumerate(answers)]
+            questions = answer_only_questions(answers)
         if n == 0:
             return ScoreResult(rewards=[], extracted=[])
         status, payload = self._call(call_arguments(responses, questions))
