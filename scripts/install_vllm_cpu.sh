@@ -36,7 +36,8 @@ PIP=("$VENV/bin/python" -m pip)
 pins="$(mktemp)"
 trap 'rm -f "$pins"' EXIT
 "${PIP[@]}" freeze | grep -Ei '^(torch|transformers|numpy|tokenizers)==' > "$pins"
-"${PIP[@]}" install -q -c "$pins" -e "$REPO[dev]"
+# setuptools' "Editable installation" notice is information only (see the Makefile)
+PYTHONWARNINGS="ignore:Editable installation" "${PIP[@]}" install -q -c "$pins" -e "$REPO[dev]"
 
 # fail loudly here rather than at the first rollout
 "$VENV/bin/python" - <<'EOF'
