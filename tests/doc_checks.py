@@ -65,8 +65,9 @@ C = Check
 COMMANDS: dict[str, Check] = {
     # --- make targets (README set-up, performance, scaling up)
     "make run": C(MAKE, "installs .venv, then `exgrpo train`, which runs below"),
-    "make test": C(MAKE, "the suite itself (less the vllm-marked tests)"),
-    "make test-all": C(MAKE, "the suite, then the vllm-marked tests: what CI runs"),
+    "make test": C(MAKE, "the suite itself (less the long and the vllm-marked tests)"),
+    "make test-all": C(MAKE, "the suite, the long runs, then the vllm-marked tests: what CI runs"),
+    "make test-long": C(MAKE, "the long end-to-end runs"),
     "make test-fast": C(MAKE, "the suite without the slow tests"),
     "make install": C(MAKE),
     "make help": C(MAKE),

@@ -84,6 +84,7 @@ def _write_custom_suite(tmp: Path) -> None:
     pq.write_table(table, tmp / "my_test.parquet")
 
 
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_documented_cpu_commands_run(tmp_path: Path):
     _write_custom_suite(tmp_path)
     steps = _steps(tmp_path)

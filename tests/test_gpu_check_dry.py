@@ -121,6 +121,7 @@ def _dry_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, d
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_dry_run_passes_every_section(tmp_path: Path) -> None:
     proc, report = _dry_run(tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -42,6 +42,7 @@ def _ablate(conf: Path, sweep: Path, hydra_dir: Path) -> subprocess.CompletedPro
     )
 
 
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_ablate_two_variants_then_restart(tiny_model: Path, tmp_path: Path):
     conf = tmp_path / "conf"
     (conf / "ablation").mkdir(parents=True)

@@ -33,6 +33,7 @@ variants:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_ablate_through_submitit_local_writes_its_summary(tiny_model: Path, tmp_path: Path) -> None:
     conf = tmp_path / "conf"
     (conf / "ablation").mkdir(parents=True)

@@ -23,6 +23,7 @@ def _without_times(d: Any) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_two_ranks_write_one_process_results(tiny_model: Path, tmp_path: Path) -> None:
     outs = {}
     for n in (1, 2):
@@ -38,6 +39,7 @@ def test_two_ranks_write_one_process_results(tiny_model: Path, tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_eval_under_torchrun_is_one_eval_of_two_ranks(tiny_model: Path, tmp_path: Path) -> None:
     """torchrun starts the processes itself: they must form one eval, not run two whole ones into
     the same folder."""

@@ -117,6 +117,7 @@ def test_one_gpu_per_task_builds_every_engine_on_the_trainers_gpu(tmp_path: Path
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_tensor_parallel_ranks_share_one_engine(tmp_path: Path) -> None:
     alone = run_ranks(tmp_path, "fake", tp=1)
     shared = run_ranks(tmp_path, "fake", tp=2)

@@ -44,6 +44,7 @@ def _steps(out: Path) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_two_ranks_from_one_command_one_run_dir_and_resume(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "np2"
     cmd = ["train", "trainer.nproc=2", "trainer.steps=2", f"trainer.output_dir={out}", *ARGS]
@@ -61,6 +62,7 @@ def test_two_ranks_from_one_command_one_run_dir_and_resume(tiny_model: Path, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_ctrl_c_stops_every_rank_with_one_checkpoint(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "exgrpo_cli", "train", "trainer.nproc=2", "trainer.steps=200",

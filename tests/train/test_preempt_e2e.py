@@ -60,6 +60,7 @@ def _stopped_step(err: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_sigusr1_checkpoints_requeues_and_the_same_command_resumes(tiny_model: Path, tmp_path: Path) -> None:
     calls = stub_scontrol(tmp_path / "bin")
     out = tmp_path / "outputs" / "train" / f"slurm-{JOB}"  # the default run dir in a SLURM job
@@ -83,6 +84,7 @@ def test_sigusr1_checkpoints_requeues_and_the_same_command_resumes(tiny_model: P
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_two_ranks_warning_then_a_dead_rank_in_one_line(tiny_model: Path, tmp_path: Path) -> None:
     calls = stub_scontrol(tmp_path / "bin")
     out = tmp_path / "outputs" / "train" / f"slurm-{JOB}"

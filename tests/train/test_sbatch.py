@@ -71,6 +71,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_two_nodes_of_two_ranks_from_the_sbatch_script(tiny_model: Path, tmp_path: Path) -> None:
     env = _fake_slurm(tmp_path)
     res = subprocess.run(

@@ -31,6 +31,7 @@ def _missing() -> str | None:
 
 
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_smollm2_trains_on_deepmath_and_checkpoints(shared_data: Path, tmp_path: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer

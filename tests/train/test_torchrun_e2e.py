@@ -64,6 +64,7 @@ def _state(ckpt: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+@pytest.mark.long  # make test-all only (docs/testing.md)
 def test_two_ranks_train_checkpoint_and_resume_like_one_run(tiny_model: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
