@@ -237,15 +237,9 @@ class VLLMEngine:
             self.sync_weights(self._source)
         self._wake("weights")
         self._wake("kv_cache")
-        parts, mine = [(prompt_ids, n, spec)], 0
-        if self._tp_group is not None:
-            import torch.distributed as tdist
-
-            # one engine for the whole group: every rank submits the same requests in the same
-            # order (its scheduler must match the others'), then keeps the outputs of its own part
-            gathered: list[Any] = [None] * tdist.get_world_size(self._tp_group)
-            tdist.all_gather_object(gathered, (prompt_ids, n, spec), group=self._tp_group)
-            parts, mine = gathered, tdist.get_rank(self._tp_group)
+        # one engine for the whole tensor-parallel group: every rank submits the same requests in
+        # the same order (its scheduler must match the others'), then keeps its own part's outputs
+        parts, mine = self._gather_tp((prompt_ids, n, spec))
         prompts: list[Any] = []
         params: list[Any] = []
         owners: list[tuple[int, int]] = []  # (part, prompt index within the part)
@@ -333,15 +327,23 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
         return time.perf_counter() - t0
 
+    def _gather_tp(self, obj: Any) -> tuple[list[Any], int]:
+        """Every rank's `obj` of this engine's tensor-parallel group, in group order, and this
+        rank's index there; ([obj], 0) without a group."""
+        if self._tp_group is None:
+            return [obj], 0
+        import torch.distributed as tdist
+
+        parts: list[Any] = [None] * tdist.get_world_size(self._tp_group)
+        tdist.all_gather_object(parts, obj, group=self._tp_group)
+        return parts, tdist.get_rank(self._tp_group)
+
     def weight_checksums(self, names: list[str]) -> dict[str, tuple[int, int, str]]:
         """{name: (checksum, elements, dtype)} of the engine's copy of these weights (vllm_ext),
         a tensor-parallel group's slices summed (its ranks call this together)."""
         found: dict[str, tuple[int, int, str]] = self.llm.collective_rpc("exgrpo_checksums", args=(names,))[0]
         if self._tp_group is not None:
-            import torch.distributed as tdist
-
-            parts: list[Any] = [None] * tdist.get_world_size(self._tp_group)
-            tdist.all_gather_object(parts, found, group=self._tp_group)
+            parts, _ = self._gather_tp(found)
             found = {
                 n: (sum(p[n][0] for p in parts) % CHECKSUM_MOD, sum(p[n][1] for p in parts), v[2])
                 for n, v in found.items()
