@@ -55,6 +55,26 @@ class ArchConfig:
 
 
 @dataclass
+class LoraConfig:
+    """Low-rank adapters through peft (docs/training-and-configs.md, LoRA). Not the paper's setting:
+    the paper trains every weight. rank 0 keeps today's full fine-tuning."""
+
+    rank: int = field(
+        default=0, metadata={"help": "adapter rank r; 0 = off (full fine-tuning, the paper's setting)"}
+    )
+    alpha: float = field(
+        default=16.0, metadata={"help": "peft lora_alpha: the adapter's update is scaled by alpha / rank"}
+    )
+    dropout: float = field(
+        default=0.0, metadata={"help": "dropout on the adapter's input (peft lora_dropout)"}
+    )
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        metadata={"help": "module names that get an adapter: the attention and MLP projections"},
+    )
+
+
+@dataclass
 class ModelConfig:
     preset: str = field(
         default="",
@@ -91,6 +111,9 @@ class ModelConfig:
     arch: ArchConfig = field(
         default_factory=ArchConfig,
         metadata={"help": "architecture numbers for the offline memory plan"},
+    )
+    lora: LoraConfig = field(
+        default_factory=LoraConfig, metadata={"help": "low-rank adapters (rank 0 = off: full fine-tuning)"}
     )
 
 
