@@ -81,15 +81,14 @@ def update_plan(sizes: Sizes, device: torch.device) -> Any:
     """The update's settings: algo's defaults (exgrpo loss, Dr.GRPO, clip 0.2, entropy bonus
     0.001, grad clip 1), one update, the device's token budget."""
     from exgrpo_cli.algo.aggregation import drgrpo
-    from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
+    from exgrpo_cli.algo.losses import ExgrpoLoss
     from exgrpo_cli.config import AlgoConfig
     from exgrpo_cli.policy.forward import token_budget
     from exgrpo_cli.train.update import UpdatePlan
 
     a = AlgoConfig()
     return UpdatePlan(
-        loss=exgrpo_loss,
-        loss_settings=LossSettings(clip_eps=a.clip_eps, beta=None),
+        loss=ExgrpoLoss(clip_eps=a.clip_eps, beta=None),
         aggregation=drgrpo,
         entropy_coef=a.entropy_coef,
         importance_correction=True,

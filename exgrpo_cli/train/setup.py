@@ -151,7 +151,7 @@ def choices(cfg: ExgrpoConfig) -> Choices:
             AggregationSettings(**dataclasses.asdict(cfg.algo.official_batch))
         ),
         trajectory=pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection),
-        questions=pick(QUESTION_SELECTION, "replay.question_selection", cfg.replay.question_selection),
+        questions=pick(QUESTION_SELECTION, "replay.question_selection", cfg.replay.question_selection)(cfg),
         draw=pick(FRESH_DRAWS, "data.draw", cfg.data.draw),
     )
 

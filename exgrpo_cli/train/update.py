@@ -27,7 +27,6 @@ from torch import Tensor
 from exgrpo_cli.algo.aggregation import Aggregation, UpdateShape, entropy_norms, objective
 from exgrpo_cli.algo.losses import (
     LossInputs,
-    LossSettings,
     LossStats,
     PolicyLoss,
     behaviour_logprobs,
@@ -44,8 +43,7 @@ from exgrpo_cli.replay.mixing import MixedBatch, split_groups
 class UpdatePlan:
     """Everything the update needs besides the batch: chosen once per step by the trainer."""
 
-    loss: PolicyLoss
-    loss_settings: LossSettings
+    loss: PolicyLoss  # the step's, its settings bound (algo/losses.py)
     aggregation: Aggregation
     entropy_coef: float
     importance_correction: bool
@@ -180,7 +178,7 @@ def _accumulate(
             (logp.sum() * 0.0).backward()
             continue
         x = _loss_inputs(logp, sb, batch, advantages, old, plan.importance_correction)
-        losses, clipped = plan.loss(x, plan.loss_settings)
+        losses, clipped = plan.loss(x)
         loss = objective(
             losses,
             ent,
