@@ -121,12 +121,12 @@ def update_batch(sizes: Sizes, vocab: int) -> tuple[MixedBatch, torch.Tensor]:
 def make_optimizer(model: torch.nn.Module, offload: str) -> torch.optim.Optimizer:
     """The trainer's optimizer (train/setup.make_optimizer): HostAdamW under offload=optimizer."""
     from exgrpo_cli.config import ExgrpoConfig
+    from exgrpo_cli.policy.placement import OFFLOAD_MODES
     from exgrpo_cli.train.setup import make_optimizer as trainer_optimizer
 
     cfg = ExgrpoConfig()
-    cfg.trainer.offload = offload
     cfg.algo.lr = 1e-6
-    return trainer_optimizer(cfg, model)
+    return trainer_optimizer(cfg, model, OFFLOAD_MODES[offload])
 
 
 # ============================================================================ sections
@@ -157,11 +157,12 @@ def section_update(ctx: Context) -> None:
     arch = plan_arch(hf_config, "gpu_check")
     if ctx.dry:  # the toy's own plan, on this CPU (reported, not compared)
         from exgrpo_cli.policy.model import attn_implementation
+        from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
         x = plan_inputs(
             "cpu", host_memory_bytes(), ctx.sizes, attention_kind(attn_implementation("auto", ctx.device))
         )
-        plan = plan_memory(arch, replace(x, offload=mode))
+        plan = plan_memory(arch, replace(x, offload=OFFLOAD_MODES[mode]))
     else:
         plan = gpu_plan
     ctx.record(

@@ -38,7 +38,7 @@ from typing import Protocol
 from exgrpo_cli.plan.activations import activation_bytes_per_token, kv_bytes_per_token, logit_chunk_bytes
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.host import HostPlan, plan_host
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
+from exgrpo_cli.policy.placement import Offload
 
 GiB = 2**30
 MARGIN = 0.10  # share of a device's memory the plan leaves free (fragmentation, estimates' error)
@@ -90,7 +90,7 @@ class PlanInputs:
     device_bytes: int  # memory of one device (on a CPU: the host's share of one rank)
     weight_bytes: int  # w: 4 for model.dtype=float32
     mixed_bytes: int  # compute bytes under trainer.fsdp_mixed_precision (0: none)
-    offload: str  # trainer.offload: a name of policy.placement.OFFLOAD_MODES
+    offload: Offload  # trainer.offload's entry of policy.placement.OFFLOAD_MODES
     checkpointing: bool  # model.gradient_checkpointing
     token_budget: int  # algo.micro_batch_tokens, 0 resolved to the device's default
     seq_tokens: int  # S: model.max_prompt_tokens + model.max_response_tokens
@@ -201,7 +201,7 @@ def state_terms(arch: Arch, x: PlanInputs) -> list[Term]:
                      shard (the 7B embedding: 8.1 GiB on one GPU)
     FSDP2 pads each parameter's shard to a multiple of N elements: P/N is rounded up, not padded."""
     shard = x.weight_bytes * _ceil_div(arch.params, x.ranks)
-    mode = OFFLOAD_MODES[x.offload]
+    mode = x.offload
     on_device = not mode.moments_on_host
     weights = shard if not mode.params_on_host else 0
     moments = 2 * shard if on_device else 0
@@ -356,7 +356,7 @@ def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
         )
     # in host memory: everything with offload=all (weights, gradients, two moments), only AdamW's
     # two fp32 moments with offload=optimizer (policy/offload.HostAdamW, one pinned buffer)
-    mode = OFFLOAD_MODES[x.offload]
+    mode = x.offload
     per_param = 4 * x.weight_bytes if mode.params_on_host else 2 * 4 if mode.moments_on_host else 0
     host = per_param * _ceil_div(arch.params, x.ranks)
     kept = tuple(t for t in terms if any(t.bytes))
