@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exgrpo_cli.config import ExgrpoConfig, ModelConfig, TrainerConfig
 from exgrpo_cli.config_checks import validate
-from exgrpo_cli.errors import ExgrpoError, UsageError, exit_on_error
+from exgrpo_cli.errors import ExgrpoError, SaidElsewhere, UsageError, exit_on_error
 
 if TYPE_CHECKING:
     from exgrpo_cli.plan import Devices, Plan
@@ -27,10 +26,11 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: ExgrpoConfig) -> None:
-    from exgrpo_cli.train.launch import launch, resolve_nproc
+    from exgrpo_cli.train.launch import launch, launched_rank, resolve_nproc
 
+    main = launched_rank() == 0  # under torchrun every rank runs this; rank 0 reports
     nproc = resolve_nproc(cfg)  # before the plan: it plans for the ranks this command starts
-    memory_preflight(cfg, nproc)
+    memory_preflight(cfg, nproc, main)
     if cfg.trainer.dry_run:
         return
     if nproc > 1:  # the whole node from one command; this process only waits for the ranks
@@ -39,7 +39,7 @@ def run(cfg: ExgrpoConfig) -> None:
         from exgrpo_cli.train.run import run_training
 
         final = run_training(cfg)
-    if os.environ.get("RANK", "0") != "0" or not final:  # rank 0 reports; stopped ranks did
+    if not main or not final:  # stopped ranks reported already
         return
     parts = [f"{k}={v:.4f}" for k, v in sorted(final.items())]
     print("exgrpo train done: " + "  ".join(parts))
@@ -49,20 +49,20 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, float]:
     """What every rank `trainer.nproc` starts runs (in a fresh process): rank 0 says an error, each
     rank exits with its code; a crash's traceback goes to the rank's log (the parent says which
     rank failed)."""
-    from exgrpo_cli.train.launch import rank_logging
+    from exgrpo_cli.train.launch import launched_rank, rank_logging
     from exgrpo_cli.train.run import run_training
 
-    out = Path(cfg.trainer.output_dir)
+    out, rank = Path(cfg.trainer.output_dir), launched_rank()
     out.mkdir(parents=True, exist_ok=True)
     rank_logging(out)
-    with exit_on_error("train", say=os.environ.get("RANK", "0") == "0"):
+    with exit_on_error("train", say=rank == 0):
         try:
             return run_training(cfg)
         except ExgrpoError:
             raise
         except Exception:
-            log.exception("rank %s failed", os.environ.get("RANK", "0"))
-            raise SystemExit(1) from None
+            log.exception("rank %s failed", rank)
+            raise SaidElsewhere(1) from None
 
 
 def weights_source(cfg: ExgrpoConfig) -> ModelConfig:
@@ -79,9 +79,10 @@ def weights_source(cfg: ExgrpoConfig) -> ModelConfig:
     return cfg.model
 
 
-def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1) -> None:
+def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1, main: bool = True) -> None:
     """The plan's part of start-up, after validation and before `run_training`; raises a
-    UsageError (exit 2) for a run that cannot start."""
+    UsageError (exit 2) for a run that cannot start. `main`: rank 0 (or the only process), which
+    shows the plan and says the refusal."""
     from exgrpo_cli import plan
     from exgrpo_cli.plan.inputs import uses_cuda
 
@@ -98,12 +99,11 @@ def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1) -> None:
     if not uses_cuda(cfg):  # a CPU run: the plan goes to the log and never refuses
         plan.check_memory(cfg, arch, devices, echo=log.info, refuse=False)
         return
-    main = os.environ.get("RANK", "0") == "0"
     try:
         plan.check_memory(cfg, arch, devices, echo=print if main else log.info, verify=verifier(devices))
     except plan.PlanDoesNotFit:
         if not main:  # every rank refuses; rank 0 says why
-            raise SystemExit(2) from None
+            raise SaidElsewhere(2) from None
         raise
 
 
