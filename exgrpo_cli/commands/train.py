@@ -91,7 +91,7 @@ def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1, main: bool = True) -> No
         check_data_here(cfg)
         arch = plan.resolve_architecture(cfg.model, offline_ok=True)
         devices = planned(t) if t.plan_devices else plan.visible_devices(cfg, nproc)
-        plan.check_memory(cfg, arch, devices, verify=verifier(devices))
+        plan.check_memory(cfg, arch, devices, verify=verifier(cfg, devices))
         return
     # the weights must be reachable: fail in seconds, not after a minute of hub retries
     arch = plan.resolve_architecture(weights_source(cfg), offline_ok=False)
@@ -100,7 +100,7 @@ def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1, main: bool = True) -> No
         plan.check_memory(cfg, arch, devices, echo=log.info, refuse=False)
         return
     try:
-        plan.check_memory(cfg, arch, devices, echo=print if main else log.info, verify=verifier(devices))
+        plan.check_memory(cfg, arch, devices, echo=print if main else log.info, verify=verifier(cfg, devices))
     except plan.PlanDoesNotFit:
         if not main:  # every rank refuses; rank 0 says why
             raise SaidElsewhere(2) from None
@@ -148,34 +148,30 @@ def planned(t: TrainerConfig) -> Devices:
     return plan.planned_devices(t.plan_devices, t.plan_ranks_per_node, t.plan_host_gib)
 
 
-def verifier(devices: Devices) -> Callable[[tuple[str, ...]], Plan | None] | None:
-    """Plans a suggested fix from the whole config Hydra composes with this command's overrides
-    plus the fix's (a preset's recipe comes along), on `devices` unless the fix names others.
-    None outside a Hydra app (then fixes are planned from the inputs alone)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    try:
-        task = list(HydraConfig.get().overrides.task)
-    except ValueError:
-        return None
+def verifier(cfg: ExgrpoConfig, devices: Devices) -> Callable[[tuple[str, ...]], Plan | None]:
+    """Plans a suggested fix from this run's typed config with the fix's `key=value` overrides
+    applied, on `devices` unless the fix names others; a `model=<preset>` fix from that preset's
+    composed config (its recipe comes along). None for a fix that does not apply or validate."""
 
     def verify(extra: tuple[str, ...]) -> Plan | None:
-        from hydra import compose
         from hydra.errors import HydraException
         from omegaconf.errors import OmegaConfBaseException
 
         from exgrpo_cli import plan
-        from exgrpo_cli.commands.compose import to_typed, with_preset_name
+        from exgrpo_cli.commands.compose import compose_in_app, with_overrides
         from exgrpo_cli.plan.inputs import inputs_from_config
 
+        preset = tuple(o for o in extra if o.startswith("model="))
         try:
-            typed = to_typed(compose(config_name="config", overrides=[*task, *extra]))
-            models = [o.split("=", 1)[1] for o in (*task, *extra) if o.startswith("model=")]
-            typed = with_preset_name(typed, {"model": models[-1]} if models else {})
+            base = compose_in_app(preset) if preset else cfg
+            if base is None:
+                log.info("suggested overrides %s: a preset is composed only in a Hydra app", extra)
+                return None
+            typed = with_overrides(base, [o for o in extra if o not in preset])
             validate(typed, "train")
             arch = plan.resolve_architecture(typed.model, offline_ok=True)
         except (UsageError, HydraException, OmegaConfBaseException) as err:
-            log.info("suggested overrides %s do not compose: %s", extra, err)
+            log.info("suggested overrides %s do not apply: %s", extra, err)
             return None
         t = typed.trainer
         chosen = planned(t) if t.plan_devices else devices

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 import exgrpo_cli.commands.train as train_command
 from exgrpo_cli import commands
+from exgrpo_cli.commands.compose import with_overrides
 from exgrpo_cli.config import ConfigError, ExgrpoConfig, register_configs
 from exgrpo_cli.errors import ExgrpoError, SaidElsewhere, UsageError, exit_on_error
 from exgrpo_cli.paths import config_dir
@@ -343,3 +344,25 @@ def test_commands_never_exit_nor_read_the_rank_themselves() -> None:
                 assert not (isinstance(raised, ast.Name) and raised.id == "SystemExit"), path.name
             if isinstance(node, ast.Constant):
                 assert node.value != "RANK", path.name
+
+
+FIXES = (
+    "rollout.sleep_mode=true",
+    "model.gradient_checkpointing=true",
+    "algo.micro_batch_tokens=9216",
+    "trainer.offload=all",
+    "rollout.gpu_memory_utilization=0.4",
+    "trainer.plan_devices=4x80",
+)
+
+
+def test_a_fix_applied_to_the_typed_config_equals_the_config_hydra_composes() -> None:
+    """What the plan's verifier does instead of composing again: the same config, no Hydra."""
+    run = ("experiment=paper-qwen2.5-math-7b", "trainer.dry_run=true", "trainer.plan_devices=1x80")
+    cfg = commands.to_typed(_compose(*run))
+    assert with_overrides(cfg, FIXES) == commands.to_typed(_compose(*run, *FIXES))
+    assert cfg.trainer.offload == "none" and cfg.trainer.plan_devices == "1x80"  # the run's own: untouched
+    with pytest.raises(ConfigError, match="algo.micro_batch_tokens"):
+        with_overrides(cfg, ["algo.micro_batch_tokens=many"])
+    with pytest.raises(ConfigError, match="no_such_key"):
+        with_overrides(cfg, ["algo.no_such_key=1"])
