@@ -116,9 +116,8 @@ def _keys(section: str, values: Any) -> Callable[[str, bool, str], None]:
 def check_model(cfg: ExgrpoConfig, command: str) -> None:
     m, key = cfg.model, _keys("model", cfg.model)
     _one_of("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
-    _one_of(
-        "model.attn_implementation", m.attn_implementation, ("auto", "sdpa", "eager", "flash_attention_2")
-    )
+    attention = ("auto", "sdpa", "eager", "flash_attention_2")
+    _one_of("model.attn_implementation", m.attn_implementation, attention)
     key("max_prompt_tokens", m.max_prompt_tokens >= 1, ">= 1")
     key("max_response_tokens", m.max_response_tokens >= 1, ">= 1")
     key("path", bool(m.path), "a HF id, a local folder, builtin:tiny or pypi:<package>")
@@ -193,12 +192,8 @@ def check_replay(cfg: ExgrpoConfig, command: str) -> None:
         edges = list(p.bucket_edges)
         _check(len(edges) >= 1, "replay.bucket_edges", edges, "a non-empty list")
         _check(all(0.0 < x < 1.0 for x in edges), "replay.bucket_edges", edges, "values inside (0, 1)")
-        _check(
-            all(x < y for x, y in zip(edges, edges[1:])),
-            "replay.bucket_edges",
-            edges,
-            "strictly increasing values",
-        )
+        increasing = all(x < y for x, y in zip(edges, edges[1:]))
+        _check(increasing, "replay.bucket_edges", edges, "strictly increasing values")
     key("readmit_retired_fraction", 0.0 <= p.readmit_retired_fraction <= 1.0, "[0, 1]")
     key("readmit_every", p.readmit_every >= 0, ">= 0")
     _one_of("replay.readmit_into", p.readmit_into, READMIT_INTO)
@@ -240,19 +235,15 @@ def check_trainer(cfg: ExgrpoConfig, command: str) -> None:
     key("eval_every", t.eval_every >= 0, ">= 0")
     key("val_samples", t.val_samples >= 1, ">= 1")
     key("val_questions", t.val_questions >= 0, ">= 0 (0: all)")
-    key(
-        "val_temperature",
-        t.val_temperature is None or t.val_temperature > 0,
-        "> 0, or null for the rollout temperature",
-    )
+    val_t = t.val_temperature
+    key("val_temperature", val_t is None or val_t > 0, "> 0, or null for the rollout temperature")
     key("keep_checkpoints", t.keep_checkpoints >= 1, ">= 1")
     _one_of("trainer.best_metric", t.best_metric, BEST_METRICS)
     key("max_skipped_steps", t.max_skipped_steps >= 1, ">= 1")
     _one_of("trainer.device", t.device, ("auto", "cpu", "cuda"))
     key("threads", t.threads >= 0, ">= 0")
-    _one_of(
-        "trainer.fsdp_mixed_precision", t.fsdp_mixed_precision, ("", "bf16", "bfloat16", "fp16", "float16")
-    )
+    precisions = ("", "bf16", "bfloat16", "fp16", "float16")
+    _one_of("trainer.fsdp_mixed_precision", t.fsdp_mixed_precision, precisions)
     nproc_ok = t.nproc == "auto" or (t.nproc.isdigit() and int(t.nproc) >= 1)
     key("nproc", nproc_ok, "auto (one rank per visible GPU) or a number >= 1")
     key("dist_timeout_s", t.dist_timeout_s >= 1, ">= 1 (seconds)")
