@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from exgrpo_cli.config import ConfigError, ExgrpoConfig
 
 
-def to_typed(cfg: DictConfig) -> ExgrpoConfig:
+def to_typed(cfg: DictConfig | ListConfig) -> ExgrpoConfig:
     obj = OmegaConf.to_object(cfg)
     if not isinstance(obj, ExgrpoConfig):
         raise TypeError(f"the composed config is a {type(obj).__name__}, not an ExgrpoConfig")
