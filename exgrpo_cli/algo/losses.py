@@ -18,13 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from exgrpo_cli.config import ExgrpoConfig
 
 # exp() of a log-ratio beyond this overflows float32 to inf and then poisons the sum with nan;
 # ratios this large carry no usable gradient anyway, so they are capped (as verl does).
@@ -123,7 +120,7 @@ class ExgrpoLoss:
         )
 
     @classmethod
-    def for_step(cls, cfg: ExgrpoConfig, started: bool) -> ExgrpoLoss:
+    def for_step(cls, cfg: Any, started: bool) -> ExgrpoLoss:
         """algo.clip_eps, dropped once replay has `started` unless algo.clip_after_start (the
         official run drops it); replay.beta, or no shaping without replay.shaping."""
         a, p = cfg.algo, cfg.replay
@@ -133,8 +130,9 @@ class ExgrpoLoss:
         )
 
 
-# (config, replay has started) -> the step's loss, with the settings this entry reads
-LossForStep = Callable[["ExgrpoConfig", bool], PolicyLoss]
+# (the run's config.ExgrpoConfig, replay has started) -> the step's loss, with the settings this
+# entry reads. The config is duck-typed: algo/ imports nothing of the package above it.
+LossForStep = Callable[[Any, bool], PolicyLoss]
 
 # `algo.loss`: name -> its LossForStep. A new loss is one callable and one entry here.
 POLICY_LOSSES: dict[str, LossForStep] = {"exgrpo": ExgrpoLoss.for_step}

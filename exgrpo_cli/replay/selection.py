@@ -14,12 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from exgrpo_cli.config import ExgrpoConfig
 
 
 class BucketedQuestions(Protocol):
@@ -159,9 +156,10 @@ class QuestionSelector(Protocol):
     def __call__(self, buffer: BucketedQuestions, n: int, *, rng: np.random.Generator) -> list[str]: ...
 
 
-# `replay.question_selection`: name -> the rule, with the settings it reads from the config bound.
-# A new rule (knobs of its own included) is a function above and one entry here.
-QUESTION_SELECTION: dict[str, Callable[[ExgrpoConfig], QuestionSelector]] = {
+# `replay.question_selection`: name -> the rule, with the settings it reads from the run's config
+# (a config.ExgrpoConfig, duck-typed: replay/ imports only algo/) bound. A new rule (knobs of its
+# own included) is a function above and one entry here.
+QUESTION_SELECTION: dict[str, Callable[[Any], QuestionSelector]] = {
     "gaussian": lambda cfg: partial(gaussian_selection, mu=cfg.replay.mu, sigma=cfg.replay.sigma),
     "uniform": lambda cfg: uniform_selection,
 }
