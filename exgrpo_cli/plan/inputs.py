@@ -160,4 +160,5 @@ def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
         ranks_per_node=devices.per_node,
         node_bytes=devices.node_bytes,
         level1_backups=sleep and not engine.needs_trainer_model and r.validation_sleep_level == 1,
+        fp32_head=m.fp32_head,
     )

@@ -106,6 +106,7 @@ class PlanInputs:
     ranks_per_node: int = 0
     node_bytes: int = 0
     level1_backups: bool = False
+    fp32_head: bool = False  # model.fp32_head: the trainer's head computes from an fp32 copy
 
     @property
     def fsdp(self) -> bool:
@@ -249,6 +250,9 @@ def compute_terms(arch: Arch, x: PlanInputs) -> list[Term]:
                      accumulation on one rank; at the backward's end on one rank the embedding's
                      dense gradient (c V H) is that temporary
       logit chunks   logit_chunk_bytes
+      fp32 head      4 V H with model.fp32_head under a 16-bit compute dtype: the head's fp32 copy
+                     (policy/head.py), made by each pass of the chunked projection (the update's
+                     forward, then its backward) and by each HF-engine generation forward
     The no-grad passes (pi_old's log-probs, the replay candidates' entropy) use the same token
     budget and keep no activations: smaller than the backward."""
     c = x.compute_bytes
@@ -262,7 +266,16 @@ def compute_terms(arch: Arch, x: PlanInputs) -> list[Term]:
         ),
         Term("head gradient", _phases(0, head, 0 if x.fsdp else head)),
         Term("log-prob chunks", _phases(backward=logit_chunk_bytes(arch, x.micro_batch_tokens))),
+        *fp32_head_terms(arch, x),
     ]
+
+
+def fp32_head_terms(arch: Arch, x: PlanInputs) -> list[Term]:
+    """The fp32 copy of the head (see compute_terms); none when the model computes in fp32."""
+    if not x.fp32_head or x.compute_bytes == 4:
+        return []
+    copy = 4 * arch.embedding_params
+    return [Term("fp32 head copy", _phases(copy if x.engine.needs_trainer_model else 0, copy))]
 
 
 def vllm_workspace_bytes(arch: Arch, x: PlanInputs) -> int:

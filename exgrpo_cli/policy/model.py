@@ -20,6 +20,7 @@ import torch
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.policy.head import use_fp32_head
 from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
 from exgrpo_cli.policy.placement import NO_OFFLOAD, Offload
 
@@ -114,6 +115,8 @@ def load_model(cfg: ModelConfig, device: torch.device) -> PreTrainedModel:
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     enable_checkpointing(model, cfg.gradient_checkpointing)
+    if cfg.fp32_head:
+        use_fp32_head(model)
     model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) hides the bound self
     model.train()
     return model
@@ -173,6 +176,8 @@ def load_sharded(
         )
     model.generation_config = generation_config
     enable_checkpointing(model, cfg.gradient_checkpointing)
+    if cfg.fp32_head:
+        use_fp32_head(model)
     model = shard(model)
     materialize(model, dist.device, params_on_host=offload.params_on_host)
     weights = full.state_dict() if full is not None else {}

@@ -225,3 +225,14 @@ def test_constants_equal_the_trainers() -> None:
 @pytest.mark.parametrize("ranks", [1, 3, 8])
 def test_shards_round_up(ranks: int) -> None:
     assert _terms(dataclasses.replace(X, ranks=ranks))["weights"][0] == 4 * -(-1736 // ranks)
+
+
+def test_fp32_head_counts_its_copy_only_under_a_16_bit_compute_dtype() -> None:
+    with_head = dataclasses.replace(X, fp32_head=True)
+    copy = 4 * 32 * 8  # V x H in fp32
+    assert _terms(with_head)["fp32 head copy"] == (0, copy, 0, 0)
+    assert plan_memory(TOY, with_head).totals[1] == plan_memory(TOY, X).totals[1] + copy
+    hf = _terms(dataclasses.replace(with_head, engine=ENGINES["hf"]))
+    assert hf["fp32 head copy"] == (copy, copy, 0, 0)  # HF generation projects through it too
+    assert "fp32 head copy" not in _terms(dataclasses.replace(with_head, mixed_bytes=0))  # fp32 already
+    assert "fp32 head copy" not in _terms(X)
