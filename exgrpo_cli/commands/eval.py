@@ -39,9 +39,9 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, Any] | None:
     from exgrpo_cli.evaluation.runner import run_eval
     from exgrpo_cli.policy import distributed as D
 
-    dist = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
+    ranks = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
     try:
         with exit_on_error("eval", say=os.environ.get("RANK", "0") == "0"):
-            return run_eval(cfg, dist)
+            return run_eval(cfg, ranks)
     finally:
         D.close_distributed()
