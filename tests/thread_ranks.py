@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.policy.sharding import DataParallel
 
 
 class Exchange:
@@ -17,7 +17,7 @@ class Exchange:
         self.slots: list = [None] * world
         self.barrier = threading.Barrier(world, timeout=30)
 
-    def __call__(self, obj: object, dist: DistInfo) -> list:
+    def __call__(self, obj: object, dist: DataParallel) -> list:
         self.slots[dist.rank] = obj
         self.barrier.wait()
         out = list(self.slots)

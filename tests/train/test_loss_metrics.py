@@ -12,7 +12,8 @@ import threading
 import pytest
 
 from exgrpo_cli.algo.losses import LossStats
-from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.policy import sharding as S
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.train import metrics
 from exgrpo_cli.train.update import UpdateResult
 
@@ -24,7 +25,7 @@ class SumOverRanks:
         self.slots: list[dict[str, float]] = [{} for _ in range(world)]
         self.barrier = threading.Barrier(world, timeout=30)
 
-    def __call__(self, values: dict[str, float], dist: DistInfo, op: str = "mean") -> dict[str, float]:
+    def __call__(self, values: dict[str, float], dist: DataParallel, op: str = "mean") -> dict[str, float]:
         assert op == "sum"
         self.slots[dist.rank] = dict(values)
         self.barrier.wait()
@@ -45,11 +46,11 @@ RANKS = [
 
 
 def test_two_ranks_weigh_every_token_alike(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metrics, "all_reduce_dict", SumOverRanks(2))
+    monkeypatch.setattr(S, "all_reduce_dict", SumOverRanks(2))
     out: list[dict[str, float]] = [{}, {}]
 
     def work(rank: int) -> None:
-        out[rank] = metrics.loss_metrics(RANKS[rank], 1e-6, DistInfo(rank=rank, world_size=2))
+        out[rank] = metrics.loss_metrics(RANKS[rank], 1e-6, DataParallel(rank=rank, world_size=2))
 
     threads = [threading.Thread(target=work, args=(r,)) for r in (0, 1)]
     for t in threads:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from exgrpo_cli.errors import UsageError
-from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy import sharding as S
+from exgrpo_cli.policy.sharding import DataParallel
 
 
 class Broadcast:
@@ -19,7 +20,7 @@ class Broadcast:
         self.box: list[Any] = []
         self.ready = threading.Event()
 
-    def __call__(self, obj: Any, dist: D.DistInfo, src: int = 0) -> Any:
+    def __call__(self, obj: Any, dist: DataParallel, src: int = 0) -> Any:
         if dist.rank == 0:
             self.box.append(obj)
             self.ready.set()
@@ -33,7 +34,7 @@ def _two_ranks(load: Any) -> list[Any]:
 
     def work(rank: int) -> None:
         try:
-            out[rank] = D.rank0_first(D.DistInfo(rank=rank, world_size=2), lambda: load(rank))
+            out[rank] = DataParallel(rank=rank, world_size=2).main_first(lambda: load(rank))
         except Exception as err:  # noqa: BLE001 - compared below
             out[rank] = err
 
@@ -46,7 +47,7 @@ def _two_ranks(load: Any) -> list[Any]:
 
 
 def test_rank0_loads_first_then_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(D, "broadcast_object", Broadcast())
+    monkeypatch.setattr(S, "broadcast_object", Broadcast())
     order: list[int] = []
 
     def load(rank: int) -> str:
@@ -59,7 +60,7 @@ def test_rank0_loads_first_then_the_others(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_rank0s_failure_is_every_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(D, "broadcast_object", Broadcast())
+    monkeypatch.setattr(S, "broadcast_object", Broadcast())
     tried: list[int] = []
 
     def load(rank: int) -> None:
