@@ -200,8 +200,8 @@ def evaluate_model(
 ) -> ModelResult:
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
     from exgrpo_cli.evaluation.validate import sample_and_grade
+    from exgrpo_cli.plan.model_bounds import check_model
     from exgrpo_cli.policy.model import load_model, load_tokenizer, pick_device
-    from exgrpo_cli.policy.model_bounds import check_model
     from exgrpo_cli.registry import pick
     from exgrpo_cli.rollout import ENGINES, build_engine
     from exgrpo_cli.rollout.base import SamplingSpec

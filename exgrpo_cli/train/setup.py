@@ -35,10 +35,10 @@ from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.evaluation.val_scores import check_best_metric
+from exgrpo_cli.plan.model_bounds import check_model
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer
-from exgrpo_cli.policy.model_bounds import check_model
 from exgrpo_cli.policy.offload import HostAdamW
 from exgrpo_cli.policy.placement import OFFLOAD_MODES
 from exgrpo_cli.policy.sharding import DataParallel

@@ -19,6 +19,7 @@ from exgrpo_cli.plan.activations import (
     layer_activation_bytes,
 )
 from exgrpo_cli.plan.arch import Arch
+from exgrpo_cli.plan.engines import ENGINE_MEMORY
 from exgrpo_cli.plan.memory import (
     CPU_VLLM_KV_BYTES,
     RUNTIME_BYTES,
@@ -28,7 +29,6 @@ from exgrpo_cli.plan.memory import (
     plan_memory,
     vllm_workspace_bytes,
 )
-from exgrpo_cli.rollout import ENGINES
 
 TOY = Arch(
     hidden_size=8,
@@ -51,7 +51,7 @@ X = PlanInputs(
     checkpointing=True,
     token_budget=64,
     seq_tokens=48,
-    engine=ENGINES["vllm"],
+    engine=ENGINE_MEMORY["vllm"],
     vllm_share=0.5,
     vllm_sleep=False,
     vllm_max_len=48,
@@ -148,7 +148,7 @@ def test_offload_moves_the_state_to_the_host() -> None:
 
 
 def test_one_cpu_process_trains_without_fsdp_in_the_weights_dtype() -> None:
-    one = dataclasses.replace(X, ranks=1, device="cpu", engine=ENGINES["hf"])
+    one = dataclasses.replace(X, ranks=1, device="cpu", engine=ENGINE_MEMORY["hf"])
     terms = _terms(one)
     assert not {"root unit gathered", "layers in flight", "weight sync"} & set(terms)
     assert terms["weights"] == (4 * 1736,) * 4
@@ -160,7 +160,7 @@ def test_one_cpu_process_is_never_sharded_whatever_the_offload() -> None:
     """The trainer wraps one CPU process with nothing (it refuses offload=all there, and
     offload=optimizer is HostAdamW on the plain model): the plan must not count FSDP's terms."""
     for offload in ("optimizer", "all"):
-        one = dataclasses.replace(X, ranks=1, device="cpu", engine=ENGINES["hf"], offload=offload)
+        one = dataclasses.replace(X, ranks=1, device="cpu", engine=ENGINE_MEMORY["hf"], offload=offload)
         assert not one.fsdp
         assert not {"root unit gathered", "layers in flight"} & set(_terms(one))
 
@@ -187,7 +187,7 @@ def test_cpu_host_plan_has_no_cuda_terms() -> None:
 
 
 def test_hf_engine_rollout() -> None:
-    hf = _terms(dataclasses.replace(X, engine=ENGINES["hf"]))
+    hf = _terms(dataclasses.replace(X, engine=ENGINE_MEMORY["hf"]))
     # 8 sequences x 48 tokens x (2 L kv c = 2*2*4*2)
     assert hf["HF KV cache"] == (8 * 48 * 32, 0, 0, 0)
     assert hf["HF logits"][0] == 8 * 32 * 4 * 2 + (1 << 30)
