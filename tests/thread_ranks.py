@@ -1,12 +1,16 @@
 """Ranks simulated by threads in one process, for tests of what ranks exchange: `Exchange` stands in
-for `policy.distributed.all_gather_object` (monkeypatched there), `run_ranks` runs one function per
-rank concurrently and re-raises the first error in the calling thread."""
+for policy/sharding.py's `all_gather_object`, `thread_world` for all three of its primitives (the
+broadcast and the reduction through the same exchange), `run_ranks` runs one function per rank
+concurrently and re-raises the first error in the calling thread."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 
+import pytest
+
+from exgrpo_cli.policy import sharding as S
 from exgrpo_cli.policy.sharding import DataParallel
 
 
@@ -23,6 +27,20 @@ class Exchange:
         out = list(self.slots)
         self.barrier.wait()  # nobody overwrites a slot before everyone has read them
         return out
+
+
+def thread_world(monkeypatch: pytest.MonkeyPatch, world: int) -> None:
+    """policy/sharding.py's primitives for `world` threads, each a rank."""
+    gather = Exchange(world)
+    reduce = {"mean": lambda v: sum(v) / world, "sum": sum, "max": max, "min": min}
+
+    def all_reduce(values: dict[str, float], ranks: DataParallel, op: str = "mean") -> dict[str, float]:
+        every = gather(dict(values), ranks)
+        return {k: float(reduce[op]([v[k] for v in every])) for k in values}
+
+    monkeypatch.setattr(S, "all_gather_object", gather)
+    monkeypatch.setattr(S, "broadcast_object", lambda obj, ranks, src=0: gather(obj, ranks)[src])
+    monkeypatch.setattr(S, "all_reduce_dict", all_reduce)
 
 
 def run_ranks(world: int, fn: Callable[[int], object]) -> list:
