@@ -27,7 +27,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from exgrpo_cli.reward.stage import Reward
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # HF `generate` refuses temperature 0; a temperature this small samples the argmax token (greedy).
 GREEDY_TEMPERATURE = 1e-4
@@ -196,12 +195,12 @@ def evaluate_model(
     scorer: RewardScorer | Reward,
     gen_fh: TextIO,
     console: Console,
-    ranks: DataParallel | None = None,
+    ranks: DataParallel,
 ) -> ModelResult:
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
     from exgrpo_cli.evaluation.validate import sample_and_grade
     from exgrpo_cli.plan.model_bounds import check_model
-    from exgrpo_cli.policy.model import load_model, load_tokenizer, pick_device
+    from exgrpo_cli.policy.model import load_model, load_tokenizer
     from exgrpo_cli.registry import pick
     from exgrpo_cli.rollout import ENGINES, build_engine
     from exgrpo_cli.rollout.base import SamplingSpec
@@ -209,16 +208,16 @@ def evaluate_model(
     same = path == cfg.model.path
     model_cfg = dataclasses.replace(cfg.model, path=path, gguf_file=cfg.model.gguf_file if same else "")
     run_cfg = dataclasses.replace(cfg, model=model_cfg)
-    device = ranks.device if ranks is not None else pick_device(cfg.trainer.device)  # a rank: its own GPU
+    device = ranks.device  # a rank: its own GPU
     # rank 0 first: a hub tokenizer or model is downloaded once, the other ranks read its copy
-    tokenizer = _main_first(ranks, lambda: load_tokenizer(model_cfg))
+    tokenizer = ranks.main_first(lambda: load_tokenizer(model_cfg))
     check_template(template, tokenizer, f"model {path}")  # once, under a time and memory budget
     # an engine that loads the weights itself (vLLM) gets no HF copy: it would only take memory
     engine_spec = pick(ENGINES, "rollout.engine", cfg.rollout.engine)
     model = None
     if engine_spec.needs_trainer_model:
         check_model(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype)  # config.json vs weights, memory
-        model = _main_first(ranks, lambda: load_model(model_cfg, device))
+        model = ranks.main_first(lambda: load_model(model_cfg, device))
     try:
         engine = build_engine(run_cfg, model, tokenizer)
     except BaseException:
@@ -325,35 +324,32 @@ class _Progress:
             self.bar.stop()
 
 
-def eval_scorer(cfg: ExgrpoConfig, template: Template, ranks: DataParallel | None) -> RewardScorer | Reward:
+def eval_scorer(cfg: ExgrpoConfig, template: Template, ranks: DataParallel) -> RewardScorer | Reward:
     """reward=math (the default): the benchmarks' own grading, math or choice per benchmark, in
     up to 4 workers; any other reward.kind: the run's reward (reward/stage.py), as training uses it."""
-    from exgrpo_cli.policy.model import pick_device
     from exgrpo_cli.reward import RewardScorer
     from exgrpo_cli.reward.stage import build_reward
 
     if cfg.reward.kind != "math":
-        device = ranks.device if ranks is not None else pick_device(cfg.trainer.device)
-        return build_reward(cfg.reward, template.requires_think, device)
-    workers = min(4, os.cpu_count() or 1) // (ranks.world_size if ranks is not None else 1)
+        return build_reward(cfg.reward, template.requires_think, ranks.device)
+    workers = min(4, os.cpu_count() or 1) // ranks.world_size
     return RewardScorer(requires_think=template.requires_think, workers=max(1, workers))
-
-
-def _main_first(ranks: DataParallel | None, load: Callable[[], T]) -> T:
-    """`load()`, on rank 0 first when there are ranks (`DataParallel.main_first`)."""
-    return load() if ranks is None else ranks.main_first(load)
 
 
 def run_eval(cfg: ExgrpoConfig, ranks: DataParallel | None = None) -> dict[str, Any] | None:
     """The whole `exgrpo eval` run (or a regrade); returns the results.json content. Under several
     ranks (`ranks`) each samples and grades its share; rank 0 alone writes and returns the results."""
-    main = ranks is None or ranks.is_main
     out = output_dir(cfg)
-    console = Console(stderr=True, quiet=not main)
     if cfg.eval.regrade:
         return regrade(cfg, cfg.eval.regrade, out)
-    check_one_engine_per_rank(cfg, ranks.world_size if ranks is not None else 1)
-    suite = _main_first(ranks, lambda: load_suite(cfg))  # a missing file stops here, before any model loads
+    from exgrpo_cli.policy.model import pick_device
+    from exgrpo_cli.policy.sharding import DataParallel
+
+    ranks = ranks if ranks is not None else DataParallel(device=pick_device(cfg.trainer.device))
+    main = ranks.is_main
+    console = Console(stderr=True, quiet=not main)
+    check_one_engine_per_rank(cfg, ranks.world_size)
+    suite = ranks.main_first(lambda: load_suite(cfg))  # a missing file stops here, before any model loads
     for lb in suite:  # on the console too, not only in the log: a score over fewer rows than asked
         if lb.skipped:
             console.print(

@@ -7,7 +7,9 @@
 
 With `replay.ratio=0` every replay stage is skipped and the step is exactly on-policy Dr.GRPO.
 All randomness of a step derives from (trainer.seed, step), so a resumed run repeats it exactly.
-The run's state (model, optimizer, sampler, buffer, switch, counters) lives in `RunState`.
+The run's state (model, optimizer, sampler, buffer, switch, counters) lives in `RunState`. Data
+parallelism stays inside the stages: each maps its work over the ranks through the one
+`DataParallel` object (policy/sharding.py), so the step itself reads as one process's.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ class Trainer:
         metrics = {
             **reward_metrics,
             **rollout_metrics(groups, batch),
-            **loss_metrics(result, float(st.optimizer.param_groups[0]["lr"]), self.parallel),
+            **self.update_metrics(result),
             **t,
             **mem,
             **self.state_metrics(len(replayed), selected_score),
@@ -310,6 +312,10 @@ class Trainer:
         plan = replace(self.update_plan(), before_first_step=check)
         st = self.state
         return policy_update(st.model, st.optimizer, batch, advantages, plan, self.pad_id, self.parallel)
+
+    def update_metrics(self, result: UpdateResult) -> dict[str, float]:
+        """The update's `loss/` and `optim/` metrics, run-wide (train/metrics.py)."""
+        return loss_metrics(result, float(self.state.optimizer.param_groups[0]["lr"]), self.parallel)
 
     def sync(self, step: int) -> None:
         """The new weights into the rollout engine, and a check that they arrived (may stop the run)."""
