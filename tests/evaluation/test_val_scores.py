@@ -91,7 +91,7 @@ def test_the_training_validation_logs_the_per_source_scores() -> None:
         tokenizer=Tok(),
         template=TEMPLATES["plain"],
         scorer=Scorer(),
-        ranks=DataParallel(),
+        parallel=DataParallel(),
     )
     out = validate(trainer, qs)  # type: ignore[arg-type]
     assert out["val/accuracy"] == pytest.approx(0.2)  # 2 of 10 rows
