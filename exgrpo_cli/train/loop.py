@@ -42,6 +42,7 @@ from exgrpo_cli.reward.stage import Reward
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 from exgrpo_cli.train.divergence import check_synced_weights, engine_check
 from exgrpo_cli.train.metrics import accuracy_by_origin, loss_metrics, rollout_metrics
+from exgrpo_cli.train.offpolicy import MismatchWatch, offpolicy_metrics, update_offpolicy
 from exgrpo_cli.train.reward_step import grade_step
 from exgrpo_cli.train.state import RunState
 from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update
@@ -87,11 +88,13 @@ class Trainer:
     questions: dict[str, Question] = field(default_factory=dict)  # uid -> question, for replay prompts
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
     shards: Shards = field(init=False)  # this rank's share of the step's work, from `dist`
+    watch: MismatchWatch = field(init=False)  # the warning band below rollout.max_logprob_diff
 
     def __post_init__(self) -> None:
         if not self.questions:
             self.questions = {q.uid: q for q in self.state.sampler.questions}
         self.shards = Shards(self.dist)
+        self.watch = MismatchWatch.of(self.cfg.rollout, self.dist.is_main)
 
     @property
     def replay_enabled(self) -> bool:
@@ -113,6 +116,7 @@ class Trainer:
         selected_score = float("nan")
         with t("select"), mem("select"):
             if mixed:
+                st.buffer.expire(step)  # replay.max_age: before selection, so no replayed row is older
                 replayed, selected_score = self.select_replay(step, t)
         retired = st.buffer.retired if self.replay_enabled else ()
         per_step = cfg.algo.questions_per_step
@@ -133,7 +137,7 @@ class Trainer:
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
         # the engine's log-probs against the trainer's, before the first optimizer step (may stop the run)
         plan = replace(
-            self.update_plan(),
+            update_offpolicy(cfg, self.update_plan()),  # + algo.rollout_correction
             before_first_step=engine_check(cfg.rollout.max_logprob_diff, step, self.dist, cfg.rollout.top_p),
         )
         with t("update"), mem("update"):
@@ -159,7 +163,9 @@ class Trainer:
             **t,
             **mem,
             **self.state_metrics(len(replayed), selected_score),
+            **offpolicy_metrics(result, self.dist, cfg, ages=[step - e.step for _, e in replayed]),
         }
+        metrics |= self.watch.observe(step, metrics["rollout/logprob_diff_mean"])
         if cfg.replay.readmit_into == "batch":
             metrics["replay/readmitted_trained"] = float(len(readmitted))  # this step
         # the whole step's wall time (batch building and metrics included), not the stages' sum
@@ -288,7 +294,10 @@ class Trainer:
         for g, (_, exp) in zip(groups[len(fresh) :], replayed):
             g.responses.append(
                 Response(
-                    ids=exp.response_ids.tolist(), behavior_logp=exp.behavior_logp.tolist(), replayed=True
+                    ids=exp.response_ids.tolist(),
+                    behavior_logp=exp.behavior_logp.tolist(),
+                    replayed=True,
+                    age=step - exp.step,
                 )
             )
         return groups
