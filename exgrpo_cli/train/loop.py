@@ -42,10 +42,10 @@ from exgrpo_cli.reward.stage import Reward
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 from exgrpo_cli.train.divergence import check_synced_weights, engine_check
 from exgrpo_cli.train.metrics import accuracy_by_origin, loss_metrics, rollout_metrics
-from exgrpo_cli.train.offpolicy import MismatchWatch, offpolicy_metrics, update_offpolicy
+from exgrpo_cli.train.offpolicy import MismatchWatch, offpolicy_metrics
 from exgrpo_cli.train.reward_step import grade_step
 from exgrpo_cli.train.state import RunState
-from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update
+from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update, update_offpolicy
 
 
 def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
@@ -163,7 +163,9 @@ class Trainer:
             **t,
             **mem,
             **self.state_metrics(len(replayed), selected_score),
-            **offpolicy_metrics(result, self.dist, cfg, ages=[step - e.step for _, e in replayed]),
+            **offpolicy_metrics(
+                result.offpolicy, result.correction, self.dist, cfg, [step - e.step for _, e in replayed]
+            ),
         }
         metrics |= self.watch.observe(step, metrics["rollout/logprob_diff_mean"])
         if cfg.replay.readmit_into == "batch":

@@ -10,7 +10,6 @@ into metrics at the end of the step (a collective: the ranks' token sums are add
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections import deque
@@ -28,7 +27,6 @@ from exgrpo_cli.train.divergence import nucleus_slack
 
 if TYPE_CHECKING:
     from exgrpo_cli.config import ExgrpoConfig, RolloutConfig
-    from exgrpo_cli.train.update import UpdatePlan, UpdateResult
 
 log = logging.getLogger(__name__)
 
@@ -81,24 +79,25 @@ def _flat(sums: OffPolicySums, correction: CorrectionStats) -> dict[str, float]:
     return flat
 
 
-def update_offpolicy(cfg: ExgrpoConfig, plan: UpdatePlan) -> UpdatePlan:
-    """The step's `UpdatePlan` with this module's settings: the rollout correction and the beta of
-    the f(w)-by-age figures (the loss's own settings are the trainer's, untouched)."""
-    c, p = cfg.algo.rollout_correction, cfg.replay
-    correction = None if c.mode is None else RolloutCorrection(c.mode, c.cap, c.low, c.high)
-    beta = p.beta if p.shaping else None
-    return dataclasses.replace(plan, rollout_correction=correction, replay_beta=beta)
+def correction_of(cfg: ExgrpoConfig) -> RolloutCorrection | None:
+    """`algo.rollout_correction` as the update applies it (None: off)."""
+    c = cfg.algo.rollout_correction
+    return None if c.mode is None else RolloutCorrection(c.mode, c.cap, c.low, c.high)
 
 
 def offpolicy_metrics(
-    result: UpdateResult, dist: DistInfo, cfg: ExgrpoConfig, ages: Sequence[int] = ()
+    sums: OffPolicySums,
+    correction: CorrectionStats,
+    dist: DistInfo,
+    cfg: ExgrpoConfig,
+    ages: Sequence[int] = (),
 ) -> dict[str, float]:
-    """The step's off-policy metrics (docs/metrics.md), run-wide: a collective, every rank calls
-    it. The replay/ keys are logged when the run replays (`replay.ratio` > 0), the
-    loss/correction_ ones when a rollout correction is on; `ages`: the replayed rows' ages, the
-    same list on every rank (every rank selects every replayed question)."""
+    """The step's off-policy metrics (docs/metrics.md) from the update's sums, run-wide: a
+    collective, every rank calls it. The replay/ keys are logged when the run replays
+    (`replay.ratio` > 0), the loss/correction_ ones when a rollout correction is on; `ages`: the
+    replayed rows' ages, the same list on every rank (every rank selects every replayed question)."""
     replay, corrected = cfg.replay.ratio > 0, cfg.algo.rollout_correction.mode is not None
-    t = all_reduce_dict(_flat(result.offpolicy, result.correction), dist, op="sum")
+    t = all_reduce_dict(_flat(sums, correction), dist, op="sum")
     _, k3, outside = GapSums.from_dict(t, "m_").figures()
     m = {"rollout/mismatch_k3": k3, "rollout/mismatch_ratio_outside": outside}
     if replay:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -49,7 +50,10 @@ from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows,
 from exgrpo_cli.policy.offload import clip_grad_norm
 from exgrpo_cli.policy.sharding import Shards
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
-from exgrpo_cli.train.offpolicy import OffPolicySums, offpolicy_sums
+from exgrpo_cli.train.offpolicy import OffPolicySums, correction_of, offpolicy_sums
+
+if TYPE_CHECKING:
+    from exgrpo_cli.config import ExgrpoConfig
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,13 @@ class UpdatePlan:
     rollout_correction: RolloutCorrection | None = None
     # the policy shaping's beta, for the f(w)-by-age figures only (None: f(w) = w); never the loss's
     replay_beta: float | None = None
+
+
+def update_offpolicy(cfg: ExgrpoConfig, plan: UpdatePlan) -> UpdatePlan:
+    """`plan` with the off-policy settings: `algo.rollout_correction` and the beta of the
+    f(w)-by-age figures (the loss's own settings, `loss_settings`, stay the trainer's)."""
+    beta = cfg.replay.beta if cfg.replay.shaping else None
+    return replace(plan, rollout_correction=correction_of(cfg), replay_beta=beta)
 
 
 @dataclass
