@@ -44,8 +44,9 @@ def _replaying(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["replay/replayed_questions"] > 0]
 
 
+@pytest.mark.long  # two 6-step runs: make test-long (docs/testing.md)
 def test_the_default_logs_age_and_mismatch_and_max_age_caps_the_age(tmp_path: Path) -> None:
-    default = _train(tmp_path, "default", "trainer.steps=8")
+    default = _train(tmp_path, "default", "trainer.steps=6")
     replaying = _replaying(default)
     assert len(replaying) >= 5
     for r in default:
@@ -58,7 +59,7 @@ def test_the_default_logs_age_and_mismatch_and_max_age_caps_the_age(tmp_path: Pa
     assert "replay/expired" not in default[-1]  # no limit: nothing to count
     assert max(r["replay/age_max"] for r in replaying) > 3  # what max_age=3 must prevent
 
-    capped = _train(tmp_path, "capped", "trainer.steps=8", "replay.max_age=3")
+    capped = _train(tmp_path, "capped", "trainer.steps=6", "replay.max_age=3")
     replaying = _replaying(capped)
     assert replaying and max(r["replay/age_max"] for r in replaying) <= 3
     assert capped[-1]["replay/expired"] > 0
