@@ -94,7 +94,7 @@ class Trainer:
         if not self.questions:
             self.questions = {q.uid: q for q in self.state.sampler.questions}
         self.shards = Shards(self.dist)
-        self.watch = MismatchWatch.of(self.cfg.rollout, self.dist.is_main)
+        self.watch = MismatchWatch.of(self.cfg.rollout)
 
     @property
     def replay_enabled(self) -> bool:

@@ -10,7 +10,6 @@ into metrics at the end of the step (a collective: the ranks' token sums are add
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -27,8 +26,6 @@ from exgrpo_cli.train.divergence import nucleus_slack
 
 if TYPE_CHECKING:
     from exgrpo_cli.config import ExgrpoConfig, RolloutConfig
-
-log = logging.getLogger(__name__)
 
 # the trend alarm ignores rises smaller than this over its window: 0.005 nats/token is the low end
 # of a healthy bf16 engine's gap, so a smaller rise is rounding noise (an fp32 CPU run's gap
@@ -124,19 +121,21 @@ class MismatchWatch:
     `warn` upwards (one per crossing, not one per step above it), and a trend alarm when the gap
     rose at each of the last `window` steps by `TREND_MIN_RISE` or more in all (one line when the
     alarm starts). Neither stops the run. Under top-p sampling the threshold grows by the nucleus
-    slack, as the stop's does. The history lives in memory: a resumed run starts a new window."""
+    slack, as the stop's does. The history lives in memory: a resumed run starts a new window.
+    The lines wait in `lines` until the run prints them (`take_lines`, train/run.py: on rank 0's
+    console and in every rank's log, as the run's other notices)."""
 
-    def __init__(self, warn: float | None, window: int, top_p: float = 1.0, main: bool = True) -> None:
+    def __init__(self, warn: float | None, window: int, top_p: float = 1.0) -> None:
         self.warn = None if warn is None else warn + nucleus_slack(top_p)
         self.window = window
-        self.main = main  # only rank 0 prints (every rank sees the same run-wide gap)
+        self.lines: list[str] = []
         self._history: deque[float] = deque(maxlen=window + 1)
         self._above = False
         self._rising = False
 
     @classmethod
-    def of(cls, r: RolloutConfig, main: bool) -> MismatchWatch:
-        return cls(r.warn_logprob_diff, r.logprob_diff_trend_window, r.top_p, main)
+    def of(cls, r: RolloutConfig) -> MismatchWatch:
+        return cls(r.warn_logprob_diff, r.logprob_diff_trend_window, r.top_p)
 
     def observe(self, step: int, gap: float) -> dict[str, float]:
         """The step's `rollout/logprob_diff_warn` and `rollout/logprob_diff_rising` (0 or 1)."""
@@ -166,5 +165,9 @@ class MismatchWatch:
         return {"rollout/logprob_diff_warn": float(above), "rollout/logprob_diff_rising": float(rising)}
 
     def _say(self, line: str) -> None:
-        if self.main:
-            log.warning("warning: %s", line)
+        self.lines.append(f"warning: {line}")
+
+    def take_lines(self) -> list[str]:
+        """The lines said since the last call (and forget them)."""
+        out, self.lines = self.lines, []
+        return out
