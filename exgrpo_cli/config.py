@@ -197,6 +197,20 @@ class RolloutConfig:
         default=0.5,
         metadata={"help": "stop past this mean |trainer - engine| log-prob per fresh token (null: no check)"},
     )
+    # healthy bf16 engine-trainer gaps measure 0.005-0.04 nats/token (docs/off-policy.md): 0.1 is
+    # 2.5x the top of that, so a healthy run never warns, and 5x below the stop
+    warn_logprob_diff: Optional[float] = field(
+        default=0.1,
+        metadata={
+            "help": "warn (one line per crossing, no stop) past this mean |trainer - engine| gap (null: off)"
+        },
+    )
+    logprob_diff_trend_window: int = field(
+        default=5,
+        metadata={
+            "help": "alarm when the engine-trainer gap rose at each of this many steps in a row (0: off)"
+        },
+    )
     validation_sleep_level: int = field(
         default=2,
         metadata={
@@ -220,6 +234,23 @@ class OfficialBatchConfig:
     )
     # the objective is theirs on any number of ranks (docs/algorithm.md)
     gpus: int = field(default=8, metadata={"help": "the official run's GPU count"})
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Correction of the engine-vs-trainer mismatch on fresh rows (docs/off-policy.md)."""
+
+    mode: Optional[str] = field(
+        default=None,
+        metadata={"help": "null (off, the paper) | token_tis (weight min(r, cap) per token) | geo_mask"},
+    )
+    cap: float = field(default=2.0, metadata={"help": "token_tis: the truncation of r = pi_old / pi_engine"})
+    low: float = field(
+        default=0.99, metadata={"help": "geo_mask: drop a sequence whose geometric-mean r is below this"}
+    )
+    high: float = field(
+        default=1.01, metadata={"help": "geo_mask: drop a sequence whose geometric-mean r is above this"}
+    )
 
 
 @dataclass
@@ -261,6 +292,10 @@ class AlgoConfig:
     # update 1.35x faster than 16384
     micro_batch_tokens: int = field(
         default=0, metadata={"help": "token budget of one forward/backward chunk (0: auto)"}
+    )
+    rollout_correction: RolloutCorrectionConfig = field(
+        default_factory=RolloutCorrectionConfig,
+        metadata={"help": "weigh fresh tokens by pi_old / pi_engine (off by default)"},
     )
 
 
@@ -304,6 +339,10 @@ class ReplayConfig:
     )
     max_experiences: int = field(
         default=0, metadata={"help": "optional cap on stored experiences (0: no cap)"}
+    )
+    max_age: int = field(
+        default=0,
+        metadata={"help": "drop experiences collected more than this many steps ago (0: no cap, the paper)"},
     )
     # a group with k of K correct enters the buffer when lbound < k <= rbound (the official
     # experience_lbound / experience_rbound, 0 and 7 at K = 8; k == K retires the question regardless)

@@ -134,6 +134,12 @@ COMMANDS: dict[str, Check] = {
     "exgrpo train experiment=paper-<backbone>": C(TEMPLATE, "every conf/experiment preset"),
     "exgrpo train experiment=paper-qwen2.5-math-1.5b model.path=<that checkpoint> "
     "model.max_response_tokens=8192": C(COMPOSE, "GPU"),
+    "exgrpo train replay.max_age=3": C(
+        ELSEWHERE, "tests/train/test_offpolicy_e2e.py", needle='"replay.max_age=3"'
+    ),
+    "exgrpo train algo.rollout_correction.mode=token_tis": C(
+        ELSEWHERE, "tests/train/test_offpolicy_e2e.py", needle='"algo.rollout_correction.mode=token_tis"'
+    ),
     "exgrpo train hydra.run.dir=runs/a": C(COMPOSE, "the default run, which runs above"),
     "exgrpo train hydra.run.dir=outputs/strong-start": C(COMPOSE, "the default run, which runs above"),
     "exgrpo train trainer.nproc=2 trainer.steps=2 trainer.threads=1 trainer.output_dir=runs/np2": C(

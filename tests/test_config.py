@@ -100,6 +100,19 @@ def test_replay_none_is_on_policy():
         ("replay.experience_lbound=3 replay.experience_rbound=3", "replay.experience_rbound"),
         ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization"),
         ("eval.batch_size=0", "eval.batch_size"),
+        ("replay.max_age=-1", "replay.max_age"),
+        ("rollout.warn_logprob_diff=0", "rollout.warn_logprob_diff"),
+        ("rollout.logprob_diff_trend_window=-1", "rollout.logprob_diff_trend_window"),
+        ("algo.rollout_correction.mode=product", "algo.rollout_correction.mode"),
+        (
+            "algo.rollout_correction.mode=token_tis algo.rollout_correction.cap=0.5",
+            "algo.rollout_correction.cap",
+        ),
+        (
+            "algo.rollout_correction.mode=geo_mask algo.rollout_correction.low=1.0",
+            "algo.rollout_correction.low",
+        ),
+        ("algo.rollout_correction.mode=token_tis rollout.top_p=0.9", "rollout.top_p"),
     ],
 )
 def test_invalid_values_name_the_key(override: str, key: str):

@@ -139,6 +139,15 @@ def _top(rep: dict[str, Any]) -> Table:
     return t
 
 
+def _age_title(rep: dict[str, Any]) -> str:
+    """The age table's title: what the age is counted from, and the run's age limit."""
+    limit = rep.get("max_age") or 0
+    cap = f"replay.max_age={limit}, {rep.get('expired', 0):,} expired" if limit else "no replay.max_age"
+    if rep.get("step") is None:
+        return f"age (unknown: no trainer_state.json; {cap})"
+    return f"age, steps since collection at step {rep['step']} ({cap})"
+
+
 def render_report(rep: dict[str, Any]) -> Group:
     parts: list[RenderableType] = [_header(rep), Text(""), _buckets(rep)]
     if rep["experiences"]:
@@ -147,6 +156,8 @@ def render_report(rep: dict[str, Any]) -> Group:
             distribution_table("stored response length (tokens)", rep["response_length"]),
             Text(""),
             distribution_table("behaviour log-prob, mean per experience", rep["behavior_logp_mean"]),
+            Text(""),
+            distribution_table(_age_title(rep), rep["age"]),
             Text(""),
             _top(rep),
         ]

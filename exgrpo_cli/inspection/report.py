@@ -159,6 +159,11 @@ def buffer_report(
             }
         )
     ts = trainer_state or {}
+    step = ts.get("step")
+    # steps since collection at the checkpoint's step (0: collected by that step); unknown without
+    # trainer_state.json. A replayed row is one step older still, when the next step replays it.
+    known = isinstance(step, int) and not isinstance(step, bool)
+    ages = step - meta[:, META_STEP] if known else np.zeros(0, dtype=np.int64)
     return {
         "step": ts.get("step"),
         "delayed_start": ts.get("delayed_start"),
@@ -174,5 +179,8 @@ def buffer_report(
         "response_length": distribution(lengths, bins, integer=True),
         "behavior_logp_mean": distribution(logp_means, bins),
         "collected_at_step": distribution(meta[:, META_STEP], bins, integer=True),
+        "age": distribution(ages, bins, integer=True),
+        "max_age": buf.max_age,  # replay.max_age of the run (0: no limit)
+        "expired": int(index.get("expired", 0)),  # dropped for their age so far
         "top_questions": top_questions,
     }

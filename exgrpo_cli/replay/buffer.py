@@ -21,7 +21,6 @@ and with it seeded selection, survives a save/load round trip.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -32,11 +31,11 @@ import numpy as np
 from exgrpo_cli.replay.bucketing import BUCKET_BY, collects, storable
 from exgrpo_cli.replay.bucketing import Bounds as Bounds  # re-exported: train/loop.py reads it here
 from exgrpo_cli.replay.buckets import BucketScheme
+from exgrpo_cli.replay.eviction import OldestFirst
 from exgrpo_cli.replay.experience import META_BYTES, Experience, StoredQuestion, new_responses, value_hash
 from exgrpo_cli.replay.indexed_set import IndexedSet
 from exgrpo_cli.replay.persistence import FORMAT_VERSION, checked_arrays, load_buffer, save_buffer
 from exgrpo_cli.replay.persistence import META_LEN as _LEN
-from exgrpo_cli.replay.persistence import META_SEQ as _SEQ
 
 if TYPE_CHECKING:
     from exgrpo_cli.replay.mixing import Group
@@ -51,15 +50,19 @@ class ExperienceBuffer:
         bucket_edges: Sequence[float] | None = None,
         max_experiences: int = 0,
         bucket_by: str = "count",
+        max_age: int = 0,
     ) -> None:
         if max_experiences < 0:
             raise ValueError(f"replay.max_experiences must be >= 0 (got {max_experiences})")
+        if max_age < 0:
+            raise ValueError(f"replay.max_age must be >= 0 (got {max_age})")
         if bucket_by not in BUCKET_BY:
             raise ValueError(f"replay.bucket_by must be one of {', '.join(BUCKET_BY)} (got {bucket_by!r})")
         self.bucket_by = bucket_by  # replay/bucketing.py: what a question's bucket is measured by
         self._scheme = BucketScheme(group_size, bucket_edges, BUCKET_BY[bucket_by].min_level)
         self.group_size = group_size
         self.max_experiences = max_experiences
+        self.max_age = max_age  # 0: no age limit (the paper's rule)
         self._clear()
 
     def _clear(self) -> None:
@@ -71,7 +74,8 @@ class ExperienceBuffer:
         self._num_experiences = 0
         self._tokens = 0
         self._next_seq = 0  # global insertion number: defines "oldest" for the cap
-        self._heap: list[tuple[int, str]] = []  # (seq of a question's oldest experience, uid); cap only
+        self._oldest = OldestFirst()  # kept only under a cap (max_experiences or max_age)
+        self._expired = 0  # experiences dropped by max_age so far (the run's total)
         # sum mod 2^64 of every stored experience's value hash: order-free, and updated as experiences
         # come and go, so the per-step rank check covers the stored log-probs at no O(buffer) cost
         self._checksum = 0
@@ -137,8 +141,8 @@ class ExperienceBuffer:
             q = StoredQuestion(b, np.empty(0, np.int32), np.empty(0, np.float32), np.empty((0, 4), np.int64))
             self._questions[uid] = q
             self._buckets[b].add(uid)
-            if self.max_experiences:
-                heapq.heappush(self._heap, (self._next_seq, uid))
+            if self.max_experiences or self.max_age:
+                self._oldest.push(self._next_seq, uid)
         elif q.bucket != b:
             self._buckets[q.bucket].remove(uid)
             self._buckets[b].add(uid)
@@ -223,27 +227,26 @@ class ExperienceBuffer:
         self._tokens -= int(q.meta[:, _LEN].sum())
 
     def _enforce_cap(self) -> None:
-        """Evict the oldest experiences (earliest inserted, hence earliest step) above the cap.
-
-        A question left with no experience leaves the buffer and its bucket. The heap holds one
-        live entry per question (its oldest experience); entries of removed questions go stale
-        and are skipped, and the heap is rebuilt when stale entries dominate.
-        """
+        """Evict the oldest experiences (earliest inserted, hence earliest step) above the cap."""
         excess = self._num_experiences - self.max_experiences
         if not self.max_experiences or excess <= 0:
             return
-        if len(self._heap) > 2 * len(self._questions) + 64:
-            self._rebuild_heap()
-        drop: dict[str, int] = {}
-        while excess > 0:
-            seq, uid = heapq.heappop(self._heap)
-            q, i = self._questions.get(uid), drop.get(uid, 0)
-            if q is None or i >= len(q.meta) or q.meta[i, _SEQ] != seq:
-                continue  # stale
-            drop[uid] = i + 1
-            excess -= 1
-            if i + 1 < len(q.meta):
-                heapq.heappush(self._heap, (int(q.meta[i + 1, _SEQ]), uid))
+        self._drop(self._oldest.pick(self._questions, lambda dropped, _: dropped < excess))
+
+    def expire(self, step: int) -> int:
+        """`replay.max_age`: drop the experiences collected more than max_age steps before `step`
+        (called before the step's replay selection, so no replayed row is older); returns how many."""
+        if not self.max_age:
+            return 0
+        cutoff = step - self.max_age
+        drop = self._oldest.pick(self._questions, lambda _, collected: collected < cutoff)
+        self._drop(drop)
+        self._expired += sum(drop.values())
+        return sum(drop.values())
+
+    def _drop(self, drop: Mapping[str, int]) -> None:
+        """Remove each question's `drop[uid]` oldest experiences; a question left with none
+        leaves the buffer and its bucket."""
         for uid, n in drop.items():
             q = self._questions[uid]
             if n == len(q.meta):
@@ -255,10 +258,6 @@ class ExperienceBuffer:
             q.ids, q.logp, q.meta = q.ids[t:].copy(), q.logp[t:].copy(), q.meta[n:].copy()
             self._num_experiences -= n
             self._tokens -= t
-
-    def _rebuild_heap(self) -> None:
-        self._heap = [(int(q.meta[0, _SEQ]), uid) for uid, q in self._questions.items()]
-        heapq.heapify(self._heap)
 
     # ----------------------------------------------------------------- queries
     @property
@@ -317,6 +316,8 @@ class ExperienceBuffer:
             "replay/retired": float(len(self._retired)),
             "replay/readmitted": float(self._readmitted),  # so far; they left the retired count
         }
+        if self.max_age:
+            m["replay/expired"] = float(self._expired)  # so far: dropped for their age
         for b, size in enumerate(self.bucket_sizes(), start=1):
             m[f"replay/bucket/{b}"] = float(size)
         return m
@@ -337,6 +338,8 @@ class ExperienceBuffer:
             "bucket_edges": self._scheme.user_edges,
             "bucket_by": self.bucket_by,
             "max_experiences": self.max_experiences,
+            "max_age": self.max_age,
+            "expired": self._expired,
             "next_seq": self._next_seq,
             "questions": list(self._questions),
             "question_buckets": [q.bucket for q in qs],
@@ -381,8 +384,9 @@ class ExperienceBuffer:
         self._next_seq = int(index["next_seq"])
         for q in self._questions.values():
             self._add_to_checksum(q.value_hashes())
-        if self.max_experiences:
-            self._rebuild_heap()
+        self._expired = int(index.get("expired", 0))  # absent from buffers saved before max_age
+        if self.max_experiences or self.max_age:
+            self._oldest.rebuild(self._questions)
             self._enforce_cap()
 
     def save(self, directory: str) -> None:
@@ -394,6 +398,7 @@ class ExperienceBuffer:
         state = load_buffer(directory)
         index = state["index"]
         rule = index.get("bucket_by", "count")
-        buf = cls(index["group_size"], index["bucket_edges"], index["max_experiences"], rule)
+        max_age = int(index.get("max_age", 0))  # absent from buffers saved before max_age
+        buf = cls(index["group_size"], index["bucket_edges"], index["max_experiences"], rule, max_age)
         buf.load_state_dict(state)
         return buf

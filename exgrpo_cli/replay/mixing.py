@@ -26,6 +26,7 @@ class Response:
     # reward >= reward.correct_at, set by the reward stage with the reward; None (a response built
     # with a 0/1 reward and no stage, as in tests and benchmarks): reward > 0.5
     correct: bool | None = None
+    age: int | None = None  # a replayed response: steps since the step that collected it
 
     @property
     def is_correct(self) -> bool:
@@ -55,13 +56,14 @@ class MixedBatch:
     group_of_question: list[str] = field(default_factory=list)  # group -> question uid
     # group -> its index among the step's groups (all ranks'); empty: the batch is the whole step
     step_groups: list[int] = field(default_factory=list)
+    ages: list[int | None] = field(default_factory=list)  # per row: `Response.age` (None: fresh)
 
     def __len__(self) -> int:
         return len(self.response_ids)
 
 
 def build_mixed_batch(groups: list[Group], step_groups: list[int] | None = None) -> MixedBatch:
-    prompts, responses, behaviour, rewards, gidx, rmask = [], [], [], [], [], []
+    prompts, responses, behaviour, rewards, gidx, rmask, ages = [], [], [], [], [], [], []
     for g, group in enumerate(groups):
         for r in group.responses:
             prompts.append(group.prompt_ids)
@@ -70,6 +72,7 @@ def build_mixed_batch(groups: list[Group], step_groups: list[int] | None = None)
             rewards.append(float(r.reward))
             gidx.append(g)
             rmask.append(r.replayed)
+            ages.append(r.age)
     return MixedBatch(
         prompt_ids=prompts,
         response_ids=responses,
@@ -79,6 +82,7 @@ def build_mixed_batch(groups: list[Group], step_groups: list[int] | None = None)
         replay_mask=torch.tensor(rmask, dtype=torch.bool),
         group_of_question=[g.question.uid for g in groups],
         step_groups=list(step_groups) if step_groups is not None else [],
+        ages=ages,
     )
 
 

@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
+from exgrpo_cli.algo.offpolicy import GapSums
 from exgrpo_cli.errors import ExgrpoError
 from exgrpo_cli.policy.sharding import DataParallel
-from exgrpo_cli.replay.mixing import MixedBatch
 from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD, bits_checksum
 
 log = logging.getLogger(__name__)
@@ -51,29 +50,17 @@ class EngineDivergence(ExgrpoError):
     """The rollout engine samples from other weights than the trainer's; nothing was updated."""
 
 
-def fresh_gap(trainer_logp: Mapping[int, Sequence[float]], batch: MixedBatch) -> tuple[float, int]:
-    """(sum of |trainer - engine| log-prob, tokens) over this rank's fresh rows that have both."""
-    total, tokens = 0.0, 0
-    for i, mine in trainer_logp.items():
-        engine = batch.behavior_logp[i]
-        if bool(batch.replay_mask[i]) or not engine:
-            continue
-        total += float(np.abs(np.subtract(mine, engine)).sum())
-        tokens += len(engine)
-    return total, tokens
-
-
 def check_engine_logprobs(
-    trainer_logp: Mapping[int, Sequence[float]],
-    batch: MixedBatch,
+    gaps: GapSums,
     *,
     limit: float,
     step: int,
     dist: DataParallel,
 ) -> float:
     """The run-wide mean |trainer - engine| log-prob per fresh token; raises EngineDivergence past
-    `limit`. A collective under torchrun: every rank calls it and takes the same decision."""
-    total, tokens = fresh_gap(trainer_logp, batch)
+    `limit`. `gaps`: this rank's fresh-token sums (train/offpolicy.py, the one place they are
+    computed). A collective under torchrun: every rank calls it and takes the same decision."""
+    total, tokens = gaps.abs_sum, gaps.tokens
     t = dist.sum({"gap": total, "tokens": float(tokens)})
     gap = t["gap"] / t["tokens"] if t["tokens"] else 0.0
     if not gap <= limit:  # NaN too
@@ -97,14 +84,14 @@ def nucleus_slack(top_p: float) -> float:
 
 def engine_check(
     limit: float | None, step: int, dist: DataParallel, top_p: float = 1.0
-) -> Callable[[Mapping[int, Sequence[float]], MixedBatch], object] | None:
+) -> Callable[[GapSums], object] | None:
     """The update's `before_first_step` hook for `rollout.max_logprob_diff` (None: no check).
     Under top-p sampling the limit grows by `nucleus_slack(top_p)`: a healthy vLLM engine is
     that far from the trainer by construction, and a broken sync is still many nats away."""
     if limit is None:
         return None
     bound = limit + nucleus_slack(top_p)
-    return lambda logp, batch: check_engine_logprobs(logp, batch, limit=bound, step=step, dist=dist)
+    return lambda gaps: check_engine_logprobs(gaps, limit=bound, step=step, dist=dist)
 
 
 def checksum_names(names: Sequence[str]) -> list[str]:

@@ -43,9 +43,10 @@ from exgrpo_cli.reward.stage import Reward
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 from exgrpo_cli.train.divergence import check_synced_weights, engine_check
 from exgrpo_cli.train.metrics import accuracy_by_origin, loss_metrics, rollout_metrics
+from exgrpo_cli.train.offpolicy import MismatchWatch, offpolicy_metrics
 from exgrpo_cli.train.reward_step import grade_step
 from exgrpo_cli.train.state import RunState
-from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update
+from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update, update_offpolicy
 
 
 def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
@@ -88,10 +89,12 @@ class Trainer:
     parallel: DataParallel = field(default_factory=DataParallel)
     questions: dict[str, Question] = field(default_factory=dict)  # uid -> question, for replay prompts
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
+    watch: MismatchWatch = field(init=False)  # the warning band below rollout.max_logprob_diff
 
     def __post_init__(self) -> None:
         if not self.questions:
             self.questions = {q.uid: q for q in self.state.sampler.questions}
+        self.watch = MismatchWatch.of(self.cfg.rollout)
 
     @property
     def replay_enabled(self) -> bool:
@@ -113,6 +116,7 @@ class Trainer:
         selected_score = float("nan")
         with t("select"), mem("select"):
             if mixed:
+                st.buffer.expire(step)  # replay.max_age: before selection, so no replayed row is older
                 replayed, selected_score = self.select_replay(step, t)
         retired = st.buffer.retired if self.replay_enabled else ()
         per_step = cfg.algo.questions_per_step
@@ -149,7 +153,11 @@ class Trainer:
             **t,
             **mem,
             **self.state_metrics(len(replayed), selected_score),
+            **offpolicy_metrics(
+                result.offpolicy, result.correction, self.parallel, cfg, [step - e.step for _, e in replayed]
+            ),
         }
+        metrics |= self.watch.observe(step, metrics["rollout/logprob_diff_mean"])
         if cfg.replay.readmit_into == "batch":
             metrics["replay/readmitted_trained"] = float(len(readmitted))  # this step
         # the whole step's wall time (batch building and metrics included), not the stages' sum
@@ -267,7 +275,10 @@ class Trainer:
         for g, (_, exp) in zip(groups[len(fresh) :], replayed):
             g.responses.append(
                 Response(
-                    ids=exp.response_ids.tolist(), behavior_logp=exp.behavior_logp.tolist(), replayed=True
+                    ids=exp.response_ids.tolist(),
+                    behavior_logp=exp.behavior_logp.tolist(),
+                    replayed=True,
+                    age=step - exp.step,
                 )
             )
         return groups
@@ -303,7 +314,7 @@ class Trainer:
         the run)."""
         r = self.cfg.rollout
         check = engine_check(r.max_logprob_diff, step, self.parallel, r.top_p)
-        plan = replace(self.update_plan(), before_first_step=check)
+        plan = replace(update_offpolicy(self.cfg, self.update_plan()), before_first_step=check)
         st = self.state
         return policy_update(st.model, st.optimizer, batch, advantages, plan, self.pad_id, self.parallel)
 

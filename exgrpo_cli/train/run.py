@@ -251,6 +251,8 @@ def _loop(
             acc = metrics.get("reward/accuracy")
             status = notices.replay_status(ratio, switch.active, switch.threshold, acc)
             logger.log(step, metrics, status=status)
+            for line in trainer.watch.take_lines():  # the warning band (train/offpolicy.py)
+                logger.print(line)
             warning = notices.delayed_start_warning(
                 step, t.steps, switch.active, switch.threshold, ratio, warned, acc
             )

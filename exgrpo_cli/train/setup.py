@@ -216,7 +216,11 @@ def build_trainer(
             optimizer=make_optimizer(cfg, model, offload),
             sampler=QuestionSampler(train_qs, cfg.trainer.seed),
             buffer=ExperienceBuffer(
-                cfg.rollout.n, cfg.replay.bucket_edges, cfg.replay.max_experiences, cfg.replay.bucket_by
+                cfg.rollout.n,
+                cfg.replay.bucket_edges,
+                cfg.replay.max_experiences,
+                cfg.replay.bucket_by,
+                cfg.replay.max_age,
             ),
             switch=DelayedStart(cfg.replay.start_threshold),
             seed=cfg.trainer.seed,

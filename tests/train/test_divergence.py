@@ -28,9 +28,9 @@ from exgrpo_cli.train.divergence import (
     EngineDivergence,
     check_engine_logprobs,
     engine_check,
-    fresh_gap,
     nucleus_slack,
 )
+from exgrpo_cli.train.offpolicy import offpolicy_sums
 from exgrpo_cli.train.update import policy_update
 
 from conftest import REPO, run_cli
@@ -47,22 +47,27 @@ def _batch(engine_logp: list[float], replayed_logp: list[float]) -> object:
     return build_mixed_batch([Group(q, [1, 2], responses)]), replayed_logp
 
 
+def _gaps(trainer: dict[int, list[float]], batch: object) -> object:
+    """The fresh-token sums the update hands the check (train/offpolicy.py)."""
+    return offpolicy_sums(trainer, batch, None).mismatch  # type: ignore[arg-type]
+
+
 def test_the_gap_counts_fresh_tokens_only_and_stops_past_the_limit() -> None:
     batch, _ = _batch([-1.0, -2.0, -3.0], [])
     trainer = {0: [-1.1, -2.0, -2.6], 1: [-1.0, -1.0]}  # row 1 is replayed: its stored log-probs differ
-    total, tokens = fresh_gap(trainer, batch)  # type: ignore[arg-type]
-    assert tokens == 3 and total == pytest.approx(0.5)
-    gap = check_engine_logprobs(trainer, batch, limit=0.2, step=3, dist=DataParallel())  # type: ignore[arg-type]
+    gaps = _gaps(trainer, batch)
+    assert gaps.tokens == 3 and gaps.abs_sum == pytest.approx(0.5)  # type: ignore[attr-defined]
+    gap = check_engine_logprobs(_gaps(trainer, batch), limit=0.2, step=3, dist=DataParallel())  # type: ignore[arg-type]
     assert gap == pytest.approx(0.5 / 3)
     with pytest.raises(EngineDivergence, match=r"step 3: .*0\.1667 nats per token.*3 fresh tokens") as err:
-        check_engine_logprobs(trainer, batch, limit=0.1, step=3, dist=DataParallel())  # type: ignore[arg-type]
+        check_engine_logprobs(_gaps(trainer, batch), limit=0.1, step=3, dist=DataParallel())  # type: ignore[arg-type]
     message = str(err.value)
     for fallback in ("rollout.enforce_eager=true", "rollout.sleep_mode=false", "VLLM_USE_V2_MODEL_RUNNER=0"):
         assert fallback in message
     assert err.value.exit_code == 1
     nan = {0: [float("nan"), -2.0, -3.0]}
     with pytest.raises(EngineDivergence):
-        check_engine_logprobs(nan, batch, limit=0.1, step=1, dist=DataParallel())  # type: ignore[arg-type]
+        check_engine_logprobs(_gaps(nan, batch), limit=0.1, step=1, dist=DataParallel())  # type: ignore[arg-type]
     assert engine_check(None, 1, DataParallel()) is None
 
 
@@ -74,11 +79,11 @@ def test_top_p_widens_the_limit_by_the_nucleus_renormalisation() -> None:
     trainer = {0: [-1.6, -2.6, -3.6]}
     assert nucleus_slack(1.0) == 0.0 and nucleus_slack(0.5) == pytest.approx(math.log(2))
     healthy = engine_check(0.5, 2, DataParallel(), top_p=0.5)
-    assert healthy is not None and healthy(trainer, batch) == pytest.approx(0.6)  # type: ignore[arg-type]
+    assert healthy is not None and healthy(_gaps(trainer, batch)) == pytest.approx(0.6)  # type: ignore[arg-type]
     strict = engine_check(0.5, 2, DataParallel(), top_p=1.0)
     assert strict is not None
     with pytest.raises(EngineDivergence):
-        strict(trainer, batch)  # type: ignore[arg-type]
+        strict(_gaps(trainer, batch))  # type: ignore[arg-type]
 
 
 def test_the_update_stops_before_its_first_optimizer_step(tiny_model: Path) -> None:

@@ -139,7 +139,9 @@ class LLM:
         else:
             samples = _made_up(prompt, sp, self.weights.flat_logprob())
         outs = []
+        shift = _logprob_shift(sum(e["call"] == "generate" for e in EVENTS))
         for k, (toks, logps, reason) in enumerate(samples):
+            logps = [lp - shift for lp in logps]
             steps = [{tok: SimpleNamespace(logprob=lp)} for tok, lp in zip(toks, logps)]
             outs.append(SimpleNamespace(index=k, token_ids=toks, logprobs=steps, finish_reason=reason))
         return SimpleNamespace(outputs=outs)
@@ -179,6 +181,15 @@ class LLM:
             )
         self.sleeping_tags -= wake
         return not self.sleeping_tags
+
+
+# tests only: the engine reports log-probs lower than its own by SHIFT nats per token, plus DRIFT
+# more at each generate call (a mismatch that grows a little every step), as floats
+LOGP_SHIFT, LOGP_DRIFT = "EXGRPO_STANDIN_LOGP_SHIFT", "EXGRPO_STANDIN_LOGP_DRIFT"
+
+
+def _logprob_shift(calls: int) -> float:
+    return float(os.environ.get(LOGP_SHIFT, 0.0)) + calls * float(os.environ.get(LOGP_DRIFT, 0.0))
 
 
 def _made_up(
