@@ -198,6 +198,14 @@ class RolloutConfig:
             "of the run (~27 GiB per rank at 7B in bf16)"
         },
     )
+    # model.lora.rank > 0 with vLLM: load the adapter per sync, or merge it into the base weights
+    lora_sync: str = field(
+        default="adapter",
+        metadata={
+            "help": "vLLM with model.lora: adapter (vLLM's LoRA kernels; each sync moves the adapter) "
+            "or merged (W + BA synced as full weights; plain kernels)"
+        },
+    )
 
 
 @dataclass

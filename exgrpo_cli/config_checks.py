@@ -282,5 +282,37 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         )
     if e.regrade:
         _check(os.path.isfile(e.regrade), "eval.regrade", e.regrade, "an existing generations.jsonl")
+    check_lora_rollout(cfg)
     _check(cfg.ablation.seeds >= 1, "ablation.seeds", cfg.ablation.seeds, ">= 1")
     _one_of("inspect.format", cfg.inspect.format, ("text", "json"))
+
+
+# vLLM 0.32's accepted max_lora_rank (vllm.config.lora.MaxLoRARanks) and the ways a LoRA adapter
+# reaches vLLM (rollout/vllm_lora.py)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+LORA_SYNCS = ("adapter", "merged")
+
+
+def vllm_max_lora_rank(rank: int) -> int | None:
+    """The smallest rank vLLM accepts that holds `rank` (None: none does, rank > 512)."""
+    return next((r for r in VLLM_LORA_RANKS if r >= rank), None)
+
+
+def lora_sync_problem(rank: int, engine: str, sync: str) -> str | None:
+    """Why this LoRA setting cannot reach vLLM (None: it can)."""
+    if sync not in LORA_SYNCS:
+        return f"invalid rollout.lora_sync={sync!r}: allowed one of {', '.join(LORA_SYNCS)}"
+    if rank > 0 and engine == "vllm" and sync == "adapter" and vllm_max_lora_rank(rank) is None:
+        return (
+            f"invalid model.lora.rank={rank} with rollout.engine=vllm rollout.lora_sync=adapter: vLLM "
+            f"loads adapters of rank <= {VLLM_LORA_RANKS[-1]} only (rollout.lora_sync=merged syncs any rank)"
+        )
+    return None
+
+
+def check_lora_rollout(cfg: ExgrpoConfig) -> None:
+    """rollout.lora_sync's value, and a LoRA rank the adapter sync cannot hand to vLLM (> 512),
+    refused before anything loads. Ranks between vLLM's are rounded up there (rollout/vllm_lora.py)."""
+    problem = lora_sync_problem(cfg.model.lora.rank, cfg.rollout.engine, cfg.rollout.lora_sync)
+    if problem:
+        raise ConfigError(problem)

@@ -46,6 +46,7 @@ from exgrpo_cli.rollout.vllm_launch import (
     sampling_dtype,
     stop_engine_core,
 )
+from exgrpo_cli.rollout.vllm_lora import LoraSync, engine_kwargs
 from exgrpo_cli.rollout.vllm_weights import (
     TORCH_DTYPES,
     check_reload_api,
@@ -82,6 +83,8 @@ def _free_cuda_cache() -> None:
 class VLLMEngine:
     # from_config's temporary folder with the model's config, removed by close()
     _config_dir: tempfile.TemporaryDirectory[str] | None = None
+    # model.lora.rank > 0: how the adapter reaches vLLM (rollout/vllm_lora.py); set by from_config
+    lora: LoraSync | None = None
 
     def __init__(
         self,
@@ -202,6 +205,7 @@ class VLLMEngine:
         eval_tokens = cfg.eval.max_new_tokens
         dtype = sampling_dtype(m.dtype, cfg.trainer.fsdp_mixed_precision, _cuda())
         r = cfg.rollout
+        llm_kwargs = {**engine_kwargs(m.lora.rank, r.lora_sync), **llm_kwargs}
         engine = cls(
             path,
             eos_token_ids(tokenizer, model, path),
@@ -217,6 +221,7 @@ class VLLMEngine:
             llm_kwargs=llm_kwargs,
         )
         engine._config_dir = tmp  # kept alive as long as the engine
+        engine.lora = LoraSync(r.lora_sync) if m.lora.rank > 0 else None
         if model is not None:
             engine.sync_weights(model)
         return engine
@@ -250,7 +255,8 @@ class VLLMEngine:
                 owners.append((p, i))
         if not prompts:
             return []
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        lora = self.lora.generate_kwargs() if self.lora is not None else {}
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, **lora)
         eos = set(self.eos_ids)
         rollouts = []
         for (p, pidx), out in zip(owners, outputs):
@@ -311,7 +317,20 @@ class VLLMEngine:
         """
         t0 = time.perf_counter()
         self._wake("weights")
-        weights = named_tensors(model, self.dtype)
+        if self.lora is None:
+            self._reload(named_tensors(model, self.dtype))
+        else:  # the merged weights, or the frozen base when vLLM lacks it, then the adapter
+            weights = self.lora.weights(model, self.dtype, dropped=self._weights_discarded)
+            if weights is not None:
+                self._reload(weights)
+            self.lora.load_adapter(self.llm, model)
+        self._weights_discarded = False
+        self._source = model if isinstance(model, torch.nn.Module) else None
+        # cached prompt KV blocks were computed by the old weights: reusing them would mix policies
+        self.llm.reset_prefix_cache()
+        return time.perf_counter() - t0
+
+    def _reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         if self.in_process:
             counts = self.llm.collective_rpc("exgrpo_reload_weights", args=(weights,))
         else:
@@ -321,11 +340,6 @@ class VLLMEngine:
                 counts = self.llm.collective_rpc("exgrpo_reload_file", args=(path,))
         if not counts or min(counts) == 0:
             raise RuntimeError(f"vLLM weight sync loaded no tensors (per worker: {counts})")
-        self._weights_discarded = False
-        self._source = model if isinstance(model, torch.nn.Module) else None
-        # cached prompt KV blocks were computed by the old weights: reusing them would mix policies
-        self.llm.reset_prefix_cache()
-        return time.perf_counter() - t0
 
     def _gather_tp(self, obj: Any) -> tuple[list[Any], int]:
         """Every rank's `obj` of this engine's tensor-parallel group, in group order, and this
@@ -402,6 +416,8 @@ class VLLMEngine:
         gc.collect()
         if _cuda():
             torch.cuda.empty_cache()
+        if self.lora is not None:
+            self.lora.close()
         cfg_dir = getattr(self, "_config_dir", None)
         if cfg_dir is not None:
             cfg_dir.cleanup()
