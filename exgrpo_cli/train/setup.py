@@ -210,6 +210,8 @@ def build_trainer(
         model = load_model(model_cfg, device)
     if adapter is not None and (wrong := lora.base_mismatch(adapter, cfg.model.path, model)):
         raise ResumeRefused(wrong)  # the shapes: the name was checked before the load
+    if lora.is_lora(model):
+        log.info("%s", lora.describe(model))
     # every rank, at this same point (vLLM's start-up all-reduces the ranks' free memory), and
     # before the optimizer state takes memory; a vLLM engine empties torch's cache first
     engine = build_engine(cfg, model, tokenizer)
@@ -321,7 +323,10 @@ def filter_long(
 def warn_low_precision_weights(cfg: ExgrpoConfig) -> None:
     """bf16 keeps 8 bits of mantissa: an AdamW step of ~lr on a weight of ~1e-2 rounds away when
     lr is 1e-6 (the paper's), so bf16 *weights* may not train at all. Mixed precision keeps fp32
-    master weights and computes in bf16; say so once, at start-up, where it is still cheap to fix."""
+    master weights and computes in bf16; say so once, at start-up, where it is still cheap to fix.
+    Not with model.lora: the base is frozen in bf16 and the trained adapters are float32."""
+    if lora.lora_on(cfg.model.lora):
+        return
     msg = (
         f"model.dtype={cfg.model.dtype}: the trained weights themselves are {cfg.model.dtype}; "
         f"updates below ~1/256 of a weight round away (algo.lr={cfg.algo.lr:g}). For training prefer "
