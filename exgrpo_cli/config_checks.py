@@ -15,7 +15,7 @@ import os
 import re
 from typing import Any
 
-from exgrpo_cli.config import ArchConfig, ConfigError, ExgrpoConfig
+from exgrpo_cli.config import ArchConfig, ConfigError, ExgrpoConfig, LoraConfig
 
 # trainer.best_metric: every sample pooled; the unweighted mean over the held-out data sources; the
 # same without Minerva (the official criterion). evaluation/val_scores.py computes them
@@ -81,6 +81,17 @@ def _validate_arch(a: ArchConfig) -> None:
     )
 
 
+def _validate_lora(c: LoraConfig) -> None:
+    """model.lora's ranges; its rank against the model's layers is checked when the architecture is
+    known, still before the weights load (policy/lora.py `check_base`)."""
+    _check(c.rank >= 0, "model.lora.rank", c.rank, ">= 0 (0: off, full fine-tuning)")
+    _check(c.alpha > 0 and math.isfinite(c.alpha), "model.lora.alpha", c.alpha, "a finite number > 0")
+    _check(0.0 <= c.dropout < 1.0, "model.lora.dropout", c.dropout, "[0, 1)")
+    names = list(c.target_modules)
+    ok = bool(names) and all(isinstance(n, str) and n.isidentifier() for n in names)
+    _check(ok, "model.lora.target_modules", names, "a non-empty list of module names (q_proj, ...)")
+
+
 def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     """Refuse out-of-range or inconsistent values; raise ConfigError naming the key.
 
@@ -101,6 +112,7 @@ def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
         has_cfg = os.path.isfile(os.path.join(path, "config.json")) or bool(m.gguf_file)
         _check(has_cfg, "model.path", m.path, "a folder with a causal LM (config.json or a gguf_file)")
     _validate_arch(m.arch)
+    _validate_lora(m.lora)
     _one_of("data.on_bad_row", d.on_bad_row, ("skip", "error"))
     s = d.synthetic
     _check(s.num_train >= 1, "data.synthetic.num_train", s.num_train, ">= 1")

@@ -20,6 +20,7 @@ import torch
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.policy.lora import apply_lora
 from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
 from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
@@ -114,6 +115,7 @@ def load_model(cfg: ModelConfig, device: torch.device) -> PreTrainedModel:
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     enable_checkpointing(model, cfg.gradient_checkpointing)
+    model = apply_lora(model, cfg.lora, cfg.path)  # model.lora: adapters on the frozen base
     model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) hides the bound self
     model.train()
     return model
@@ -173,6 +175,7 @@ def load_sharded(
         )
     model.generation_config = generation_config
     enable_checkpointing(model, cfg.gradient_checkpointing)
+    model = apply_lora(model, cfg.lora, cfg.path)  # the same adapters as rank 0's, on the meta device
     model = shard(model)
     materialize(model, dist.device, params_on_host=OFFLOAD_MODES[offload].params_on_host)
     weights = full.state_dict() if full is not None else {}
