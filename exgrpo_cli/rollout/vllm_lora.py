@@ -15,8 +15,9 @@ vLLM 0.32 takes `max_lora_rank` only in VLLM_LORA_RANKS: a rank between two of t
 (the buffers are sized for the larger rank; the adapter is the trainer's own), a rank above 512 is
 refused at start-up with the adapter sync (`lora_sync_problem`, config_checks).
 
-The trainer's model here is a peft `PeftModel` (policy/lora.py), possibly sharded by FSDP2: every
-gather (`gather_full`) is a collective, so each rank calls these in lockstep, as any sync.
+The trainer's model here is the HF model with peft's LoRA layers injected (policy/lora.apply_lora),
+possibly sharded by FSDP2: every gather (`gather_full`) is a collective, so each rank calls these in
+lockstep, as any sync.
 """
 
 from __future__ import annotations
@@ -24,19 +25,19 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from exgrpo_cli.config_checks import LORA_SYNCS, lora_sync_problem, vllm_max_lora_rank
+from exgrpo_cli.policy.lora import WEIGHTS, is_adapter_name, merged_tensors, save_adapter
 from exgrpo_cli.policy.offload import gather_full
 
 log = logging.getLogger(__name__)
 
 ADAPTER_NAME = "exgrpo"  # the one adapter vLLM holds; its id never changes (load_inplace replaces it)
 ADAPTER_ID = 1
-PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the wrapped model's own names
-BASE_LAYER = ".base_layer"  # where a peft LoRA layer keeps the wrapped module
 
 
 def engine_kwargs(rank: int, sync: str) -> dict[str, Any]:
@@ -53,27 +54,21 @@ def engine_kwargs(rank: int, sync: str) -> dict[str, Any]:
 
 
 def base_name(name: str) -> str:
-    """A PeftModel's parameter name as the wrapped model (and vLLM) calls it:
-    base_model.model.model.layers.0.mlp.down_proj.base_layer.weight -> model.layers.0.mlp.down_proj.weight"""
-    return name.removeprefix(PEFT_PREFIX).replace(BASE_LAYER + ".", ".")
+    """A LoRA model's parameter name as the plain model (and vLLM) calls it:
+    model.layers.0.mlp.down_proj.base_layer.weight -> model.layers.0.mlp.down_proj.weight"""
+    return name.replace(".base_layer.", ".")
 
 
-def is_adapter_name(name: str) -> bool:
-    return ".lora_" in name
-
-
-def lora_layers(model: torch.nn.Module) -> dict[str, Any]:
-    """{base name of the adapted module: its peft LoRA layer}."""
-    from peft.tuners.lora import LoraLayer
-
-    return {
-        base_name(name): module for name, module in model.named_modules() if isinstance(module, LoraLayer)
-    }
+def _cast(
+    tensors: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, t in tensors:
+        yield name, t.to(dtype) if dtype is not None and t.is_floating_point() else t
 
 
 def base_tensors(model: torch.nn.Module, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
-    """The frozen base's weights under the base model's names, without the adapter (one at a time,
-    gathered, cast to `dtype` before the gather as `vllm_weights.named_tensors` does)."""
+    """The frozen base's weights under the plain model's names, without the adapter (one at a time,
+    cast to `dtype` before the gather, as `vllm_weights.named_tensors` does)."""
     for name, t in model.state_dict().items():
         if is_adapter_name(name):
             continue
@@ -82,56 +77,17 @@ def base_tensors(model: torch.nn.Module, dtype: torch.dtype | None) -> Iterator[
         yield base_name(name), gather_full(t).detach()
 
 
-def merged_tensors(model: torch.nn.Module, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every base weight, an adapted one merged: W + scaling B A (computed in fp32, then cast to
-    `dtype`), under the base model's names; the adapter's own tensors are not sent."""
-    layers = lora_layers(model)
-    for name, t in model.state_dict().items():
-        if is_adapter_name(name):
-            continue
-        full = gather_full(t).detach()
-        owner = base_name(name).removesuffix(".weight")
-        layer = layers.get(owner) if name.endswith(BASE_LAYER + ".weight") else None
-        if layer is not None:
-            full = _merge(layer, full)
-        if dtype is not None and full.is_floating_point() and full.dtype != dtype:
-            full = full.to(dtype)
-        yield base_name(name), full
-
-
-def _merge(layer: Any, weight: torch.Tensor) -> torch.Tensor:
-    """W + scaling B A of one peft Linear LoRA layer's active adapter."""
-    (adapter,) = layer.active_adapters
-    if getattr(layer, "fan_in_fan_out", False) or layer.use_dora.get(adapter, False):
-        raise NotImplementedError("the merged LoRA sync handles plain Linear adapters (no DoRA, no Conv1D)")
-    a = gather_full(layer.lora_A[adapter].weight).detach().float()
-    b = gather_full(layer.lora_B[adapter].weight).detach().float()
-    merged = weight.float() + layer.scaling[adapter] * (b @ a).to(weight.device)
-    return merged
-
-
-def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter's full tensors on the host under PEFT's saved names (what
-    `PeftModel.save_pretrained` writes, and what vLLM reads)."""
-    from peft import get_peft_model_state_dict
-
-    gathered = {
-        name: gather_full(t).detach().to("cpu").contiguous()
-        for name, t in model.state_dict().items()
-        if is_adapter_name(name)
-    }
-    return get_peft_model_state_dict(model, state_dict=gathered)  # type: ignore[no-any-return]
-
-
-def save_adapter(model: torch.nn.Module, folder: str) -> int:
-    """Write the adapter (safetensors + adapter_config.json) into `folder`; returns its bytes."""
-    from safetensors.torch import save_file
-
-    state = adapter_state(model)
-    save_file(state, f"{folder}/adapter_model.safetensors")
-    config = model.peft_config[model.active_adapter]  # type: ignore[index, operator]
-    config.save_pretrained(folder)
-    return sum(t.numel() * t.element_size() for t in state.values())
+def sent_tensors(
+    model: torch.nn.Module, mode: str, dtype: torch.dtype | None, names: list[str] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """What a sync sends (`names`: only these state-dict names): merged, W + (alpha / r) B A for
+    each adapted weight (policy/lora.merged_tensors), or the frozen base; cast to `dtype`."""
+    if mode == "merged":
+        return _cast(merged_tensors(model, names or list(model.state_dict())), dtype)
+    if names is None:
+        return base_tensors(model, dtype)
+    state = model.state_dict()
+    return ((base_name(n), gather_full(state[n].to(dtype) if dtype else state[n]).detach()) for n in names)
 
 
 class LoraSync:
@@ -156,11 +112,9 @@ class LoraSync:
 
         if isinstance(model, Mapping):  # already HF-named tensors (a caller's own, tests): as they are
             return named_tensors(model, dtype)
-        if self.mode == "merged":
-            return merged_tensors(model, dtype)
-        if self.base_loaded and not dropped:
+        if self.mode == "adapter" and self.base_loaded and not dropped:
             return None
-        return base_tensors(model, dtype)
+        return sent_tensors(model, self.mode, dtype)
 
     def load_adapter(self, llm: Any, model: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
         """The adapter sync's second half: write the adapter and load it in place of the last one."""
@@ -172,7 +126,8 @@ class LoraSync:
         if self._folder is None:
             self._folder = tempfile.TemporaryDirectory(prefix="exgrpo-vllm-lora-")
         path = self._folder.name
-        self.adapter_bytes = save_adapter(model, path)
+        save_adapter(model, Path(path))  # every rank: each engine reads its own folder
+        self.adapter_bytes = (Path(path) / WEIGHTS).stat().st_size
         if not llm.llm_engine.add_lora(LoRARequest(ADAPTER_NAME, ADAPTER_ID, path, load_inplace=True)):
             raise RuntimeError(f"vLLM did not load the LoRA adapter written to {path}")
         # generate names it without load_inplace: vLLM would otherwise read it again at every step
@@ -181,21 +136,13 @@ class LoraSync:
     def checksums(
         self, model: torch.nn.Module, names: list[str], dtype: torch.dtype
     ) -> dict[str, tuple[int, int]]:
-        """{base name: (bits checksum, elements)} of these tensors as the sync sent them (merged, or
-        the frozen base), for train/divergence.check_synced_weights. Gathers: every rank calls it."""
+        """{plain name: (bits checksum, elements)} of these tensors as the sync sent them (merged,
+        or the frozen base), for train/divergence.check_synced_weights. Gathers: every rank calls it."""
         from exgrpo_cli.rollout.vllm_ext import bits_checksum
 
-        state = model.state_dict()
-        layers = lora_layers(model) if self.mode == "merged" else {}
-        out = {}
-        for name in names:
-            peft_name = next(n for n in state if base_name(n) == name and not is_adapter_name(n))
-            full = gather_full(state[peft_name]).detach()
-            layer = layers.get(name.removesuffix(".weight"))
-            if layer is not None:
-                full = _merge(layer, full)
-            out[name] = (bits_checksum(full.to(dtype)), full.numel())
-        return out
+        wanted = set(names)
+        state = [n for n in model.state_dict() if not is_adapter_name(n) and base_name(n) in wanted]
+        return {n: (bits_checksum(t), t.numel()) for n, t in sent_tensors(model, self.mode, dtype, state)}
 
     def generate_kwargs(self) -> dict[str, Any]:
         return {"lora_request": self.request} if self.request is not None else {}

@@ -34,9 +34,10 @@ import torch
 
 from exgrpo_cli.errors import ExgrpoError
 from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
+from exgrpo_cli.policy.lora import is_adapter_name
 from exgrpo_cli.replay.mixing import MixedBatch
 from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD, bits_checksum
-from exgrpo_cli.rollout.vllm_lora import base_name, is_adapter_name
+from exgrpo_cli.rollout.vllm_lora import base_name
 
 log = logging.getLogger(__name__)
 # the synced tensors compared after each sync: the first layer's o_proj, the last layer's down_proj

