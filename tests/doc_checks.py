@@ -126,6 +126,14 @@ COMMANDS: dict[str, Check] = {
         rc=2,
         says="host memory: a node of 8 ranks needs 246.02 GiB after the first validation",
     ),
+    "exgrpo train experiment=paper-qwen2.5-math-7b model.lora.rank=64 trainer.dry_run=true "
+    "trainer.plan_devices=1x80": C(RUN, "fits one 80 GiB GPU with LoRA", says="rollout, needs 58.01 GiB"),
+    ".venv-vllm/bin/exgrpo train rollout=vllm model.lora.rank=8 trainer.steps=3 trainer.threads=1": C(
+        ELSEWHERE,
+        "tests/rollout/test_vllm_lora.py",
+        needle='"rollout=vllm", "model.lora.rank=8", "trainer.steps=3"',
+    ),
+    ".venv-vllm/bin/python benchmarks/lora_sync.py": C(SCRIPT, "two vLLM engines on a 0.4B model, minutes"),
     "exgrpo train experiment=paper-qwen2.5-math-1.5b --cfg job": C(
         RUN, "prints the recipe's 3,072-token cut", says="max_response_tokens: 3072"
     ),

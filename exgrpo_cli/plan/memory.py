@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from exgrpo_cli.plan import lora
+import exgrpo_cli.plan.lora as lora
 from exgrpo_cli.plan.activations import activation_bytes_per_token, kv_bytes_per_token, logit_chunk_bytes
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.host import HostPlan, plan_host
