@@ -111,7 +111,7 @@ def test_vllm_samples_from_base_plus_adapter_and_follows_its_syncs(folder: Path,
         assert check_synced_weights(engine, model, step=2, dist=DistInfo()) >= 0  # nothing differs
         seconds += [engine.sync_weights(model) for _ in range(4)]
         print(
-            f"\nlora_sync={sync}: |vLLM - peft| T=1 {with_adapter:.1e}, T=0.6 {tempered:.1e}, "
+            f"\nlora_sync={sync}: |vLLM - trainer| T=1 {with_adapter:.1e}, T=0.6 {tempered:.1e}, "
             f"before sync {stale:.1e}, after {fresh:.1e}; vs the base alone {without:.2f}; "
             f"sync median {statistics.median(seconds) * 1e3:.1f} ms"
         )
