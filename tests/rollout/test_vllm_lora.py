@@ -141,15 +141,16 @@ def test_the_checksum_check_compares_the_merged_weights(folder: Path) -> None:
 
 
 @pytest.mark.slow  # two vLLM training runs of 3 steps (~1-2 min each on 2 cores)
-@pytest.mark.parametrize("sync", ["adapter", "merged"])
+@pytest.mark.parametrize(("sync", "temperature"), [("merged", "1.0"), ("adapter", "0.6")])
 def test_train_with_a_lora_adapter_on_vllm_keeps_the_engine_in_sync(
-    tiny_model: Path, tmp_path: Path, sync: str
+    tiny_model: Path, tmp_path: Path, sync: str, temperature: str
 ) -> None:
     """The issue's `exgrpo train rollout=vllm model.lora.rank=8 trainer.steps=3`: the divergence
     check runs at every step (rollout.max_logprob_diff, on by default) and the gap stays at fp32
-    rounding, so every sync reached the engine."""
+    rounding, so every sync reached the engine; each sync at one of the two temperatures."""
     out = tmp_path / "run"
     args = ["train", "rollout=vllm", "model.lora.rank=8", "trainer.steps=3", f"rollout.lora_sync={sync}"]
+    args.append(f"rollout.temperature={temperature}")
     res = run_cli([*args, *TRAIN_ARGS, f"hydra.run.dir={out}"], timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
