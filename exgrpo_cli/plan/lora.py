@@ -111,14 +111,18 @@ Rows = list[tuple[str, Phases]]
 
 
 class LoraInputs(Protocol):
-    """What these rows read of memory.PlanInputs."""
+    """What these rows read of memory.PlanInputs (a frozen dataclass: read-only here too)."""
 
-    ranks: int
-    weight_bytes: int
-    offload: str
-    lora_rank: int
-    lora_targets: tuple[str, ...]
-
+    @property
+    def ranks(self) -> int: ...
+    @property
+    def weight_bytes(self) -> int: ...
+    @property
+    def offload(self) -> str: ...
+    @property
+    def lora_rank(self) -> int: ...
+    @property
+    def lora_targets(self) -> tuple[str, ...]: ...
     @property
     def fsdp(self) -> bool: ...
     @property
