@@ -205,6 +205,11 @@ class VLLMEngine:
         eval_tokens = cfg.eval.max_new_tokens
         dtype = sampling_dtype(m.dtype, cfg.trainer.fsdp_mixed_precision, _cuda())
         r = cfg.rollout
+        if m.lora.rank > 0 and model is None:  # vLLM alone would sample from the bare base
+            raise ValueError(
+                "rollout.engine=vllm with model.lora syncs the adapter from the trainer's model: "
+                "pass model=..."
+            )
         llm_kwargs = {**engine_kwargs(m.lora.rank, r.lora_sync), **llm_kwargs}
         engine = cls(
             path,
