@@ -85,7 +85,7 @@ def sent_tensors(
     """What a sync sends (`names`: only these state-dict names): merged, W + (alpha / r) B A for
     each adapted weight (policy/lora.merged_tensors), or the frozen base; cast to `dtype`."""
     if mode == "merged":
-        return _cast(merged_tensors(model, names or list(model.state_dict())), dtype)
+        return _cast(merged_tensors(model, list(model.state_dict()) if names is None else names), dtype)
     if names is None:
         return base_tensors(model, dtype)
     state = model.state_dict()
