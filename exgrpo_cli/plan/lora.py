@@ -138,7 +138,9 @@ def _shard(n: int, ranks: int) -> int:
 def state_rows(arch: Arch, x: LoraInputs) -> Rows:
     """The trainer's state with LoRA, sharded over N ranks by FSDP2 like the full model's:
     frozen base       c P/N at every moment (compute dtype, no gradient, no optimizer state;
-                      on the host with offload=all)
+                      on the host with offload=all). The issue's design; on CUDA the trainer must
+                      keep it so (FSDP2 asks a uniform dtype of trainable parameters only): a
+                      base kept in model.dtype=float32 is w P/N, 14.2 GiB more at 7B.
     adapter weights   w A/N, its gradients w A/N from the backward to the step, AdamW's moments
                       2 w A/N, AdamW's step temporaries w A/N (HostAdamW: 16 bytes x the
                       largest adapter tensor's shard), placed as trainer.offload says."""
