@@ -514,6 +514,10 @@ class EvalConfig:
         default="", metadata={"help": "a generations.jsonl to grade again without generating"}
     )
     compare: list[str] = field(default_factory=list, metadata={"help": "several checkpoints in one table"})
+    adapter: str = field(
+        default="",
+        metadata={"help": "a LoRA checkpoint (or run, or adapter folder) evaluated on its base, model.path"},
+    )
     output_dir: str = field(default="", metadata={"help": "default: the Hydra run dir"})
     batch_size: int = field(default=64, metadata={"help": "prompts per generate call"})
 
@@ -597,6 +601,7 @@ COMMAND_ONLY: tuple[str, ...] = (
     "model.trust_remote_code",
     "model.arch.describes",
     "data",
+    "eval.adapter",
 )
 
 

@@ -198,6 +198,7 @@ def evaluate_model(
     dist: DistInfo | None = None,
 ) -> ModelResult:
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
+    from exgrpo_cli.evaluation.adapter import load_into
     from exgrpo_cli.evaluation.validate import sample_and_grade
     from exgrpo_cli.policy.distributed import rank0_first
     from exgrpo_cli.policy.model import load_model, load_tokenizer, pick_device
@@ -219,6 +220,7 @@ def evaluate_model(
     if engine_spec.needs_trainer_model:
         check_model(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype)  # config.json vs weights, memory
         model = rank0_first(dist, lambda: load_model(model_cfg, device))
+        load_into(cfg, model)  # eval.adapter's weights on the base (model.lora layers built above)
     try:
         engine = build_engine(run_cfg, model, tokenizer)
     except BaseException:
@@ -350,13 +352,16 @@ def run_eval(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> dict[str, Any] 
     if cfg.eval.regrade:
         return regrade(cfg, cfg.eval.regrade, out)
     check_one_engine_per_rank(cfg, dist.world_size if dist is not None else 1)
+    from exgrpo_cli.evaluation.adapter import adapter_label, with_adapter
+
+    cfg = with_adapter(cfg, dist)  # eval.adapter: checked against model.path before any model loads
     suite = rank0_first(dist, lambda: load_suite(cfg))  # a missing file stops here, before any model loads
     for lb in suite:  # on the console too, not only in the log: a score over fewer rows than asked
         if lb.skipped:
             console.print(
                 f"warning: {lb.bench.title}: skipped {lb.skipped} rows without a usable question or answer"
             )
-    models = models_to_run(cfg, dist)
+    models = [(adapter_label(cfg, label), path) for label, path in models_to_run(cfg, dist)]
     if cfg.trainer.threads:
         import torch
 

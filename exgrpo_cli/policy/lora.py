@@ -42,10 +42,9 @@ def lora_on(cfg: LoraConfig) -> bool:
 
 
 def is_lora(model: torch.nn.Module) -> bool:
-    """Whether `model` carries LoRA layers (apply_lora was called on it)."""
-    from peft.tuners.lora import LoraLayer
-
-    return any(isinstance(m, LoraLayer) for m in model.modules())
+    """Whether `model` carries LoRA layers (apply_lora was called on it). Reads the mark apply_lora
+    leaves, so that a full fine-tuning run never imports peft."""
+    return getattr(model, "exgrpo_lora", None) is not None
 
 
 def targets(model: torch.nn.Module, names: list[str]) -> dict[str, torch.nn.Linear]:
