@@ -159,3 +159,17 @@ def test_train_with_a_lora_adapter_on_vllm_keeps_the_engine_in_sync(
         assert rows[step]["rollout/logprob_diff_mean"] < 1e-3, (step, rows[step])
         assert rows[step]["optim/skipped_steps"] == 0.0
     print(f"\nlora_sync={sync}: timing/sync {[rows[s]['timing/sync'] for s in (1, 2, 3)]}")
+
+
+@pytest.mark.slow  # two gloo ranks, each with its own vLLM engine (~1.5 min on 2 cores)
+def test_two_ranks_sync_the_sharded_adapter_into_their_engines(tiny_model: Path, tmp_path: Path) -> None:
+    """FSDP2 shards the adapter with the base: each rank gathers the adapter (adapter sync) in
+    lockstep and loads it into its own engine; the divergence check holds on both ranks' tokens."""
+    out = tmp_path / "run"
+    args = ["train", "rollout=vllm", "model.lora.rank=8", "rollout.lora_sync=adapter", "trainer.nproc=2"]
+    res = run_cli([*args, "trainer.steps=2", *TRAIN_ARGS, f"hydra.run.dir={out}"], timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    assert "FSDP2 over 2 ranks" in (out / "train.log").read_text()
+    for step in (1, 2):
+        assert rows[step]["rollout/logprob_diff_mean"] < 1e-3, (step, rows[step])
