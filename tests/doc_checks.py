@@ -134,7 +134,7 @@ COMMANDS: dict[str, Check] = {
         "tests/rollout/test_vllm_lora.py",
         needle='"rollout=vllm", "model.lora.rank=8", "trainer.steps=3"',
     ),
-    ".venv-vllm/bin/python benchmarks/lora_sync.py --prompts 4": C(SCRIPT, "two vLLM engines on a 0.4B model, minutes"),
+    ".venv-vllm/bin/python benchmarks/lora_sync.py --prompts 4": C(SCRIPT, "two vLLM engines, ~12 min"),
     "exgrpo train experiment=paper-qwen2.5-math-1.5b --cfg job": C(
         RUN, "prints the recipe's 3,072-token cut", says="max_response_tokens: 3072"
     ),
