@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -95,7 +95,7 @@ def peft_config(cfg: LoraConfig, base_name: str) -> Any:
 
     return PeftLoraConfig(
         r=cfg.rank,
-        lora_alpha=cfg.alpha,
+        lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # annotated int; peft divides it by r as a float
         lora_dropout=cfg.dropout,
         target_modules=list(cfg.target_modules),
         bias="none",
@@ -161,7 +161,8 @@ def save_adapter(model: torch.nn.Module, folder: Path, dist: DistInfo | None = N
         return
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
-    model.exgrpo_lora.save_pretrained(str(folder))  # adapter_config.json
+    config: Any = getattr(model, "exgrpo_lora")  # noqa: B009 - set by apply_lora, undeclared
+    config.save_pretrained(str(folder))  # adapter_config.json
 
 
 def read_adapter_config(folder: Path) -> dict[str, Any]:
@@ -187,8 +188,8 @@ def load_adapter(model: torch.nn.Module, folder: Path) -> None:
             f"{folder / WEIGHTS} fits no adapter of this model (missing {missing[:3]}, extra {extra[:3]})"
         )
     with torch.no_grad():
-        for name, p in own.items():
-            full = saved[name]
+        for name, param in own.items():
+            full, p = saved[name], cast(Any, param)  # a DTensor under FSDP2
             if tuple(full.shape) != tuple(p.shape):
                 raise ValueError(f"{folder / WEIGHTS}: {name} is {tuple(full.shape)}, not {tuple(p.shape)}")
             if hasattr(p, "device_mesh"):  # an FSDP2 shard: this rank's part of the full tensor
@@ -244,8 +245,10 @@ def lora_settings(folder: Path) -> LoraConfig:
     """The model.lora settings an adapter folder was written with (rank, alpha, dropout, targets),
     each checked to be a plain value of the right type."""
     record = read_adapter_config(folder)
-    rank, alpha = record.get("r"), record.get("lora_alpha")
-    dropout, names = record.get("lora_dropout", 0.0), record.get("target_modules")
+    rank: Any = record.get("r")
+    alpha: Any = record.get("lora_alpha")
+    dropout: Any = record.get("lora_dropout", 0.0)
+    names: Any = record.get("target_modules")
     if isinstance(names, str) or not isinstance(names, list):
         raise ValueError(f"{folder / CONFIG}: target_modules is not a list of names")
     ok = isinstance(rank, int) and not isinstance(rank, bool) and rank > 0
@@ -275,7 +278,7 @@ def merged_tensors(model: torch.nn.Module, names: list[str]) -> Iterator[tuple[s
         full = gather_full(state[name])
         module, _, leaf = name.rpartition(".base_layer.")
         if module in layers and leaf == "weight":
-            layer = layers[module]
+            layer: Any = layers[module]
             a = gather_full(layer.lora_A[ADAPTER].weight.detach()).float()
             b = gather_full(layer.lora_B[ADAPTER].weight.detach()).float()
             scale = float(layer.scaling[ADAPTER])

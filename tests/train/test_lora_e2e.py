@@ -83,6 +83,10 @@ def test_the_checkpoint_holds_the_adapter_and_only_its_optimizer_state(reference
     assert moments and all("lora_" in k for k in moments), sorted(moments)[:4]
     lora_b = [v for k, v in adapter.items() if "lora_B" in k]
     assert any(v.abs().max() > 0 for v in lora_b), "the adapters did not train"
+    # the HF engine samples the adapted model and pi_old is taken through the adapters: their
+    # log-probs agree also once the adapters have moved (steps 2-4)
+    rows = _metrics(reference)
+    assert all(rows[s]["rollout/logprob_diff_mean"] < 1e-3 for s in (2, 3, 4)), rows[4]
 
 
 def test_sigkill_then_resume_equals_the_uninterrupted_run(reference: Path, tmp_path: Path) -> None:
@@ -169,3 +173,18 @@ def test_two_ranks_train_lora_and_resume_like_one_run(tiny_model: Path, tmp_path
     assert _same(_final_state(first, 3), _final_state(whole, 3))
     shards = sorted(p.name for p in (whole / "checkpoints/step_3/optimizer").glob("*.distcp"))
     assert len(shards) == 2, shards
+
+
+def test_inspect_buffer_shows_a_lora_checkpoint_and_scores_only_the_merged_one(reference: Path) -> None:
+    ck = reference / "checkpoints"
+    index = json.loads((ck / "step_3" / "replay" / "index.json").read_text())
+    questions = index["questions"]
+    uid = questions[0] if isinstance(questions, list) else next(iter(questions))
+    res = run_cli(["inspect-buffer", str(ck / "step_3"), f"inspect.show={uid}"])
+    assert res.returncode == 0 and "behaviour log-prob" in res.stdout, res.stderr[-2000:]
+    res = run_cli(["inspect-buffer", str(ck / "step_3"), f"inspect.show={uid}", "inspect.score=true"])
+    assert res.returncode == 2 and "no merged model/" in res.stderr, res.stderr[-2000:]
+    last = json.loads((ck / "step_4" / "replay" / "index.json").read_text())["questions"]
+    uid = last[0] if isinstance(last, list) else next(iter(last))
+    res = run_cli(["inspect-buffer", str(ck / "step_4"), f"inspect.show={uid}", "inspect.score=true"])
+    assert res.returncode == 0 and "entropy" in res.stdout, res.stderr[-2000:]
