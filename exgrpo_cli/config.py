@@ -219,6 +219,16 @@ class RolloutConfig:
             "of the run (~27 GiB per rank at 7B in bf16)"
         },
     )
+    # model.lora.rank > 0 with vLLM: merge the adapter into the base weights, or load it per sync.
+    # merged is the provisional default (docs/scaling-up.md, LoRA): under sleep_mode's level-2
+    # sleep each step the adapter sync must send the base again too
+    lora_sync: str = field(
+        default="merged",
+        metadata={
+            "help": "vLLM with model.lora: merged (W + BA synced as full weights; plain kernels) or "
+            "adapter (vLLM's LoRA kernels; a sync moves the adapter, and the base after a sleep)"
+        },
+    )
 
 
 @dataclass
@@ -550,6 +560,10 @@ class EvalConfig:
         default="", metadata={"help": "a generations.jsonl to grade again without generating"}
     )
     compare: list[str] = field(default_factory=list, metadata={"help": "several checkpoints in one table"})
+    adapter: str = field(
+        default="",
+        metadata={"help": "a LoRA checkpoint (or run, or adapter folder) evaluated on its base, model.path"},
+    )
     output_dir: str = field(default="", metadata={"help": "default: the Hydra run dir"})
     batch_size: int = field(default=64, metadata={"help": "prompts per generate call"})
 
@@ -633,6 +647,7 @@ COMMAND_ONLY: tuple[str, ...] = (
     "model.trust_remote_code",
     "model.arch.describes",
     "data",
+    "eval.adapter",
 )
 
 

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from exgrpo_cli.config import ArchConfig, ConfigError, ExgrpoConfig
+from exgrpo_cli.config import ArchConfig, ConfigError, ExgrpoConfig, LoraConfig
 
 # trainer.best_metric: every sample pooled; the unweighted mean over the held-out data sources; the
 # same without Minerva (the official criterion). evaluation/val_scores.py computes them
@@ -115,6 +115,17 @@ def _check_offpolicy(cfg: ExgrpoConfig) -> None:
     )
 
 
+def _validate_lora(c: LoraConfig) -> None:
+    """model.lora's ranges; its rank against the model's layers is checked when the architecture is
+    known, still before the weights load (policy/lora.py `check_base`)."""
+    _check(c.rank >= 0, "model.lora.rank", c.rank, ">= 0 (0: off, full fine-tuning)")
+    _check(c.alpha > 0 and math.isfinite(c.alpha), "model.lora.alpha", c.alpha, "a finite number > 0")
+    _check(0.0 <= c.dropout < 1.0, "model.lora.dropout", c.dropout, "[0, 1)")
+    names = list(c.target_modules)
+    ok = bool(names) and all(isinstance(n, str) and n.isidentifier() for n in names)
+    _check(ok, "model.lora.target_modules", names, "a non-empty list of module names (q_proj, ...)")
+
+
 def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
     """Refuse out-of-range or inconsistent values; raise ConfigError naming the key.
 
@@ -155,6 +166,7 @@ def check_model(cfg: ExgrpoConfig, command: str) -> None:
         has_cfg = os.path.isfile(os.path.join(path, "config.json")) or bool(m.gguf_file)
         key("path", has_cfg, "a folder with a causal LM (config.json or a gguf_file)")
     _validate_arch(m.arch)
+    _validate_lora(m.lora)
 
 
 @section_check
@@ -310,9 +322,41 @@ def check_eval(cfg: ExgrpoConfig, command: str) -> None:
         )
     if e.regrade:
         key("regrade", os.path.isfile(e.regrade), "an existing generations.jsonl")
+    check_lora_rollout(cfg)
 
 
 @section_check
 def check_ablation_and_inspect(cfg: ExgrpoConfig, command: str) -> None:
     _check(cfg.ablation.seeds >= 1, "ablation.seeds", cfg.ablation.seeds, ">= 1")
     _one_of("inspect.format", cfg.inspect.format, ("text", "json"))
+
+
+# vLLM 0.32's accepted max_lora_rank (vllm.config.lora.MaxLoRARanks) and the ways a LoRA adapter
+# reaches vLLM (rollout/vllm_lora.py)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+LORA_SYNCS = ("adapter", "merged")
+
+
+def vllm_max_lora_rank(rank: int) -> int | None:
+    """The smallest rank vLLM accepts that holds `rank` (None: none does, rank > 512)."""
+    return next((r for r in VLLM_LORA_RANKS if r >= rank), None)
+
+
+def lora_sync_problem(rank: int, engine: str, sync: str) -> str | None:
+    """Why this LoRA setting cannot reach vLLM (None: it can)."""
+    if sync not in LORA_SYNCS:
+        return f"invalid rollout.lora_sync={sync!r}: allowed one of {', '.join(LORA_SYNCS)}"
+    if rank > 0 and engine == "vllm" and sync == "adapter" and vllm_max_lora_rank(rank) is None:
+        return (
+            f"invalid model.lora.rank={rank} with rollout.engine=vllm rollout.lora_sync=adapter: vLLM "
+            f"loads adapters of rank <= {VLLM_LORA_RANKS[-1]} only (rollout.lora_sync=merged syncs any rank)"
+        )
+    return None
+
+
+def check_lora_rollout(cfg: ExgrpoConfig) -> None:
+    """rollout.lora_sync's value, and a LoRA rank the adapter sync cannot hand to vLLM (> 512),
+    refused before anything loads. Ranks between vLLM's are rounded up there (rollout/vllm_lora.py)."""
+    problem = lora_sync_problem(cfg.model.lora.rank, cfg.rollout.engine, cfg.rollout.lora_sync)
+    if problem:
+        raise ConfigError(problem)

@@ -2,7 +2,9 @@
 # Fill gpu-wheels/ (or $1) with the pure-Python wheels `make gpu-check` installs on a GPU machine
 # that has torch, transformers, numpy, pyarrow, matplotlib, rich and pytest but no network:
 # hydra-core, omegaconf, antlr4-python3-runtime 4.9.3 (an sdist only on PyPI: built into a wheel
-# here), math-verify and its parser latex2sympy2_extended; safetensors only when the GPU machine's
+# here), math-verify and its parser latex2sympy2_extended, peft (model.lora) and accelerate, which
+# peft requires (their other requirements, psutil, pyyaml, tqdm and huggingface_hub, come with
+# transformers and vLLM); safetensors only when the GPU machine's
 # transformers does not bring it (SAFETENSORS=1: a binary wheel for this platform and Python).
 # The versions are the ones installed in the Python that runs this (.venv by default: the tested
 # ones). Run where PyPI is reachable, then carry the folder with the checkout (it is git-ignored);
@@ -18,7 +20,7 @@ version() { "$PYTHON" -c "import importlib.metadata as m, sys; print(m.version(s
 mkdir -p "$DEST"
 rm -f "$DEST"/*.whl
 pins=()
-for pkg in hydra-core omegaconf math-verify latex2sympy2_extended; do
+for pkg in hydra-core omegaconf math-verify latex2sympy2_extended peft accelerate; do
 	pins+=("$pkg==$(version "$pkg")")
 done
 if [ "${SAFETENSORS:-0}" = 1 ]; then

@@ -36,12 +36,13 @@ PIP=("$VENV/bin/python" -m pip)
 pins="$(mktemp)"
 trap 'rm -f "$pins"' EXIT
 "${PIP[@]}" freeze | grep -Ei '^(torch|transformers|numpy|tokenizers)==' > "$pins"
-# setuptools' "Editable installation" notice is information only (see the Makefile)
+# exgrpo's own requirements come with it, peft==0.21.2 (model.lora) and its accelerate included,
+# under the same constraints. setuptools' "Editable installation" notice is information only (see the Makefile)
 PYTHONWARNINGS="ignore:Editable installation" "${PIP[@]}" install -q -c "$pins" -e "$REPO[dev]"
 
 # fail loudly here rather than at the first rollout
 "$VENV/bin/python" - <<'EOF'
-import vllm, transformers, torch, exgrpo_cli  # noqa: F401
+import vllm, transformers, torch, peft, exgrpo_cli  # noqa: F401 - peft: model.lora
 from vllm import LLM, SamplingParams  # noqa: F401 - the import that a CUDA torchvision breaks
 print(f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
 EOF

@@ -107,6 +107,7 @@ COMMANDS: dict[str, Check] = {
     # --- exgrpo train
     "exgrpo train": C(RUN, cheap=SMALL_TRAIN),
     "exgrpo train replay.ratio=0": C(RUN, cheap=SMALL_TRAIN),
+    "exgrpo train model.lora.rank=8 algo.lr=3e-4": C(RUN, cheap=SMALL_TRAIN),
     "exgrpo train model=qwen2.5-math-7b data=openr1-math-46k replay.ratio=0.5": C(COMPOSE, "GPU"),
     "exgrpo train -m replay.ratio=0,0.5 trainer.seed=0,1,2": C(RUN, "6 runs of the sweep", cheap=SMALL_TRAIN),
     "exgrpo train experiment=paper-qwen2.5-math-7b eval.data_dir=/data/benchmarks": C(COMPOSE, "GPU"),
@@ -126,6 +127,14 @@ COMMANDS: dict[str, Check] = {
         rc=2,
         says="host memory: a node of 8 ranks needs 246.02 GiB after the first validation",
     ),
+    "exgrpo train experiment=paper-qwen2.5-math-7b model.lora.rank=64 trainer.dry_run=true "
+    "trainer.plan_devices=1x80": C(RUN, "fits one 80 GiB GPU with LoRA", says="rollout, needs 58.01 GiB"),
+    ".venv-vllm/bin/exgrpo train rollout=vllm model.lora.rank=8 trainer.steps=3 trainer.threads=1": C(
+        ELSEWHERE,
+        "tests/rollout/test_vllm_lora.py",
+        needle='"rollout=vllm", "model.lora.rank=8", "trainer.steps=3"',
+    ),
+    ".venv-vllm/bin/python benchmarks/lora_sync.py --prompts 4": C(SCRIPT, "two vLLM engines, ~12 min"),
     "exgrpo train experiment=paper-qwen2.5-math-1.5b --cfg job": C(
         RUN, "prints the recipe's 3,072-token cut", says="max_response_tokens: 3072"
     ),
@@ -187,6 +196,9 @@ COMMANDS: dict[str, Check] = {
         RUN, "on a parquet the test writes", cheap=SMALL_EVAL
     ),
     "exgrpo eval eval.regrade=outputs/eval/<run>/generations.jsonl": C(RUN),
+    "exgrpo eval model=tiny model.path=builtin:tiny eval.adapter=<run>/checkpoints/step_60": C(
+        ELSEWHERE, "tests/evaluation/test_eval_adapter.py", needle='f"eval.adapter={checkpoint}"'
+    ),
     'exgrpo eval "eval.compare=[builtin:tiny,outputs/train/<run>]"': C(RUN, cheap=SMALL_EVAL),
     'exgrpo eval eval=paper "eval.benchmarks=[aime24,aime25,amc,math500,minerva,olympiad,arc_c,gpqa]" '
     "eval.data_dir=../shared/data/benchmarks eval.limit=5 eval.n=1 eval.max_new_tokens=48": C(

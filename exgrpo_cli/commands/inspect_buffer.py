@@ -34,7 +34,8 @@ def run(cfg: ExgrpoConfig) -> None:
         raise ExgrpoError(str(err)) from None
     from exgrpo_cli.policy.checkpoint import verify
 
-    for part in ("replay/", "trainer_state.json", "model/" if opts.show else None):
+    weights = "model/" if (ckpt / "model").is_dir() or not (ckpt / "adapter").is_dir() else "adapter/"
+    for part in ("replay/", "trainer_state.json", weights if opts.show else None):  # adapter/: model.lora
         reason = verify(ckpt, prefix=part) if part else None
         if reason:
             raise ExgrpoError(f"{ckpt} does not verify, its files are not read: {reason}")

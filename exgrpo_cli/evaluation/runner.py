@@ -198,6 +198,7 @@ def evaluate_model(
     ranks: DataParallel,
 ) -> ModelResult:
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
+    from exgrpo_cli.evaluation.adapter import load_into
     from exgrpo_cli.evaluation.validate import sample_and_grade
     from exgrpo_cli.plan.model_bounds import check_model
     from exgrpo_cli.policy.model import load_model, load_tokenizer
@@ -218,6 +219,7 @@ def evaluate_model(
     if engine_spec.needs_trainer_model:
         check_model(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype)  # config.json vs weights, memory
         model = ranks.main_first(lambda: load_model(model_cfg, device))
+        load_into(cfg, model)  # eval.adapter's weights on the base (model.lora layers built above)
     try:
         engine = build_engine(run_cfg, model, tokenizer)
     except BaseException:
@@ -342,6 +344,7 @@ def run_eval(cfg: ExgrpoConfig, ranks: DataParallel | None = None) -> dict[str, 
     out = output_dir(cfg)
     if cfg.eval.regrade:
         return regrade(cfg, cfg.eval.regrade, out)
+    from exgrpo_cli.evaluation.adapter import adapter_label, with_adapter
     from exgrpo_cli.policy.model import pick_device
     from exgrpo_cli.policy.sharding import DataParallel
 
@@ -349,13 +352,14 @@ def run_eval(cfg: ExgrpoConfig, ranks: DataParallel | None = None) -> dict[str, 
     main = ranks.is_main
     console = Console(stderr=True, quiet=not main)
     check_one_engine_per_rank(cfg, ranks.world_size)
+    cfg = with_adapter(cfg, ranks)  # eval.adapter: checked against model.path before any model loads
     suite = ranks.main_first(lambda: load_suite(cfg))  # a missing file stops here, before any model loads
     for lb in suite:  # on the console too, not only in the log: a score over fewer rows than asked
         if lb.skipped:
             console.print(
                 f"warning: {lb.bench.title}: skipped {lb.skipped} rows without a usable question or answer"
             )
-    models = models_to_run(cfg, ranks)
+    models = [(adapter_label(cfg, label), path) for label, path in models_to_run(cfg, ranks)]
     if cfg.trainer.threads:
         import torch
 

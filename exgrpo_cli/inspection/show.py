@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from exgrpo_cli.config import ExgrpoConfig, ModelConfig, with_own_command_only
+from exgrpo_cli.config import ExgrpoConfig, LoraConfig, ModelConfig, with_own_command_only
+from exgrpo_cli.errors import UsageError
 from exgrpo_cli.inspection.report import run_dir_of
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.experience import Experience
@@ -83,7 +84,12 @@ def show_question(
 
     cfg, source, named = run_config(checkpoint, fallback)
     # the checkpoint's weights and tokenizer, with this command's trust_remote_code (default off)
-    mcfg = dataclasses.replace(cfg.model, path=str(checkpoint / "model"), gguf_file="")
+    # model.lora: model/ (the adapter merged) is in the run's last checkpoint only; elsewhere the
+    # tokenizer is beside the adapter, and a merged model needs no LoRA layers of its own
+    folder = checkpoint / "model"
+    if not folder.is_dir() and (checkpoint / "adapter").is_dir():
+        folder = checkpoint / "adapter"
+    mcfg = dataclasses.replace(cfg.model, path=str(folder), gguf_file="", lora=LoraConfig())
     tok = load_tokenizer(mcfg)
     exps = buf.experiences(uid)
     q, note = _find_question(cfg, uid)
@@ -136,6 +142,11 @@ def _scores(
     from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 
     hf_logging.disable_progress_bar()  # a weights-loading bar would garble the listing
+    if Path(mcfg.path).name == "adapter":
+        raise UsageError(
+            f"inspect.score needs the policy's weights: {Path(mcfg.path).parent} holds a LoRA adapter "
+            "and no merged model/ (the run's last checkpoint has one)"
+        )
     check_model(mcfg.path, mcfg.gguf_file, mcfg.dtype)  # config.json vs its weights and the memory
     model = load_model(mcfg, pick_device("auto"))
     ids = prompt_ids  # as training fed them (Template.prompt_ids)

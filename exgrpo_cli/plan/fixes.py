@@ -4,10 +4,12 @@ Where it sits: after a plan that does not fit, before the run is refused. The se
 how the run uses memory, never the objective: vLLM's sleep during the update, gradient
 checkpointing, a smaller token budget per micro-batch (down to one full sequence), offloading the
 optimizer or the whole sharded state to the host, a smaller vLLM share; then, separately, more
-devices of the same size, and smaller backbones (presets with architecture numbers). Cheap changes
-come first; a combination is kept only when none of its parts fits alone. When the caller can
-compose a whole config from overrides (`verify`, the CLI's Hydra composition), every suggestion is
-planned again from that config, so the overrides printed are the ones checked.
+devices of the same size; only when none of these fits, changes of the experiment, each said to
+be one: LoRA adapters (model.lora.rank, not the paper's full fine-tuning) and smaller backbones
+(presets with architecture numbers). Cheap changes come first; a combination is kept only when
+none of its parts fits alone. When the caller can compose a whole config from overrides (`verify`,
+the CLI's Hydra composition), every suggestion is planned again from that config, so the overrides
+printed are the ones checked.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from exgrpo_cli.policy.placement import OFFLOAD_MODES
 VLLM_SHARES = (0.4, 0.3, 0.2)  # smaller vLLM shares tried (a smaller KV cache: slower rollouts)
 MAX_RANKS = 128
 MAX_FIXES = 3
+LORA_RANKS = (64, 32, 16, 8)  # model.lora.rank tried, the closest to full fine-tuning first
+LORA_NOTE = "a change of method: LoRA adapters instead of full fine-tuning (not the paper's setting)"
 
 
 @dataclass(frozen=True)
@@ -184,3 +188,23 @@ def smaller_models(
         if plan is not None and plan.fits:
             fixes.append(Fix(overrides, plan, "a smaller backbone: another experiment, not a memory setting"))
     return fixes[:1]
+
+
+def lora_fixes(
+    arch: Arch, x: PlanInputs, verify: Callable[[tuple[str, ...]], Plan | None] | None = None
+) -> list[Fix]:
+    """`model.lora.rank=<r>` (the largest of LORA_RANKS that fits, alone or with the cheapest
+    runtime setting): the frozen base in the compute dtype, state for the adapter only. Labelled
+    with LORA_NOTE: it changes what is trained, so it is never offered as a memory setting."""
+    if x.lora_rank:
+        return []
+    for rank in LORA_RANKS:
+        adapted = with_changes(x, lora_rank=rank)
+        plan = plan_memory(arch, adapted)
+        found = [Fix((), plan)] if plan.fits else runtime_fixes(arch, adapted, None, limit=1)
+        for fix in found:
+            overrides = (f"model.lora.rank={rank}", *fix.overrides)
+            checked = verify(overrides) if verify else fix.plan
+            if checked is not None and checked.fits:
+                return [Fix(overrides, checked, LORA_NOTE)]
+    return []

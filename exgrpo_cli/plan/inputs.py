@@ -161,4 +161,7 @@ def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
         node_bytes=devices.node_bytes,
         level1_backups=sleep and not engine.needs_trainer_model and r.validation_sleep_level == 1,
         fp32_head=m.fp32_head,
+        lora_rank=m.lora.rank,
+        lora_targets=tuple(m.lora.target_modules),
+        lora_sync=r.lora_sync,
     )

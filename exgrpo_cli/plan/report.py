@@ -13,10 +13,11 @@ from collections.abc import Callable
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.plan.arch import Arch, preset_archs
-from exgrpo_cli.plan.fixes import Fix, more_devices, runtime_fixes, smaller_models
+from exgrpo_cli.plan.fixes import Fix, lora_fixes, more_devices, runtime_fixes, smaller_models
 from exgrpo_cli.plan.host import MARGIN as HOST_MARGIN
 from exgrpo_cli.plan.host import level1_backup_bytes
 from exgrpo_cli.plan.inputs import Devices, inputs_from_config
+from exgrpo_cli.plan.lora import adapter_params, uncounted
 from exgrpo_cli.plan.memory import (
     MARGIN,
     PHASES,
@@ -41,7 +42,7 @@ def _g(n: int) -> str:
     return f"{n / GiB:.2f}"
 
 
-def settings_line(x: PlanInputs) -> str:
+def settings_line(x: PlanInputs, arch: Arch) -> str:
     if x.fsdp:
         shard = f"FSDP2 over {x.ranks} rank{'s' if x.ranks > 1 else ''}"
     else:
@@ -54,6 +55,8 @@ def settings_line(x: PlanInputs) -> str:
         f"micro-batches of {x.micro_batch_tokens} tokens (sequences of {x.seq_tokens})",
         ATTENTION.get(x.attention, x.attention),
     ]
+    if x.lora_rank:
+        parts.append(lora_setting(arch, x))
     engine = x.engine
     if engine.needs_trainer_model:
         parts.append(f"{engine.label} rollouts")
@@ -70,7 +73,7 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
     lines = [
         f"memory plan: {model_path}, {count(a.params)} parameters (numbers from {a.source})",
         f"  devices: {devices.label}" + (" (trainer.plan_devices)" if devices.planned else ""),
-        f"  {settings_line(x)}",
+        f"  {settings_line(x, a)}",
         "",
     ]
     width = max(len(t.name) for t in plan.terms) + 2
@@ -82,6 +85,8 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
     lines.append(f"  {limit:<{width}}" + f"{_g(x.limit):>11}" * len(PHASES))
     lines += host_lines(plan, width)
     notes = list(plan.notes)
+    if x.lora_rank:
+        notes.append(lora_note(a, x))
     if plan.host_bytes and plan.host is None:  # a GPU run's host rows count it, rounded as pinned
         notes.append(f"host memory: {_g(plan.host_bytes)} GiB per rank of offloaded state (pinned)")
     engine = x.engine
@@ -112,6 +117,20 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
     if notes:
         lines += ["  notes:", *[f"    - {n}" for n in notes]]
     return "\n".join(lines)
+
+
+def lora_setting(arch: Arch, x: PlanInputs) -> str:
+    """The settings line's LoRA part: rank, targets, adapter size, how vLLM gets it."""
+    size = f" ({count(adapter_params(arch, x.lora_rank, x.lora_targets))} parameters)"
+    sync = "" if x.engine.needs_trainer_model else f", rollout.lora_sync={x.lora_sync}"
+    return f"LoRA rank {x.lora_rank} on {','.join(x.lora_targets)}{size}, the base frozen{sync}"
+
+
+def lora_note(arch: Arch, x: PlanInputs) -> str:
+    missing = uncounted(x.lora_targets, arch)
+    return "LoRA (model.lora.rank) trains low-rank adapters, not the paper's full fine-tuning" + (
+        f"; target modules the plan does not size (not counted): {', '.join(missing)}" if missing else ""
+    )
 
 
 def host_lines(plan: Plan, width: int) -> list[str]:
@@ -185,15 +204,17 @@ def find_fixes(
     devices: Devices,
     verify: Callable[[tuple[str, ...]], Plan | None] | None = None,
 ) -> list[Fix]:
-    """Runtime settings first, then more devices; a smaller GPU backbone only when neither fits."""
+    """Runtime settings first, then more devices; LoRA adapters and a smaller GPU backbone only when
+    neither fits."""
     fixes = runtime_fixes(arch, x, verify)
     gib_each = devices.bytes_each / GiB if devices.planned else None
     more = more_devices(arch, x, cfg.algo.questions_per_step, gib_each, verify)
     listed = [set(f.overrides) for f in fixes]
     if more is not None and not any(done <= set(more.overrides) for done in listed):
         fixes.append(more)  # unless its settings alone are a listed fix
-    if not fixes:
-        fixes = smaller_models(arch, x, [(n, a) for n, a, gpu in preset_archs() if gpu], verify)
+    if not fixes:  # changes of the experiment, each labelled as one
+        smaller = smaller_models(arch, x, [(n, a) for n, a, gpu in preset_archs() if gpu], verify)
+        fixes = [*lora_fixes(arch, x, verify), *smaller]
     return fixes
 
 

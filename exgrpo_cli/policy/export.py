@@ -12,11 +12,13 @@ Parameters shared by two names (tied embeddings) are written once, as `save_pret
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from exgrpo_cli.policy import lora
 from exgrpo_cli.policy.offload import gather_full
 
 if TYPE_CHECKING:
@@ -49,8 +51,10 @@ def export_hf(model: torch.nn.Module, folder: Path, tokenizer: Any, dist: DataPa
     from safetensors.torch import save_file
 
     main = dist is None or dist.is_main
-    state = model.state_dict()
     names = unique_state_names(model)
+    # model.lora: the adapted weights merged, under the plain model's names
+    tensors = lora.merged_tensors(model, names) if lora.is_lora(model) else _plain(model, names)
+    written: list[str] = []
     shards: list[dict[str, torch.Tensor]] = [{}]
     shard_bytes, error = 0, None
     files: list[str] = []
@@ -68,9 +72,8 @@ def export_hf(model: torch.nn.Module, folder: Path, tokenizer: Any, dist: DataPa
 
     if main:
         folder.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        t = state[name]
-        full = gather_full(t)  # a collective under FSDP2 (on the GPU when the shard is offloaded)
+    for name, full in tensors:  # each a collective under FSDP2 (on the GPU when offloaded)
+        written.append(name)
         if not main:
             continue
         full = full.detach().to("cpu").contiguous()
@@ -84,7 +87,13 @@ def export_hf(model: torch.nn.Module, folder: Path, tokenizer: Any, dist: DataPa
     flush()
     if error is not None:
         raise error
-    _finish(model, folder, files, names, tokenizer)
+    _finish(model, folder, files, written, tokenizer)
+
+
+def _plain(model: torch.nn.Module, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    state = model.state_dict()
+    for name in names:
+        yield name, gather_full(state[name])
 
 
 def _finish(model: torch.nn.Module, folder: Path, files: list[str], names: list[str], tokenizer: Any) -> None:

@@ -20,6 +20,7 @@ import torch
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy.head import use_fp32_head
+from exgrpo_cli.policy.lora import apply_lora
 from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
 from exgrpo_cli.policy.placement import NO_OFFLOAD, Offload
 from exgrpo_cli.policy.sharding import DataParallel
@@ -117,6 +118,7 @@ def load_model(cfg: ModelConfig, device: torch.device) -> PreTrainedModel:
     enable_checkpointing(model, cfg.gradient_checkpointing)
     if cfg.fp32_head:
         use_fp32_head(model)
+    model = apply_lora(model, cfg.lora, cfg.path)  # model.lora: adapters on the frozen base
     model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) hides the bound self
     model.train()
     return model
@@ -176,6 +178,7 @@ def load_sharded(
     enable_checkpointing(model, cfg.gradient_checkpointing)
     if cfg.fp32_head:
         use_fp32_head(model)
+    model = apply_lora(model, cfg.lora, cfg.path)  # the same adapters as rank 0's, on the meta device
     model = shard(model)
     materialize(model, dist.device, params_on_host=offload.params_on_host)
     weights = full.state_dict() if full is not None else {}

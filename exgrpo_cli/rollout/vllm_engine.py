@@ -46,6 +46,7 @@ from exgrpo_cli.rollout.vllm_launch import (
     sampling_dtype,
     stop_engine_core,
 )
+from exgrpo_cli.rollout.vllm_lora import LoraSync, engine_kwargs
 from exgrpo_cli.rollout.vllm_weights import (
     TORCH_DTYPES,
     check_reload_api,
@@ -93,6 +94,8 @@ def require_fp32_head(llm: Any) -> None:
 class VLLMEngine:
     # from_config's temporary folder with the model's config, removed by close()
     _config_dir: tempfile.TemporaryDirectory[str] | None = None
+    # model.lora.rank > 0: how the adapter reaches vLLM (rollout/vllm_lora.py); set by from_config
+    lora: LoraSync | None = None
 
     def __init__(
         self,
@@ -214,6 +217,12 @@ class VLLMEngine:
         eval_tokens = cfg.eval.max_new_tokens
         dtype = sampling_dtype(m.dtype, cfg.trainer.fsdp_mixed_precision, _cuda())
         r = cfg.rollout
+        if m.lora.rank > 0 and model is None:  # vLLM alone would sample from the bare base
+            raise ValueError(
+                "rollout.engine=vllm with model.lora syncs the adapter from the trainer's model: "
+                "pass model=..."
+            )
+        llm_kwargs = {**engine_kwargs(m.lora.rank, r.lora_sync), **llm_kwargs}
         if m.fp32_head:  # the trainer's side is policy/head.py: both sides or neither
             llm_kwargs = {**llm_kwargs, "hf_overrides": {"head_dtype": "float32"}}
         engine = cls(
@@ -233,6 +242,7 @@ class VLLMEngine:
         engine._config_dir = tmp  # kept alive as long as the engine
         if m.fp32_head:
             require_fp32_head(engine.llm)
+        engine.lora = LoraSync(r.lora_sync) if m.lora.rank > 0 else None
         if model is not None:
             engine.sync_weights(model)
         return engine
@@ -266,7 +276,8 @@ class VLLMEngine:
                 owners.append((p, i))
         if not prompts:
             return []
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        lora = self.lora.generate_kwargs() if self.lora is not None else {}
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, **lora)
         eos = set(self.eos_ids)
         rollouts = []
         for (p, pidx), out in zip(owners, outputs):
@@ -327,7 +338,20 @@ class VLLMEngine:
         """
         t0 = time.perf_counter()
         self._wake("weights")
-        weights = named_tensors(model, self.dtype)
+        if self.lora is None:
+            self._reload(named_tensors(model, self.dtype))
+        else:  # the merged weights, or the frozen base when vLLM lacks it, then the adapter
+            weights = self.lora.weights(model, self.dtype, dropped=self._weights_discarded)
+            if weights is not None:
+                self._reload(weights)
+            self.lora.load_adapter(self.llm, model)
+        self._weights_discarded = False
+        self._source = model if isinstance(model, torch.nn.Module) else None
+        # cached prompt KV blocks were computed by the old weights: reusing them would mix policies
+        self.llm.reset_prefix_cache()
+        return time.perf_counter() - t0
+
+    def _reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         if self.in_process:
             counts = self.llm.collective_rpc("exgrpo_reload_weights", args=(weights,))
         else:
@@ -337,11 +361,6 @@ class VLLMEngine:
                 counts = self.llm.collective_rpc("exgrpo_reload_file", args=(path,))
         if not counts or min(counts) == 0:
             raise RuntimeError(f"vLLM weight sync loaded no tensors (per worker: {counts})")
-        self._weights_discarded = False
-        self._source = model if isinstance(model, torch.nn.Module) else None
-        # cached prompt KV blocks were computed by the old weights: reusing them would mix policies
-        self.llm.reset_prefix_cache()
-        return time.perf_counter() - t0
 
     def _gather_tp(self, obj: Any) -> tuple[list[Any], int]:
         """Every rank's `obj` of this engine's tensor-parallel group, in group order, and this
@@ -412,6 +431,8 @@ class VLLMEngine:
         gc.collect()
         if _cuda():
             torch.cuda.empty_cache()
+        if self.lora is not None:
+            self.lora.close()
         cfg_dir = getattr(self, "_config_dir", None)
         if cfg_dir is not None:
             cfg_dir.cleanup()

@@ -33,8 +33,10 @@ import torch
 
 from exgrpo_cli.algo.offpolicy import GapSums
 from exgrpo_cli.errors import ExgrpoError
+from exgrpo_cli.policy.lora import is_adapter_name
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD, bits_checksum
+from exgrpo_cli.rollout.vllm_lora import base_name
 
 log = logging.getLogger(__name__)
 # the synced tensors compared after each sync: the first layer's o_proj, the last layer's down_proj
@@ -122,11 +124,13 @@ def check_synced_weights(engine: Any, model: torch.nn.Module, *, step: int, dist
     no copy of its own, as the HF engine, or holds none of them as loaded). Every rank calls it."""
     read = getattr(engine, "weight_checksums", None)
     dtype = getattr(engine, "dtype", None)
-    names = checksum_names([n for n, _ in model.named_parameters()])
+    lora = getattr(engine, "lora", None)  # a LoRA sync sends base-named tensors (rollout/vllm_lora.py)
+    params = [n for n, _ in model.named_parameters()]
+    names = checksum_names([base_name(n) for n in params if not is_adapter_name(n)] if lora else params)
     if read is None or not isinstance(dtype, torch.dtype) or not names:
         return 0
     theirs = read(names)
-    mine = trainer_checksums(model, names, dtype, dist)
+    mine = lora.checksums(model, names, dtype) if lora else trainer_checksums(model, names, dtype, dist)
     wanted = str(dtype).removeprefix("torch.")
     same_layout = [n for n in names if n in theirs and theirs[n][1:] == (mine[n][1], wanted)]
     if len(same_layout) < len(names) and step <= 1:

@@ -38,7 +38,8 @@ from exgrpo_cli.evaluation.val_scores import check_best_metric
 from exgrpo_cli.plan.model_bounds import check_model
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer
+from exgrpo_cli.policy import lora
+from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer, resolve_path
 from exgrpo_cli.policy.offload import HostAdamW
 from exgrpo_cli.policy.placement import OFFLOAD_MODES, Offload
 from exgrpo_cli.policy.sharding import DataParallel
@@ -181,13 +182,16 @@ def build_trainer(
     if cfg.trainer.val_questions:
         val_qs = val_qs[: cfg.trainer.val_questions]
     model_cfg = cfg.model
-    if resume_from is not None:  # weights come from the checkpoint; everything else from the config
+    # LoRA resumes the base of the command and the checkpoint's adapter (refused first if they differ)
+    adapter = lora.resume_adapter(cfg.model.lora, cfg.model.path, resume_from) if resume_from else None
+    if resume_from is not None and adapter is None:  # weights from the checkpoint, the rest from the config
         model_cfg = dataclasses.replace(cfg.model, path=str(resume_from / "model"), gguf_file="")
     tokenizer = ranks.main_first(lambda: load_tokenizer(model_cfg))
     template = get_template(cfg.model.template)
     # rendered for every question below: first once, under a time and memory budget
     check_template(template, tokenizer, f"model {model_cfg.path}")
     check_model(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype)  # config.json vs weights, memory
+    lora.check_base(model_cfg, resolve_path(model_cfg.path))  # model.lora's rank and targets
     train_qs = filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
     check_pool_size(len(train_qs), cfg.algo.questions_per_step)  # the first step draws that many
     fingerprint = data_fingerprint(train_qs)
@@ -206,6 +210,10 @@ def build_trainer(
         model = shard(load_model(model_cfg, torch.device("cpu")))
     else:
         model = load_model(model_cfg, device)
+    if adapter is not None and (wrong := lora.base_mismatch(adapter, cfg.model.path, model)):
+        raise ResumeRefused(wrong)  # the shapes: the name was checked before the load
+    if lora.is_lora(model):
+        log.info("%s", lora.describe(model))
     # every rank, at this same point (vLLM's start-up all-reduces the ranks' free memory), and
     # before the optimizer state takes memory; a vLLM engine empties torch's cache first
     engine = build_engine(cfg, model, tokenizer)
@@ -225,6 +233,7 @@ def build_trainer(
             switch=DelayedStart(cfg.replay.start_threshold),
             seed=cfg.trainer.seed,
             data_fingerprint=fingerprint,
+            merged_export_step=cfg.trainer.steps,
         )
         if resume_from is not None:
             _load_checkpoint(state, resume_from, ranks, new_data)
@@ -320,7 +329,10 @@ def filter_long(
 def warn_low_precision_weights(cfg: ExgrpoConfig) -> None:
     """bf16 keeps 8 bits of mantissa: an AdamW step of ~lr on a weight of ~1e-2 rounds away when
     lr is 1e-6 (the paper's), so bf16 *weights* may not train at all. Mixed precision keeps fp32
-    master weights and computes in bf16; say so once, at start-up, where it is still cheap to fix."""
+    master weights and computes in bf16; say so once, at start-up, where it is still cheap to fix.
+    Not with model.lora: the base is frozen in bf16 and the trained adapters are float32."""
+    if lora.lora_on(cfg.model.lora):
+        return
     msg = (
         f"model.dtype={cfg.model.dtype}: the trained weights themselves are {cfg.model.dtype}; "
         f"updates below ~1/256 of a weight round away (algo.lr={cfg.algo.lr:g}). For training prefer "

@@ -8,7 +8,9 @@ added in one place: put it in `state_dict` (and `save`/`load` when it has files)
 every checkpoint and, unless listed in `LOCAL_KEYS`, in the rank check as well.
 
 Files of a checkpoint folder (written atomically by policy/checkpoint.py):
-  model/                  HF folder (weights + tokenizer): AutoModelForCausalLM.from_pretrained works
+  model/                  HF folder (weights + tokenizer): AutoModelForCausalLM.from_pretrained works;
+                          with model.lora, only in the run's last checkpoint, the adapter merged in
+  adapter/                model.lora: the adapter in peft's format (+ tokenizer); the base is model.path
   optimizer/              the optimizer state, a shard per rank (reshardable) + param_groups.json
   replay/                 the experience buffer (arrays in safetensors + JSON index)
   rng.safetensors         torch's RNG state
@@ -41,6 +43,7 @@ from safetensors.torch import load_file, save_file
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy import lora
 from exgrpo_cli.policy.export import export_hf
 from exgrpo_cli.policy.optimizer_groups import own_hyper, restore_hyper
 from exgrpo_cli.policy.sharding import DataParallel
@@ -73,6 +76,8 @@ class RunState:
     # replay.readmit_into=batch: re-admitted questions not yet trained, served first into the next
     # steps' fresh slots (uids, in re-admission order)
     readmit_queue: list[str] = field(default_factory=list)
+    # model.lora: the step whose checkpoint also holds the merged model (model/), the run's last
+    merged_export_step: int = -1
 
     def count_updates(self, applied: list[bool]) -> None:
         """Keep `skipped_in_a_row` for a step's updates in order (False: skipped, for a non-finite
@@ -140,7 +145,12 @@ class RunState:
 
         def write(tmp: Path) -> None:
             # collectives first, in the same order on every rank; rank 0 alone writes the rest
-            export_hf(self.model, tmp / "model", tokenizer, ranks)
+            if lora.is_lora(self.model):  # the adapter; the merged model once, at the end
+                lora.save_adapter(self.model, tmp / lora.ADAPTER_DIR, ranks)
+                if ranks.is_main and tokenizer is not None:
+                    tokenizer.save_pretrained(tmp / lora.ADAPTER_DIR)
+            if not lora.is_lora(self.model) or self.step == self.merged_export_step:
+                export_hf(self.model, tmp / "model", tokenizer, ranks)
             (tmp / "optimizer").mkdir(exist_ok=True)
             D.save_optimizer(self.model, self.optimizer, tmp / "optimizer", ranks)
             if ranks.is_main:
@@ -157,6 +167,8 @@ class RunState:
         hyper-parameters stay the config's (returns a line per value the checkpoint had otherwise).
         The buffer is read into this run's (its group size and buckets must match the config)."""
         own = own_hyper(self.optimizer)
+        if lora.is_lora(self.model):  # the base came from model.path, the adapter comes from here
+            lora.load_adapter(self.model, folder / lora.ADAPTER_DIR)
         if (folder / "optimizer").is_dir():
             D.load_optimizer(self.model, self.optimizer, folder / "optimizer", ranks)
         else:  # a checkpoint written before the sharded format: one full optimizer state

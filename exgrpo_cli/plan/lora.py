@@ -1,0 +1,224 @@
+"""The memory plan's LoRA numbers (`model.lora.rank` > 0): the adapter's size from the architecture.
+
+Where it sits: beside plan/activations.py, read by plan/memory.py's terms when the run trains a LoRA
+adapter (policy/lora.py) instead of every weight. Pure arithmetic on `Arch` (no torch).
+
+A LoRA adapter of rank r on a linear module of `in` inputs and `out` outputs holds A (r x in) and
+B (out x r): r (in + out) parameters. Per decoder layer the projections have the shapes below
+(H hidden, q = heads x head size, kv = KV heads x head size, I MLP width); `lm_head` (H -> V) is a
+root-unit module. Other names match nothing the plan knows of and are not counted (said in the
+plan's notes); the trainer refuses target modules that match nothing in the model itself.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from exgrpo_cli.config_checks import vllm_max_lora_rank
+from exgrpo_cli.plan.arch import Arch
+from exgrpo_cli.policy.placement import Offload
+
+# peft's shortcut for every linear layer but the output head
+ALL_LINEAR = "all-linear"
+
+
+def layer_modules(arch: Arch) -> dict[str, tuple[int, int]]:
+    """(in, out) of each linear module of a decoder layer, by the name peft matches."""
+    h, q, kv, i = arch.hidden_size, arch.q_dim, arch.kv_dim, arch.intermediate_size
+    return {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
+
+
+def _targets(targets: tuple[str, ...], arch: Arch) -> set[str]:
+    names = set(targets)
+    if ALL_LINEAR in names:
+        names |= set(layer_modules(arch))
+    return names
+
+
+def uncounted(targets: tuple[str, ...], arch: Arch) -> list[str]:
+    """Target names the plan cannot size (not a projection it knows, nor lm_head)."""
+    known = {*layer_modules(arch), "lm_head", ALL_LINEAR}
+    return [t for t in targets if t not in known]
+
+
+def layer_adapter_params(arch: Arch, rank: int, targets: tuple[str, ...]) -> int:
+    """A_l: one decoder layer's adapter parameters, sum of r (in + out) over its targeted modules."""
+    names = _targets(targets, arch)
+    return sum(rank * (i + o) for m, (i, o) in layer_modules(arch).items() if m in names)
+
+
+def root_adapter_params(arch: Arch, rank: int, targets: tuple[str, ...]) -> int:
+    """A_r: the root unit's adapter (on lm_head only, when targeted)."""
+    return rank * (arch.hidden_size + arch.vocab_size) if "lm_head" in targets else 0
+
+
+def adapter_params(arch: Arch, rank: int, targets: tuple[str, ...]) -> int:
+    """A: the whole adapter (rank 64 on the seven projections of Qwen2.5-7B: 161.5M)."""
+    return arch.num_layers * layer_adapter_params(arch, rank, targets) + root_adapter_params(
+        arch, rank, targets
+    )
+
+
+def largest_adapter_param(arch: Arch, rank: int, targets: tuple[str, ...]) -> int:
+    """Elements of the adapter's largest single tensor (r x the widest targeted side)."""
+    names = _targets(targets, arch)
+    sides = [max(i, o) for m, (i, o) in layer_modules(arch).items() if m in names]
+    if "lm_head" in targets:
+        sides.append(arch.vocab_size)
+    return rank * max(sides, default=0)
+
+
+def largest_adapted_weight(arch: Arch, targets: tuple[str, ...]) -> int:
+    """Elements of the largest base weight that carries an adapter (what the merged sync merges)."""
+    names = _targets(targets, arch)
+    sizes = [i * o for m, (i, o) in layer_modules(arch).items() if m in names]
+    if "lm_head" in targets:
+        sizes.append(arch.embedding_params)
+    return max(sizes, default=0)
+
+
+def adapter_activation_bytes_per_token(
+    arch: Arch, rank: int, targets: tuple[str, ...], compute_bytes: int, checkpointing: bool
+) -> int:
+    """What the adapters add to the backward's saved activations, per token, at most: for each
+    targeted module its input (a copy when dropout is on; the base's own input otherwise) and the
+    r-wide output of A, in the compute dtype; for one layer (its recompute) under gradient
+    checkpointing, for every layer without. An upper bound, not measured."""
+    names = _targets(targets, arch)
+    per_layer = sum(compute_bytes * (i + rank) for m, (i, _) in layer_modules(arch).items() if m in names)
+    return per_layer * (1 if checkpointing else arch.num_layers)
+
+
+def vllm_lora_buffer_bytes(arch: Arch, rank: int, targets: tuple[str, ...], dtype_bytes: int) -> int:
+    """vLLM's LoRA buffers with the adapter sync (enable_lora, max_loras=1): A and B stacked for one
+    adapter at vLLM's rank (rank rounded up to one it accepts) on every targeted module, in its
+    dtype; allocated with the model, inside its share. 0 above vLLM's largest rank (refused)."""
+    max_rank = vllm_max_lora_rank(rank)
+    return dtype_bytes * adapter_params(arch, max_rank, targets) if max_rank else 0
+
+
+# ------------------------------------------------------------------ the plan's rows with LoRA
+Phases = tuple[int, int, int, int]  # bytes at rollout, backward, bwd end, step (memory.PHASES)
+Rows = list[tuple[str, Phases]]
+
+
+class LoraInputs(Protocol):
+    """What these rows read of memory.PlanInputs (a frozen dataclass: read-only here too)."""
+
+    @property
+    def ranks(self) -> int: ...
+    @property
+    def weight_bytes(self) -> int: ...
+    @property
+    def offload(self) -> Offload: ...
+    @property
+    def lora_rank(self) -> int: ...
+    @property
+    def lora_targets(self) -> tuple[str, ...]: ...
+    @property
+    def fsdp(self) -> bool: ...
+    @property
+    def compute_bytes(self) -> int: ...
+    @property
+    def reduce_bytes(self) -> int: ...
+
+
+def _shard(n: int, ranks: int) -> int:
+    return -(-n // ranks)
+
+
+def state_rows(arch: Arch, x: LoraInputs) -> Rows:
+    """The trainer's state with LoRA, sharded over N ranks by FSDP2 like the full model's:
+    frozen base       c P/N at every moment (compute dtype, no gradient, no optimizer state;
+                      on the host with offload=all). The issue's design; on CUDA the trainer must
+                      keep it so (FSDP2 asks a uniform dtype of trainable parameters only): a
+                      base kept in model.dtype=float32 is w P/N, 14.2 GiB more at 7B.
+    adapter weights   w A/N, its gradients w A/N from the backward to the step, AdamW's moments
+                      2 w A/N, AdamW's step temporaries w A/N (HostAdamW: 16 bytes x the
+                      largest adapter tensor's shard), placed as trainer.offload says."""
+    mode = x.offload
+    a = adapter_params(arch, x.lora_rank, x.lora_targets)
+    base = 0 if mode.params_on_host else x.compute_bytes * _shard(arch.params, x.ranks)
+    shard = x.weight_bytes * _shard(a, x.ranks)
+    weights = 0 if mode.params_on_host else shard
+    moments = 0 if mode.moments_on_host else 2 * shard
+    host_adamw = 16 * _shard(largest_adapter_param(arch, x.lora_rank, x.lora_targets), x.ranks)
+    step = host_adamw if mode.host_adamw else (0 if mode.moments_on_host else shard)
+    dtype = {4: "fp32", 2: "16-bit"}
+    part = " shard" if x.fsdp else ""
+    compute = "bf16" if x.compute_bytes != x.weight_bytes else dtype.get(x.compute_bytes, "")
+    return [
+        (f"frozen base ({compute}{part})", (base,) * 4),
+        (f"adapter weights ({dtype.get(x.weight_bytes, '')}{part})", (weights,) * 4),
+        ("adapter gradients", (0, weights, weights, weights)),
+        ("adapter AdamW moments", (moments,) * 4),
+        ("AdamW step temporaries", (0, 0, 0, step)),
+    ]
+
+
+def gathered_rows(arch: Arch, x: LoraInputs, hf_rollout: bool) -> Rows:
+    """FSDP2's gathers with LoRA: the root (c P_r, with its adapter when lm_head is targeted) and
+    two layers in flight (2 c (P_l + A_l)) as without; the gradient reduce-scatters carry only the
+    adapter's gradients: A_l (c + r) a layer, A_r (c + r + r/N) for the root."""
+    if not x.fsdp:
+        return []
+    c, r = x.compute_bytes, x.reduce_bytes
+    a_l = layer_adapter_params(arch, x.lora_rank, x.lora_targets)
+    a_r = root_adapter_params(arch, x.lora_rank, x.lora_targets)
+    root, layer = c * (arch.root_params + a_r), 2 * c * (arch.layer_params + a_l)
+    return [
+        ("root unit gathered", (root if hf_rollout else 0, root, root, 0)),
+        ("layers in flight (2)", (layer if hf_rollout else 0, layer, 0, 0)),
+        ("layer gradient reduce", (0, a_l * (c + r), 0, 0)),
+        ("root gradient reduce", (0, 0, a_r * (c + r) + _shard(r * a_r, x.ranks), 0)),
+    ]
+
+
+def head_gradient_params(arch: Arch, x: LoraInputs) -> int:
+    """The output head's weight gradient: none for a frozen head, its adapter's with lm_head targeted."""
+    return root_adapter_params(arch, x.lora_rank, x.lora_targets)
+
+
+def activation_row(arch: Arch, x: LoraInputs, checkpointing: bool, tokens: int) -> tuple[str, Phases]:
+    per_token = adapter_activation_bytes_per_token(
+        arch, x.lora_rank, x.lora_targets, x.compute_bytes, checkpointing
+    )
+    return "adapter activations (at most)", (0, tokens * per_token, 0, 0)
+
+
+def vllm_buffers(arch: Arch, x: LoraInputs, sync: str, dtype_bytes: int) -> int:
+    """vLLM's LoRA buffers: with the adapter sync only (merged weights need none)."""
+    if sync != "adapter":
+        return 0
+    return vllm_lora_buffer_bytes(arch, x.lora_rank, x.lora_targets, dtype_bytes)
+
+
+def sync_bytes(arch: Arch, x: LoraInputs, sync: str, dtype_bytes: int) -> int:
+    """The trainer's extra memory while it syncs vLLM (rollout/vllm_lora.py), under FSDP:
+    adapter  the base, one gathered weight at a time in vLLM's dtype (at start-up and after a
+             sleep that dropped it; each step's adapter is far smaller)
+    merged   every step, the same for a plain weight, and for an adapted one its gathered base
+             (vLLM's dtype), the fp32 product B A and sum, and the cast: (2 d + 8) x its size."""
+    plain = dtype_bytes * arch.largest_param
+    if sync != "merged":
+        return plain
+    return max(plain, (2 * dtype_bytes + 8) * largest_adapted_weight(arch, x.lora_targets))
+
+
+def host_state_bytes(arch: Arch, x: LoraInputs) -> int:
+    """Offloaded state per rank on the host with LoRA: with offload=all the frozen base (c P/N) and
+    the adapter's weights, gradients and moments (4 w A/N); with offload=optimizer its two fp32
+    moments (8 A/N)."""
+    mode = x.offload
+    a = _shard(adapter_params(arch, x.lora_rank, x.lora_targets), x.ranks)
+    if mode.params_on_host:
+        return x.compute_bytes * _shard(arch.params, x.ranks) + 4 * x.weight_bytes * a
+    return 8 * a if mode.moments_on_host else 0

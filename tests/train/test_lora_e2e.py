@@ -1,0 +1,190 @@
+"""`exgrpo train model.lora.rank=8` end to end on the tiny model: bad input refused with exit 2,
+the checkpoint's adapter, a SIGKILLed run resumed equal to an uninterrupted one, two ranks under
+torchrun (FSDP2 on gloo) and their resumption."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from exgrpo_cli.policy.distributed import read_optimizer_tensors
+
+from conftest import REPO, SMALL_RUN, cli_env, run_cli, torchrun
+from shared_artefacts import build_once, session_root
+
+pytestmark = pytest.mark.slow
+
+ARGS = [
+    "model.lora.rank=8",
+    "algo.lr=3e-4",
+    "algo.questions_per_step=6",
+    "rollout.n=4",
+    "trainer.val_questions=4",
+    "trainer.val_samples=1",
+    "logger.wandb.mode=disabled",
+    "trainer.threads=1",
+    "trainer.steps=4",
+    "trainer.save_every=1",
+    "replay.start_threshold=0",
+    "trainer.seed=7",
+]
+
+
+def _final_state(out: Path, step: int = 4) -> dict[str, torch.Tensor]:
+    ck = out / "checkpoints" / f"step_{step}"
+    state = load_file(str(ck / "adapter" / "adapter_model.safetensors"))
+    replay = load_file(str(ck / "replay" / "experiences.safetensors"))
+    state.update({f"replay.{k}": v for k, v in replay.items()})
+    state.update({f"opt.{k}": v for k, v in read_optimizer_tensors(ck / "optimizer").items()})
+    return state
+
+
+def _metrics(out: Path) -> dict[int, dict]:
+    """metrics.jsonl by step, without the timings and memory peaks (they differ run to run)."""
+    rows = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(("timing/", "memory/"))} for r in rows}
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _train(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run_cli(["train", f"hydra.run.dir={out}", *ARGS, *extra])
+
+
+@pytest.fixture(scope="module")
+def reference(request: pytest.FixtureRequest) -> Path:
+    if not (REPO / "exgrpo_cli/assets/tiny/config.json").is_file():
+        pytest.skip("the tiny model is not built")
+
+    def build(out: Path) -> None:
+        res = _train(out)
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    return build_once(session_root(request), "lora-reference", build)
+
+
+def test_the_checkpoint_holds_the_adapter_and_only_its_optimizer_state(reference: Path) -> None:
+    ck = reference / "checkpoints" / "step_4"
+    adapter = load_file(str(ck / "adapter" / "adapter_model.safetensors"))
+    assert adapter and all(".lora_A." in k or ".lora_B." in k for k in adapter)
+    assert (ck / "model" / "model.safetensors").is_file(), "the last step's merged model"
+    assert not (reference / "checkpoints" / "step_3" / "model").exists(), "only the last holds model/"
+    moments = {k for k in read_optimizer_tensors(ck / "optimizer") if "exp_avg" in k}
+    assert moments and all("lora_" in k for k in moments), sorted(moments)[:4]
+    lora_b = [v for k, v in adapter.items() if "lora_B" in k]
+    assert any(v.abs().max() > 0 for v in lora_b), "the adapters did not train"
+    # the HF engine samples the adapted model and pi_old is taken through the adapters: their
+    # log-probs agree also once the adapters have moved (steps 2-4)
+    rows = _metrics(reference)
+    assert all(rows[s]["rollout/logprob_diff_mean"] < 1e-3 for s in (2, 3, 4)), rows[4]
+
+
+def test_sigkill_then_resume_equals_the_uninterrupted_run(reference: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exgrpo_cli", "train", f"hydra.run.dir={out}", *ARGS],
+        cwd=REPO,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    latest = out / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if latest.is_file() and latest.read_text().strip() in ("step_2", "step_3"):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    res = _train(out)  # the same command: resume=auto
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resumed from" in res.stderr + res.stdout
+    assert _same(_final_state(out), _final_state(reference))
+    assert _metrics(out) == _metrics(reference)
+
+
+def test_resume_with_other_lora_settings_is_refused(reference: Path, tmp_path: Path) -> None:
+    resume = f"trainer.resume={reference / 'checkpoints' / 'step_4'}"
+    res = _train(tmp_path / "x", resume, "model.lora.rank=4")
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "was trained with" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.lora.rank=65", "larger than the dimension of model.layers.0.self_attn.k_proj"),
+        ("model.lora.target_modules=[q_proj,c_attn]", "['c_attn'] match no linear layer"),
+    ],
+)
+def test_bad_lora_input_exits_2_before_training(tmp_path: Path, override: str, message: str) -> None:
+    out = tmp_path / "run"
+    res = run_cli(["train", f"hydra.run.dir={out}", *SMALL_RUN, "model.lora.rank=8", override])
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert message in res.stderr and "Traceback" not in res.stderr
+    assert not (out / "checkpoints").exists()
+    assert "step 1" not in (out / "train.log").read_text()
+
+
+TWO_RANKS = [
+    "model.lora.rank=8",
+    "algo.lr=3e-4",
+    *SMALL_RUN,
+    "trainer.val_questions=4",
+    "logger.console=false",
+    "trainer.seed=3",
+    "replay.ratio=0.5",
+    "replay.start_threshold=0",
+    "trainer.offload=optimizer",  # HostAdamW: the adapters' moments in host memory
+]
+
+
+def _torchrun(out: Path, *overrides: str) -> None:
+    env = cli_env()
+    env["PYTHONPATH"] = str(REPO)
+    cmd = torchrun("-m", "exgrpo_cli", "train", f"hydra.run.dir={out}", *TWO_RANKS, *overrides)
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+
+
+@pytest.mark.long  # make test-all only (docs/testing.md)
+def test_two_ranks_train_lora_and_resume_like_one_run(tiny_model: Path, tmp_path: Path) -> None:
+    first, whole = tmp_path / "first", tmp_path / "whole"
+    _torchrun(first, "trainer.steps=2")
+    _torchrun(first, "trainer.steps=3")  # resume=auto from step_2
+    _torchrun(whole, "trainer.steps=3")
+    resumed, straight = _metrics(first), _metrics(whole)
+    assert sorted(resumed) == [0, 1, 2, 3]
+    for row in (resumed[2], straight[2]):  # the 2-step launch validated at its last step
+        for key in [k for k in row if k.startswith("val/")]:
+            del row[key]
+    assert resumed == straight
+    assert _same(_final_state(first, 3), _final_state(whole, 3))
+    shards = sorted(p.name for p in (whole / "checkpoints/step_3/optimizer").glob("*.distcp"))
+    assert len(shards) == 2, shards
+
+
+def test_inspect_buffer_shows_a_lora_checkpoint_and_scores_only_the_merged_one(reference: Path) -> None:
+    ck = reference / "checkpoints"
+    index = json.loads((ck / "step_3" / "replay" / "index.json").read_text())
+    questions = index["questions"]
+    uid = questions[0] if isinstance(questions, list) else next(iter(questions))
+    res = run_cli(["inspect-buffer", str(ck / "step_3"), f"inspect.show={uid}"])
+    assert res.returncode == 0 and "behaviour log-prob" in res.stdout, res.stderr[-2000:]
+    res = run_cli(["inspect-buffer", str(ck / "step_3"), f"inspect.show={uid}", "inspect.score=true"])
+    assert res.returncode == 2 and "no merged model/" in res.stderr, res.stderr[-2000:]
+    last = json.loads((ck / "step_4" / "replay" / "index.json").read_text())["questions"]
+    uid = last[0] if isinstance(last, list) else next(iter(last))
+    res = run_cli(["inspect-buffer", str(ck / "step_4"), f"inspect.show={uid}", "inspect.score=true"])
+    assert res.returncode == 0 and "entropy" in res.stdout, res.stderr[-2000:]
