@@ -35,6 +35,8 @@ ARGS = [
     "trainer.save_every=1",
     "replay.start_threshold=0",
     "trainer.seed=7",
+    "algo.aggregation=official",  # the paper's aggregation and its two updates per step, with LoRA
+    "algo.updates_per_step=2",
 ]
 
 
