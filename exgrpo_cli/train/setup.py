@@ -186,6 +186,8 @@ def build_trainer(
     adapter = lora.resume_adapter(cfg.model.lora, cfg.model.path, resume_from) if resume_from else None
     if resume_from is not None and adapter is None:  # weights from the checkpoint, the rest from the config
         model_cfg = dataclasses.replace(cfg.model, path=str(resume_from / "model"), gguf_file="")
+    on_gpu = ranks.device.type == "cuda"  # model.lora: the frozen base in the compute dtype
+    model_cfg = lora.frozen_base_dtype(model_cfg, cfg.trainer.fsdp_mixed_precision, on_gpu)
     tokenizer = ranks.main_first(lambda: load_tokenizer(model_cfg))
     template = get_template(cfg.model.template)
     # rendered for every question below: first once, under a time and memory budget

@@ -182,3 +182,13 @@ def test_resume_refuses_the_other_kind_other_settings_and_another_base(tmp_path:
         lora.resume_adapter(LoraConfig(rank=4), "builtin:tiny", ck)
     with pytest.raises(UsageError, match="trained on 'builtin:tiny'"):
         lora.resume_adapter(on, "Qwen/Qwen2.5-Math-1.5B", ck)
+
+
+def test_the_frozen_base_is_stored_in_the_compute_dtype_under_mixed_precision() -> None:
+    fp32 = ModelConfig(dtype="float32", lora=LoraConfig(rank=8))
+    assert lora.frozen_base_dtype(fp32, "bf16", on_gpu=True).dtype == "bfloat16"
+    assert lora.frozen_base_dtype(fp32, "fp16", on_gpu=True).dtype == "float16"
+    assert lora.frozen_base_dtype(fp32, "bf16", on_gpu=False).dtype == "float32"  # a CPU ignores it
+    assert lora.frozen_base_dtype(fp32, "", on_gpu=True).dtype == "float32"
+    full = ModelConfig(dtype="float32")  # full fine-tuning keeps its float32 master weights
+    assert lora.frozen_base_dtype(full, "bf16", on_gpu=True).dtype == "float32"

@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy.distributed import read_optimizer_tensors
 
 from conftest import REPO, SMALL_RUN, cli_env, run_cli, torchrun
@@ -35,6 +36,8 @@ ARGS = [
     "trainer.save_every=1",
     "replay.start_threshold=0",
     "trainer.seed=7",
+    "algo.aggregation=official",  # the paper's aggregation and its two updates per step, with LoRA
+    "algo.updates_per_step=2",
 ]
 
 
@@ -75,6 +78,8 @@ def reference(request: pytest.FixtureRequest) -> Path:
 
 def test_the_checkpoint_holds_the_adapter_and_only_its_optimizer_state(reference: Path) -> None:
     ck = reference / "checkpoints" / "step_4"
+    # checksums of every file, the optimizer metadata read as data (policy/metadata_guard.py)
+    assert ckpt.verify(ck) is None
     adapter = load_file(str(ck / "adapter" / "adapter_model.safetensors"))
     assert adapter and all(".lora_A." in k or ".lora_B." in k for k in adapter)
     assert (ck / "model" / "model.safetensors").is_file(), "the last step's merged model"
