@@ -76,6 +76,7 @@ def fill(buf: ExperienceBuffer, synth: Synth, target: int) -> tuple[int, float]:
 
 
 def run(quick: bool, experiences: int | None = None, steps: int | None = None) -> dict:
+    from exgrpo_cli.config import ExgrpoConfig
     from exgrpo_cli.replay.buffer import ExperienceBuffer
     from exgrpo_cli.replay.selection import QUESTION_SELECTION
 
@@ -91,10 +92,11 @@ def run(quick: bool, experiences: int | None = None, steps: int | None = None) -
     n_questions = buf.num_questions
     ops: dict[str, list[float]] = {"insert": [], "retire": [], "select": []}
     next_uid = 10**9
+    select = QUESTION_SELECTION["gaussian"](ExgrpoConfig())  # replay.mu = 0.5, replay.sigma = 0.125
     for s in range(steps):
         step = fill_steps + 1 + s
         t0 = time.perf_counter()
-        uids = QUESTION_SELECTION["gaussian"](buf, SELECT, mu=0.5, sigma=0.125, rng=rng)
+        uids = select(buf, SELECT, rng=rng)
         cands = [buf.experiences(u) for u in uids]
         ops["select"].append(time.perf_counter() - t0)
         assert len(cands) == SELECT

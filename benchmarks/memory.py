@@ -140,14 +140,13 @@ def memory_plan(micro_batch_tokens: int) -> UpdatePlan:
     """The default run's update settings (algo defaults: exgrpo loss, Dr.GRPO, clip 0.2, the
     entropy bonus 0.001), one micro-batch holding the whole row."""
     from exgrpo_cli.algo.aggregation import drgrpo
-    from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
+    from exgrpo_cli.algo.losses import ExgrpoLoss
     from exgrpo_cli.config import AlgoConfig
     from exgrpo_cli.train.update import UpdatePlan
 
     a = AlgoConfig()
     return UpdatePlan(
-        loss=exgrpo_loss,
-        loss_settings=LossSettings(clip_eps=a.clip_eps, beta=None),
+        loss=ExgrpoLoss(clip_eps=a.clip_eps, beta=None),
         aggregation=drgrpo,
         entropy_coef=a.entropy_coef,
         importance_correction=True,

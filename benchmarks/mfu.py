@@ -81,7 +81,7 @@ def measure(model_name: str, repeats: int, device: torch.device) -> dict[str, An
 
     from exgrpo_cli.algo.advantages import group_advantages
     from exgrpo_cli.algo.aggregation import drgrpo
-    from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
+    from exgrpo_cli.algo.losses import ExgrpoLoss
     from exgrpo_cli.data.types import Question
     from exgrpo_cli.policy.forward import token_budget
     from exgrpo_cli.policy.model import load_model
@@ -111,8 +111,7 @@ def measure(model_name: str, repeats: int, device: torch.device) -> dict[str, An
     adv = group_advantages(batch.rewards, batch.group_index)
     a = cfg.algo
     settings = UpdatePlan(
-        loss=exgrpo_loss,
-        loss_settings=LossSettings(clip_eps=a.clip_eps, beta=None),
+        loss=ExgrpoLoss(clip_eps=a.clip_eps, beta=None),
         aggregation=drgrpo,
         importance_correction=True,
         entropy_coef=a.entropy_coef,

@@ -108,6 +108,13 @@ class ModelConfig:
         default=False,
         metadata={"help": "recompute activations in the backward pass: less memory, ~30% more compute"},
     )
+    fp32_head: bool = field(
+        default=False,
+        metadata={
+            "help": "compute the LM head's logits in fp32 on both sides, trainer and rollout engine "
+            "(vLLM's head_dtype): less engine-trainer log-prob mismatch under bf16"
+        },
+    )
     arch: ArchConfig = field(
         default_factory=ArchConfig,
         metadata={"help": "architecture numbers for the offline memory plan"},

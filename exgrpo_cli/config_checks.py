@@ -6,6 +6,11 @@ merged the YAML and the command line into the schema of config.py and before
 `variants.check_variants` checks the variants' names; so a bad value stops the run with exit
 code 2 before any model is loaded. Kept apart from the schema so that config.py stays the one list
 of keys; this module imports nothing of exgrpo but config.py, so every part may import it.
+
+Each config section owns its checks: a function `(cfg, command) -> None` decorated with
+`@section_check`, which registers it in `SECTION_CHECKS`; `validate` runs them in the order they
+are defined here, and the first failure stops the run. Adding a check is one such function (or a
+line in its section's function); nothing else changes.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 from exgrpo_cli.config import ArchConfig, ConfigError, ExgrpoConfig
@@ -81,7 +87,130 @@ def _validate_arch(a: ArchConfig) -> None:
     )
 
 
-def _check_offpolicy(cfg: ExgrpoConfig) -> None:
+def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
+    """Refuse out-of-range or inconsistent values; raise ConfigError naming the key.
+
+    Names of variants (engines, selection rules, losses, templates, data sources) are checked
+    against the registries of the modules that own them by `exgrpo_cli.variants.check_variants`,
+    which runs right after this, still before anything loads."""
+    for check in SECTION_CHECKS:
+        check(cfg, command)
+
+
+SectionCheck = Callable[[ExgrpoConfig, str], None]  # (config, command) -> None, or a ConfigError
+SECTION_CHECKS: list[SectionCheck] = []  # validate's table, in the order of this module
+
+
+def section_check(check: SectionCheck) -> SectionCheck:
+    """Register `check` in SECTION_CHECKS (a decorator)."""
+    SECTION_CHECKS.append(check)
+    return check
+
+
+def _keys(section: str, values: Any) -> Callable[[str, bool, str], None]:
+    """`key(name, ok, allowed)`: refuse `<section>.<name>` (with its value) unless `ok`."""
+    return lambda name, ok, allowed: _check(ok, f"{section}.{name}", getattr(values, name), allowed)
+
+
+@section_check
+def check_model(cfg: ExgrpoConfig, command: str) -> None:
+    m, key = cfg.model, _keys("model", cfg.model)
+    _one_of("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
+    attention = ("auto", "sdpa", "eager", "flash_attention_2")
+    _one_of("model.attn_implementation", m.attn_implementation, attention)
+    key("max_prompt_tokens", m.max_prompt_tokens >= 1, ">= 1")
+    key("max_response_tokens", m.max_response_tokens >= 1, ">= 1")
+    key("path", bool(m.path), "a HF id, a local folder, builtin:tiny or pypi:<package>")
+    if not m.path.startswith("builtin:") and (m.path.startswith(("/", ".", "~")) or os.path.isdir(m.path)):
+        path = os.path.expanduser(m.path)
+        key("path", os.path.isdir(path), "an existing model folder")
+        has_cfg = os.path.isfile(os.path.join(path, "config.json")) or bool(m.gguf_file)
+        key("path", has_cfg, "a folder with a causal LM (config.json or a gguf_file)")
+    _validate_arch(m.arch)
+
+
+@section_check
+def check_data(cfg: ExgrpoConfig, command: str) -> None:
+    _one_of("data.on_bad_row", cfg.data.on_bad_row, ("skip", "error"))
+    s, key = cfg.data.synthetic, _keys("data.synthetic", cfg.data.synthetic)
+    key("num_train", s.num_train >= 1, ">= 1")
+    key("num_val", s.num_val >= 1, ">= 1")
+    key("max_digits", 1 <= s.max_digits <= 4, "1..4")
+    key("ops", bool(s.ops) and set(s.ops) <= {"+", "-", "*"}, "a non-empty list of +, -, *")
+
+
+@section_check
+def check_rollout(cfg: ExgrpoConfig, command: str) -> None:
+    r, key = cfg.rollout, _keys("rollout", cfg.rollout)
+    key("n", r.n >= 2, ">= 2 (a group needs at least two responses)")
+    key("temperature", r.temperature > 0, "> 0")
+    key("top_p", 0 < r.top_p <= 1, "(0, 1]")
+    key("tensor_parallel_size", r.tensor_parallel_size >= 1, ">= 1")
+    key("validation_sleep_level", r.validation_sleep_level in (1, 2), "1 or 2")
+    if r.max_logprob_diff is not None:
+        key("max_logprob_diff", r.max_logprob_diff > 0, "> 0, or null (no check)")
+    key("gpu_memory_utilization", 0 < r.gpu_memory_utilization <= 1, "(0, 1]: vLLM's share of each GPU")
+
+
+@section_check
+def check_algo(cfg: ExgrpoConfig, command: str) -> None:
+    a, m, key = cfg.algo, cfg.model, _keys("algo", cfg.algo)
+    key("questions_per_step", a.questions_per_step >= 1, ">= 1")
+    key("updates_per_step", a.updates_per_step >= 1, ">= 1")
+    key("updates_per_step", a.updates_per_step <= a.questions_per_step, "<= algo.questions_per_step")
+    key("lr", a.lr > 0 and math.isfinite(a.lr), "a finite number > 0")
+    key("weight_decay", a.weight_decay >= 0, ">= 0")
+    key("grad_clip", a.grad_clip > 0, "> 0")
+    key("clip_eps", a.clip_eps > 0, "> 0")
+    key("entropy_coef", a.entropy_coef >= 0, ">= 0")
+    key("betas", len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), "two numbers in [0, 1)")
+    key("micro_batch_tokens", a.micro_batch_tokens >= 0, ">= 0 (0: auto)")
+    ob, key = a.official_batch, _keys("algo.official_batch", a.official_batch)
+    key("ppo_mini_batch_size", ob.ppo_mini_batch_size >= 1, ">= 1")
+    key(
+        "ppo_micro_batch_size",
+        ob.ppo_micro_batch_size >= 1 and ob.ppo_mini_batch_size % ob.ppo_micro_batch_size == 0,
+        "a divisor of algo.official_batch.ppo_mini_batch_size (the official actor asserts it)",
+    )
+    key(
+        "ppo_max_token_len_per_gpu",
+        ob.ppo_max_token_len_per_gpu >= m.max_prompt_tokens + m.max_response_tokens,
+        ">= model.max_prompt_tokens + model.max_response_tokens (one sequence must fit, as verl asserts)",
+    )
+    key("gpus", ob.gpus >= 1, ">= 1 (the official run: 8)")
+
+
+@section_check
+def check_replay(cfg: ExgrpoConfig, command: str) -> None:
+    p, key = cfg.replay, _keys("replay", cfg.replay)
+    key("ratio", 0.0 <= p.ratio <= 1.0, "a number in [0, 1]")
+    key("start_threshold", 0.0 <= p.start_threshold <= 1.0, "[0, 1]")
+    key("beta", p.beta > 0, "> 0")
+    key("sigma", p.sigma > 0, "> 0")
+    key("mu", 0.0 <= p.mu <= 1.0, "[0, 1] (accuracy scale)")
+    if p.bucket_edges is not None:
+        edges = list(p.bucket_edges)
+        _check(len(edges) >= 1, "replay.bucket_edges", edges, "a non-empty list")
+        _check(all(0.0 < x < 1.0 for x in edges), "replay.bucket_edges", edges, "values inside (0, 1)")
+        increasing = all(x < y for x, y in zip(edges, edges[1:]))
+        _check(increasing, "replay.bucket_edges", edges, "strictly increasing values")
+    key("readmit_retired_fraction", 0.0 <= p.readmit_retired_fraction <= 1.0, "[0, 1]")
+    key("readmit_every", p.readmit_every >= 0, ">= 0")
+    _one_of("replay.readmit_into", p.readmit_into, READMIT_INTO)
+    key("max_experiences", p.max_experiences >= 0, ">= 0 (0: no cap)")
+    key("experience_lbound", p.experience_lbound >= 0, ">= 0")
+    (low, high), k = p.experience_bounds(cfg.rollout.n), cfg.rollout.n
+    key(
+        "experience_rbound",
+        low < high <= k - 1,
+        f"null (K - 1), or > replay.experience_lbound={low} and <= rollout.n - 1 = {k - 1} "
+        "(partly solved groups: a whole-K group retires its question)",
+    )
+    key("entropy_batch_size", p.entropy_batch_size >= 1, ">= 1")
+
+
+@section_check
+def check_offpolicy(cfg: ExgrpoConfig, command: str) -> None:
     """replay.max_age, the warning band and algo.rollout_correction (docs/off-policy.md)."""
     r, c = cfg.rollout, cfg.algo.rollout_correction
     _check(cfg.replay.max_age >= 0, "replay.max_age", cfg.replay.max_age, ">= 0 (0: no cap)")
@@ -109,207 +238,81 @@ def _check_offpolicy(cfg: ExgrpoConfig) -> None:
     )
 
 
-def validate(cfg: ExgrpoConfig, command: str = "train") -> None:
-    """Refuse out-of-range or inconsistent values; raise ConfigError naming the key.
+@section_check
+def check_reward(cfg: ExgrpoConfig, command: str) -> None:
+    w, key = cfg.reward, _keys("reward", cfg.reward)
+    key("correct_at", math.isfinite(w.correct_at), "a finite number")
+    key("timeout_s", w.timeout_s > 0, "> 0 (seconds)")
+    key("max_failed_steps", w.max_failed_steps >= 1, ">= 1")
+    key("memory_limit_mb", w.memory_limit_mb >= 0, ">= 0 (0: no cap)")
+    rm, key = w.model, _keys("reward.model", w.model)
+    key("batch_size", rm.batch_size >= 1, ">= 1")
+    key("max_tokens", rm.max_tokens >= 1, ">= 1")
+    _one_of("reward.model.device", rm.device, ("", "cpu", "cuda"))
 
-    Names of variants (engines, selection rules, losses, templates, data sources) are checked
-    against the registries of the modules that own them by `exgrpo_cli.variants.check_variants`,
-    which runs right after this, still before anything loads."""
-    m, d, r, a, p, t = cfg.model, cfg.data, cfg.rollout, cfg.algo, cfg.replay, cfg.trainer
-    _one_of("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
-    _one_of(
-        "model.attn_implementation", m.attn_implementation, ("auto", "sdpa", "eager", "flash_attention_2")
-    )
-    _check(m.max_prompt_tokens >= 1, "model.max_prompt_tokens", m.max_prompt_tokens, ">= 1")
-    _check(m.max_response_tokens >= 1, "model.max_response_tokens", m.max_response_tokens, ">= 1")
-    _check(bool(m.path), "model.path", m.path, "a HF id, a local folder, builtin:tiny or pypi:<package>")
-    if not m.path.startswith("builtin:") and (m.path.startswith(("/", ".", "~")) or os.path.isdir(m.path)):
-        path = os.path.expanduser(m.path)
-        _check(os.path.isdir(path), "model.path", m.path, "an existing model folder")
-        has_cfg = os.path.isfile(os.path.join(path, "config.json")) or bool(m.gguf_file)
-        _check(has_cfg, "model.path", m.path, "a folder with a causal LM (config.json or a gguf_file)")
-    _validate_arch(m.arch)
-    _one_of("data.on_bad_row", d.on_bad_row, ("skip", "error"))
-    s = d.synthetic
-    _check(s.num_train >= 1, "data.synthetic.num_train", s.num_train, ">= 1")
-    _check(s.num_val >= 1, "data.synthetic.num_val", s.num_val, ">= 1")
-    _check(1 <= s.max_digits <= 4, "data.synthetic.max_digits", s.max_digits, "1..4")
-    _check(
-        bool(s.ops) and set(s.ops) <= {"+", "-", "*"},
-        "data.synthetic.ops",
-        s.ops,
-        "a non-empty list of +, -, *",
-    )
 
-    _check(r.n >= 2, "rollout.n", r.n, ">= 2 (a group needs at least two responses)")
-    _check(r.temperature > 0, "rollout.temperature", r.temperature, "> 0")
-    _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "(0, 1]")
-    _check(r.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", r.tensor_parallel_size, ">= 1")
-    _check(
-        r.validation_sleep_level in (1, 2),
-        "rollout.validation_sleep_level",
-        r.validation_sleep_level,
-        "1 or 2",
-    )
-    if r.max_logprob_diff is not None:
-        _check(
-            r.max_logprob_diff > 0, "rollout.max_logprob_diff", r.max_logprob_diff, "> 0, or null (no check)"
-        )
-    _check(
-        0 < r.gpu_memory_utilization <= 1,
-        "rollout.gpu_memory_utilization",
-        r.gpu_memory_utilization,
-        "(0, 1]: vLLM's share of each GPU",
-    )
-
-    _check(a.questions_per_step >= 1, "algo.questions_per_step", a.questions_per_step, ">= 1")
-    _check(a.updates_per_step >= 1, "algo.updates_per_step", a.updates_per_step, ">= 1")
-    _check(
-        a.updates_per_step <= a.questions_per_step,
-        "algo.updates_per_step",
-        a.updates_per_step,
-        "<= algo.questions_per_step",
-    )
-    _check(a.lr > 0 and math.isfinite(a.lr), "algo.lr", a.lr, "a finite number > 0")
-    _check(a.weight_decay >= 0, "algo.weight_decay", a.weight_decay, ">= 0")
-    _check(a.grad_clip > 0, "algo.grad_clip", a.grad_clip, "> 0")
-    _check(a.clip_eps > 0, "algo.clip_eps", a.clip_eps, "> 0")
-    _check(a.entropy_coef >= 0, "algo.entropy_coef", a.entropy_coef, ">= 0")
-    _check(
-        len(a.betas) == 2 and all(0 <= b < 1 for b in a.betas), "algo.betas", a.betas, "two numbers in [0, 1)"
-    )
-    _check(a.micro_batch_tokens >= 0, "algo.micro_batch_tokens", a.micro_batch_tokens, ">= 0 (0: auto)")
-    ob = a.official_batch
-    _check(
-        ob.ppo_mini_batch_size >= 1, "algo.official_batch.ppo_mini_batch_size", ob.ppo_mini_batch_size, ">= 1"
-    )
-    _check(
-        ob.ppo_micro_batch_size >= 1 and ob.ppo_mini_batch_size % ob.ppo_micro_batch_size == 0,
-        "algo.official_batch.ppo_micro_batch_size",
-        ob.ppo_micro_batch_size,
-        "a divisor of algo.official_batch.ppo_mini_batch_size (the official actor asserts it)",
-    )
-    _check(
-        ob.ppo_max_token_len_per_gpu >= m.max_prompt_tokens + m.max_response_tokens,
-        "algo.official_batch.ppo_max_token_len_per_gpu",
-        ob.ppo_max_token_len_per_gpu,
-        ">= model.max_prompt_tokens + model.max_response_tokens (one sequence must fit, as verl asserts)",
-    )
-    _check(ob.gpus >= 1, "algo.official_batch.gpus", ob.gpus, ">= 1 (the official run: 8)")
-
-    _check(0.0 <= p.ratio <= 1.0, "replay.ratio", p.ratio, "a number in [0, 1]")
-    _check(0.0 <= p.start_threshold <= 1.0, "replay.start_threshold", p.start_threshold, "[0, 1]")
-    _check(p.beta > 0, "replay.beta", p.beta, "> 0")
-    _check(p.sigma > 0, "replay.sigma", p.sigma, "> 0")
-    _check(0.0 <= p.mu <= 1.0, "replay.mu", p.mu, "[0, 1] (accuracy scale)")
-    if p.bucket_edges is not None:
-        edges = list(p.bucket_edges)
-        _check(len(edges) >= 1, "replay.bucket_edges", edges, "a non-empty list")
-        _check(all(0.0 < x < 1.0 for x in edges), "replay.bucket_edges", edges, "values inside (0, 1)")
-        _check(
-            all(x < y for x, y in zip(edges, edges[1:])),
-            "replay.bucket_edges",
-            edges,
-            "strictly increasing values",
-        )
-    _check(
-        0.0 <= p.readmit_retired_fraction <= 1.0,
-        "replay.readmit_retired_fraction",
-        p.readmit_retired_fraction,
-        "[0, 1]",
-    )
-    _check(p.readmit_every >= 0, "replay.readmit_every", p.readmit_every, ">= 0")
-    _one_of("replay.readmit_into", p.readmit_into, READMIT_INTO)
-    _check(p.max_experiences >= 0, "replay.max_experiences", p.max_experiences, ">= 0 (0: no cap)")
-    _check(p.experience_lbound >= 0, "replay.experience_lbound", p.experience_lbound, ">= 0")
-    low, high = p.experience_bounds(cfg.rollout.n)
-    _check(
-        low < high <= cfg.rollout.n - 1,
-        "replay.experience_rbound",
-        p.experience_rbound,
-        f"null (K - 1), or > replay.experience_lbound={low} and <= rollout.n - 1 = {cfg.rollout.n - 1} "
-        "(partly solved groups: a whole-K group retires its question)",
-    )
-    _check(p.entropy_batch_size >= 1, "replay.entropy_batch_size", p.entropy_batch_size, ">= 1")
-    _check_offpolicy(cfg)
-
-    w = cfg.reward
-    _check(math.isfinite(w.correct_at), "reward.correct_at", w.correct_at, "a finite number")
-    _check(w.timeout_s > 0, "reward.timeout_s", w.timeout_s, "> 0 (seconds)")
-    _check(w.max_failed_steps >= 1, "reward.max_failed_steps", w.max_failed_steps, ">= 1")
-    _check(w.memory_limit_mb >= 0, "reward.memory_limit_mb", w.memory_limit_mb, ">= 0 (0: no cap)")
-    _check(w.model.batch_size >= 1, "reward.model.batch_size", w.model.batch_size, ">= 1")
-    _check(w.model.max_tokens >= 1, "reward.model.max_tokens", w.model.max_tokens, ">= 1")
-    _one_of("reward.model.device", w.model.device, ("", "cpu", "cuda"))
-
+@section_check
+def check_logger(cfg: ExgrpoConfig, command: str) -> None:
     _one_of("logger.wandb.mode", cfg.logger.wandb.mode, ("auto", "online", "offline", "disabled"))
-    _check(t.steps >= 1, "trainer.steps", t.steps, ">= 1")
-    _check(t.save_every >= 0, "trainer.save_every", t.save_every, ">= 0")
-    _check(t.eval_every >= 0, "trainer.eval_every", t.eval_every, ">= 0")
-    _check(t.val_samples >= 1, "trainer.val_samples", t.val_samples, ">= 1")
-    _check(t.val_questions >= 0, "trainer.val_questions", t.val_questions, ">= 0 (0: all)")
-    _check(
-        t.val_temperature is None or t.val_temperature > 0,
-        "trainer.val_temperature",
-        t.val_temperature,
-        "> 0, or null for the rollout temperature",
-    )
-    _check(t.keep_checkpoints >= 1, "trainer.keep_checkpoints", t.keep_checkpoints, ">= 1")
+
+
+@section_check
+def check_trainer(cfg: ExgrpoConfig, command: str) -> None:
+    t, key = cfg.trainer, _keys("trainer", cfg.trainer)
+    key("steps", t.steps >= 1, ">= 1")
+    key("save_every", t.save_every >= 0, ">= 0")
+    key("eval_every", t.eval_every >= 0, ">= 0")
+    key("val_samples", t.val_samples >= 1, ">= 1")
+    key("val_questions", t.val_questions >= 0, ">= 0 (0: all)")
+    val_t = t.val_temperature
+    key("val_temperature", val_t is None or val_t > 0, "> 0, or null for the rollout temperature")
+    key("keep_checkpoints", t.keep_checkpoints >= 1, ">= 1")
     _one_of("trainer.best_metric", t.best_metric, BEST_METRICS)
-    _check(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", t.max_skipped_steps, ">= 1")
+    key("max_skipped_steps", t.max_skipped_steps >= 1, ">= 1")
     _one_of("trainer.device", t.device, ("auto", "cpu", "cuda"))
-    _check(t.threads >= 0, "trainer.threads", t.threads, ">= 0")
-    _one_of(
-        "trainer.fsdp_mixed_precision", t.fsdp_mixed_precision, ("", "bf16", "bfloat16", "fp16", "float16")
-    )
-    _check(
-        t.nproc == "auto" or (t.nproc.isdigit() and int(t.nproc) >= 1),
-        "trainer.nproc",
-        t.nproc,
-        "auto (one rank per visible GPU) or a number >= 1",
-    )
-    _check(t.dist_timeout_s >= 1, "trainer.dist_timeout_s", t.dist_timeout_s, ">= 1 (seconds)")
-    _check(t.plan_ranks_per_node >= 0, "trainer.plan_ranks_per_node", t.plan_ranks_per_node, ">= 0")
-    _check(t.plan_host_gib >= 0, "trainer.plan_host_gib", t.plan_host_gib, ">= 0 (0: this machine's)")
-    for key, value in (("plan_ranks_per_node", t.plan_ranks_per_node), ("plan_host_gib", t.plan_host_gib)):
-        _check(not value or t.dry_run, f"trainer.{key}", value, "only with trainer.dry_run=true")
-    _check(
-        not t.plan_ranks_per_node or bool(t.plan_devices),
-        "trainer.plan_ranks_per_node",
-        t.plan_ranks_per_node,
-        "only with trainer.plan_devices (a real run counts the ranks on its node)",
-    )
+    key("threads", t.threads >= 0, ">= 0")
+    precisions = ("", "bf16", "bfloat16", "fp16", "float16")
+    _one_of("trainer.fsdp_mixed_precision", t.fsdp_mixed_precision, precisions)
+    nproc_ok = t.nproc == "auto" or (t.nproc.isdigit() and int(t.nproc) >= 1)
+    key("nproc", nproc_ok, "auto (one rank per visible GPU) or a number >= 1")
+    key("dist_timeout_s", t.dist_timeout_s >= 1, ">= 1 (seconds)")
+    key("plan_ranks_per_node", t.plan_ranks_per_node >= 0, ">= 0")
+    key("plan_host_gib", t.plan_host_gib >= 0, ">= 0 (0: this machine's)")
+    for name in ("plan_ranks_per_node", "plan_host_gib"):
+        key(name, not getattr(t, name) or t.dry_run, "only with trainer.dry_run=true")
+    only_planned = "only with trainer.plan_devices (a real run counts the ranks on its node)"
+    key("plan_ranks_per_node", not t.plan_ranks_per_node or bool(t.plan_devices), only_planned)
     if t.plan_devices:
         parse_plan_devices(t.plan_devices)
-        _check(
+        key(
+            "plan_devices",
             t.dry_run,
-            "trainer.plan_devices",
-            t.plan_devices,
             "only with trainer.dry_run=true (a real run plans for the devices it sees)",
         )
     if t.resume not in ("auto", "never"):
-        _check(
-            os.path.isdir(t.resume),
-            "trainer.resume",
-            t.resume,
-            "auto, never or an existing checkpoint folder",
-        )
+        key("resume", os.path.isdir(t.resume), "auto, never or an existing checkpoint folder")
 
-    e = cfg.eval
-    _check(e.k >= 1, "eval.k", e.k, ">= 1")
-    _check(e.n >= 0, "eval.n", e.n, ">= 0 (0: paper default)")
-    _check(e.n == 0 or e.k <= e.n, "eval.k", e.k, "<= eval.n")
-    _check(e.temperature >= 0, "eval.temperature", e.temperature, ">= 0")
-    _check(e.limit >= 0, "eval.limit", e.limit, ">= 0")
-    _check(e.batch_size >= 1, "eval.batch_size", e.batch_size, ">= 1 (prompts per generate call)")
+
+@section_check
+def check_eval(cfg: ExgrpoConfig, command: str) -> None:
+    e, key = cfg.eval, _keys("eval", cfg.eval)
+    key("k", e.k >= 1, ">= 1")
+    key("n", e.n >= 0, ">= 0 (0: paper default)")
+    key("k", e.n == 0 or e.k <= e.n, "<= eval.n")
+    key("temperature", e.temperature >= 0, ">= 0")
+    key("limit", e.limit >= 0, ">= 0")
+    key("batch_size", e.batch_size >= 1, ">= 1 (prompts per generate call)")
     if command == "eval" and e.suite == "custom" and not e.regrade:
-        _check(
+        key(
+            "path",
             bool(e.path) and os.path.isfile(e.path),
-            "eval.path",
-            e.path,
             "an existing parquet/jsonl file for the custom suite",
         )
     if e.regrade:
-        _check(os.path.isfile(e.regrade), "eval.regrade", e.regrade, "an existing generations.jsonl")
+        key("regrade", os.path.isfile(e.regrade), "an existing generations.jsonl")
+
+
+@section_check
+def check_ablation_and_inspect(cfg: ExgrpoConfig, command: str) -> None:
     _check(cfg.ablation.seeds >= 1, "ablation.seeds", cfg.ablation.seeds, ">= 1")
     _one_of("inspect.format", cfg.inspect.format, ("text", "json"))

@@ -275,13 +275,14 @@ def build_policy(ctx: Context, hf_config: Qwen2Config, offload: str, seed: int =
 
     from exgrpo_cli.policy.distributed import wrap_fsdp2
     from exgrpo_cli.policy.model import attn_implementation, enable_checkpointing
+    from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
     impl = attn_implementation("auto", ctx.device)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32, attn_implementation=impl)
     enable_checkpointing(model, True)
     assert ctx.wrap_dist is not None, "Context.distributed() first"
-    wrap_fsdp2(model, ctx.wrap_dist, mixed_precision="bf16", offload=offload)
+    wrap_fsdp2(model, ctx.wrap_dist, mixed_precision="bf16", offload=OFFLOAD_MODES[offload])
     model.to_empty(device="cpu" if offload == "all" else ctx.device)
     random_init(model, float(hf_config.initializer_range), seed)
     restore_rotary(model, hf_config)

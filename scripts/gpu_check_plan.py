@@ -75,6 +75,7 @@ def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) ->
     compute under FSDP2 (on CUDA), gradient checkpointing, the HF engine, no replay scoring. The
     host side is checked by `host_need` (no checkpoint is read: the model is built in place)."""
     from exgrpo_cli.plan.memory import AUTO_TOKEN_BUDGET, PlanInputs
+    from exgrpo_cli.policy.placement import OFFLOAD_MODES
     from exgrpo_cli.rollout import ENGINES
 
     seq = sizes.prompt_tokens + sizes.response_tokens
@@ -84,7 +85,7 @@ def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) ->
         device_bytes=device_bytes,
         weight_bytes=4,
         mixed_bytes=2,
-        offload="none",
+        offload=OFFLOAD_MODES["none"],
         checkpointing=True,
         token_budget=sizes.micro_batch_tokens or AUTO_TOKEN_BUDGET[device],
         seq_tokens=seq,
@@ -101,8 +102,9 @@ def host_need(arch: Arch, offload: str) -> int:
     """Host memory the update needs in `offload` mode: the offloaded state as torch allocates it
     (pinned blocks rounded up to powers of two) and the process itself (plan/host.py)."""
     from exgrpo_cli.plan.host import PROCESS_BYTES, offload_terms
+    from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
-    return sum(t.per_rank for t in offload_terms(arch, 1, 4, offload)) + PROCESS_BYTES
+    return sum(t.per_rank for t in offload_terms(arch, 1, 4, OFFLOAD_MODES[offload])) + PROCESS_BYTES
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ def choose_run(device_bytes: int, host_bytes: int, attention: str, forced: str =
     for n in LAYER_COUNTS:
         arch = plan_arch(update_config(GPU, n), f"{PRESET_7B.name} model.arch, {n} layers")
         for mode in modes:
-            plan = plan_memory(arch, replace(x, offload=mode))
+            plan = plan_memory(arch, replace(x, offload=OFFLOAD_MODES[mode]))
             choice = Choice(n, mode, plan, host_need(arch, mode), limit)
             if choice.fits:
                 return choice
@@ -208,6 +210,6 @@ def plan_record(plan: Plan) -> dict[str, Any]:
         "totals": dict(zip(PHASES, plan.totals)),
         "terms": {t.name: dict(zip(PHASES, t.bytes)) for t in plan.terms},
         "host_bytes": plan.host_bytes,
-        "offload": plan.inputs.offload,
+        "offload": plan.inputs.offload.name,
         "attention": plan.inputs.attention,
     }

@@ -81,15 +81,14 @@ def update_plan(sizes: Sizes, device: torch.device) -> Any:
     """The update's settings: algo's defaults (exgrpo loss, Dr.GRPO, clip 0.2, entropy bonus
     0.001, grad clip 1), one update, the device's token budget."""
     from exgrpo_cli.algo.aggregation import drgrpo
-    from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
+    from exgrpo_cli.algo.losses import ExgrpoLoss
     from exgrpo_cli.config import AlgoConfig
     from exgrpo_cli.policy.forward import token_budget
     from exgrpo_cli.train.update import UpdatePlan
 
     a = AlgoConfig()
     return UpdatePlan(
-        loss=exgrpo_loss,
-        loss_settings=LossSettings(clip_eps=a.clip_eps, beta=None),
+        loss=ExgrpoLoss(clip_eps=a.clip_eps, beta=None),
         aggregation=drgrpo,
         entropy_coef=a.entropy_coef,
         importance_correction=True,
@@ -122,12 +121,12 @@ def update_batch(sizes: Sizes, vocab: int) -> tuple[MixedBatch, torch.Tensor]:
 def make_optimizer(model: torch.nn.Module, offload: str) -> torch.optim.Optimizer:
     """The trainer's optimizer (train/setup.make_optimizer): HostAdamW under offload=optimizer."""
     from exgrpo_cli.config import ExgrpoConfig
+    from exgrpo_cli.policy.placement import OFFLOAD_MODES
     from exgrpo_cli.train.setup import make_optimizer as trainer_optimizer
 
     cfg = ExgrpoConfig()
-    cfg.trainer.offload = offload
     cfg.algo.lr = 1e-6
-    return trainer_optimizer(cfg, model)
+    return trainer_optimizer(cfg, model, OFFLOAD_MODES[offload])
 
 
 # ============================================================================ sections
@@ -158,11 +157,12 @@ def section_update(ctx: Context) -> None:
     arch = plan_arch(hf_config, "gpu_check")
     if ctx.dry:  # the toy's own plan, on this CPU (reported, not compared)
         from exgrpo_cli.policy.model import attn_implementation
+        from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
         x = plan_inputs(
             "cpu", host_memory_bytes(), ctx.sizes, attention_kind(attn_implementation("auto", ctx.device))
         )
-        plan = plan_memory(arch, replace(x, offload=mode))
+        plan = plan_memory(arch, replace(x, offload=OFFLOAD_MODES[mode]))
     else:
         plan = gpu_plan
     ctx.record(

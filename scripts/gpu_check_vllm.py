@@ -82,6 +82,7 @@ def section_vllm(ctx: Context) -> None:
     from exgrpo_cli.plan.memory import VLLM_CUDA_GRAPH_BYTES, VLLM_NON_TORCH_BYTES
     from exgrpo_cli.policy.distributed import wrap_fsdp2
     from exgrpo_cli.policy.model import load_model, load_tokenizer
+    from exgrpo_cli.policy.placement import OFFLOAD_MODES
     from exgrpo_cli.rollout.base import SamplingSpec
     from exgrpo_cli.rollout.hf import HFEngine
     from exgrpo_cli.rollout.vllm_engine import VLLMEngine
@@ -114,7 +115,7 @@ def section_vllm(ctx: Context) -> None:
         load_model(cfg.model, torch.device("cpu")),
         ctx.wrap_dist,
         mixed_precision=t.fsdp_mixed_precision or None,
-        offload=t.offload,
+        offload=OFFLOAD_MODES[t.offload],
     )
     tok = load_tokenizer(cfg.model)
     pad = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)

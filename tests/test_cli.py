@@ -50,11 +50,14 @@ def test_invalid_value_exit_code_2_before_loading(tmp_path: Path, override: str,
     assert not (tmp_path / "checkpoints").exists()
 
 
-def test_multirun_launches_each_job(tmp_path: Path):
+def test_a_multirun_stops_at_its_first_refused_job_with_exit_2(tmp_path: Path):
     res = run_cli(["train", "-m", "replay.ratio=1.5,2.0", f"hydra.sweep.dir={tmp_path}"], cwd=tmp_path)
-    # both jobs are refused by validation: Hydra ran them in turn, the first one's exit stops the sweep
-    assert res.returncode == 2 and "replay.ratio" in res.stderr
+    # both jobs would be refused by validation: Hydra runs them in turn and the first one's exit
+    # stops the sweep, so the second is never started
+    assert res.returncode == 2
+    assert "invalid replay.ratio=1.5" in res.stderr and "replay.ratio=2.0" not in res.stderr
     assert (tmp_path / "multirun.yaml").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0"]
 
 
 @pytest.mark.parametrize("command", ["train", "eval"])

@@ -7,12 +7,11 @@ import dataclasses
 from typing import Any
 
 from exgrpo_cli.algo.aggregation import drgrpo
-from exgrpo_cli.algo.losses import LossSettings, exgrpo_loss
+from exgrpo_cli.algo.losses import ExgrpoLoss
 from exgrpo_cli.train.update import UpdatePlan
 
 TOY_PLAN = UpdatePlan(
-    loss=exgrpo_loss,
-    loss_settings=LossSettings(clip_eps=0.2, beta=None),
+    loss=ExgrpoLoss(clip_eps=0.2, beta=None),
     aggregation=drgrpo,
     entropy_coef=0.0,
     importance_correction=True,

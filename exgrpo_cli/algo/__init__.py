@@ -2,9 +2,10 @@
 and how token losses add up to the objective.
 
 Where it sits in the step: after the mixed batch is built (replay/mixing.py) and before the
-optimizer step. Nothing here holds state or reads a config; every function is tested with exact
-values. These are also the public API for people who want the ExGRPO objective in their own
-trainer, and the very functions exgrpo's own update calls.
+optimizer step. Nothing here holds state; only the `POLICY_LOSSES` entries read the config (each
+its own settings). Every function is tested with exact values. These are also the public API for
+people who want the ExGRPO objective in their own trainer, and the very functions exgrpo's own
+update calls.
 """
 
 from exgrpo_cli.algo.advantages import group_advantages
@@ -19,8 +20,8 @@ from exgrpo_cli.algo.aggregation import (
 from exgrpo_cli.algo.logprobs import chunked_token_logprobs, masked_mean, token_entropy, token_logprobs
 from exgrpo_cli.algo.losses import (
     POLICY_LOSSES,
+    ExgrpoLoss,
     LossInputs,
-    LossSettings,
     LossStats,
     behaviour_logprobs,
     exgrpo_token_losses,
@@ -31,8 +32,8 @@ __all__ = [
     "AGGREGATIONS",
     "AggregationSettings",
     "POLICY_LOSSES",
+    "ExgrpoLoss",
     "LossInputs",
-    "LossSettings",
     "LossStats",
     "Normalisers",
     "UpdateShape",

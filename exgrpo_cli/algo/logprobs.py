@@ -73,8 +73,9 @@ def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
 def _chunk_stats(
     hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """fp32 (logits / T, logsumexp, target log-prob) of one chunk. The matmul runs in the
-    weight's dtype (bf16 under mixed precision), the softmax maths in fp32."""
+    """fp32 (logits / T, logsumexp, target log-prob) of one chunk. The matmul runs in the dtype
+    of `weight` as given (the head's: bf16 under mixed precision; its fp32 copy with an fp32 head),
+    the softmax maths in fp32."""
     z = (hidden.to(weight.dtype) @ weight.t()).float()
     if temperature != 1.0:
         z = z / temperature
@@ -92,31 +93,37 @@ class _ChunkedHead(torch.autograd.Function):
         temperature: float,
         chunk: int,
         with_entropy: bool,
+        compute_dtype: torch.dtype,
     ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
+        w = weight.to(compute_dtype)  # the weight itself unless an fp32 head asks for a copy
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ent = torch.zeros(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
         for s in range(0, n, chunk):
-            z, lse, lp = _chunk_stats(hidden[s : s + chunk], weight, targets[s : s + chunk], temperature)
+            z, lse, lp = _chunk_stats(hidden[s : s + chunk], w, targets[s : s + chunk], temperature)
             logp[s : s + chunk] = lp
             if with_entropy:  # H = -sum_j p_j log p_j, as token_entropy computes it
                 logp_all = z - lse.unsqueeze(-1)
                 ent[s : s + chunk] = -(logp_all.exp() * logp_all).sum(-1)
         ctx.save_for_backward(hidden, weight, targets)
         ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy
+        ctx.compute_dtype = compute_dtype
         return logp, ent
 
     @staticmethod
     def backward(ctx: Any, g_logp: Tensor, g_ent: Tensor) -> tuple[Tensor | None, ...]:
         hidden, weight, targets = ctx.saved_tensors
         temperature, chunk, with_entropy = ctx.temperature, ctx.chunk, ctx.with_entropy
+        # the softmax recomputed as the forward computed it (an fp32 head: from the fp32 copy);
+        # the gradients' matmuls then run in the weight's dtype, as without an fp32 head
+        w = weight.to(ctx.compute_dtype)
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         # in the weight's dtype, as its gradient will be: an fp32 copy of a 152k x 3.5k bf16 head
         # would be 2.2 GB more
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         for s in range(0, hidden.shape[0], chunk):
             h, t = hidden[s : s + chunk], targets[s : s + chunk]
-            z, lse, _ = _chunk_stats(h, weight, t, temperature)
+            z, lse, _ = _chunk_stats(h, w, t, temperature)
             logp_all = z - lse.unsqueeze(-1)
             p = logp_all.exp()
             # d log p_t / d z = onehot(t) - p
@@ -132,7 +139,7 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_h[s : s + chunk] = (g @ weight).to(hidden.dtype)
             if grad_w is not None:
                 grad_w.addmm_(g.t(), h.to(weight.dtype))
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def chunked_token_logprobs(
@@ -143,6 +150,7 @@ def chunked_token_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     with_entropy: bool = False,
+    compute_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs (and entropies) of softmax(hidden @ weight.T / T), without ever holding
     more than `chunk_tokens` rows of logits, in forward or backward.
@@ -150,7 +158,8 @@ def chunked_token_logprobs(
     hidden [N, H] (the final hidden states of the positions that predict `targets`), weight [V, H]
     (the output embedding), targets long [N] -> (log p(target) [N] fp32, entropy [N] fp32 or None).
     Values and gradients (with respect to hidden and weight) equal `token_logprobs` /
-    `token_entropy` on the full logits.
+    `token_entropy` on the full logits. `compute_dtype`: the logits' matmul dtype (None: the
+    weight's; torch.float32 for an fp32 head, policy/head.py: one fp32 copy of the weight per pass).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -159,5 +168,8 @@ def chunked_token_logprobs(
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"targets {tuple(targets.shape)} must be [N] for hidden {tuple(hidden.shape)}")
     apply: Callable[..., tuple[Tensor, Tensor]] = _ChunkedHead.apply  # torch leaves `apply` untyped
-    logp, ent = apply(hidden, weight, targets, float(temperature), max(1, int(chunk_tokens)), with_entropy)
+    dtype = weight.dtype if compute_dtype is None else compute_dtype
+    logp, ent = apply(
+        hidden, weight, targets, float(temperature), max(1, int(chunk_tokens)), with_entropy, dtype
+    )
     return logp, ent if with_entropy else None

@@ -7,14 +7,18 @@ Per token, with w = exp(logp_theta - logp_b):
   (policy shaping), or -A w when beta is None (the "w/o shaping" ablation). Never clipped.
 
 Where it sits in the step: inside the update, once per micro-batch. `POLICY_LOSSES` (the
-`algo.loss` names) is the seam: a loss takes `LossInputs` and `LossSettings` and returns per-token
-losses; how they add up to the objective is algo/aggregation.py's business.
+`algo.loss` names) is the seam: each entry reads the settings it needs from the config (the
+trainer calls it once per step, telling it whether replay has started) and returns the step's
+`PolicyLoss`, which takes `LossInputs` and returns per-token losses; how they add up to the
+objective is algo/aggregation.py's business. A new loss with a knob of its own is one callable and
+one entry here, plus its key in config.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -92,33 +96,46 @@ class LossInputs:
     replay_mask: Tensor  # [B] bool, True for replayed rows
 
 
+# inputs -> (token losses [B, T], zero outside the mask; clipped fresh tokens [B, T])
+PolicyLoss = Callable[[LossInputs], tuple[Tensor, Tensor]]
+
+
 @dataclass(frozen=True)
-class LossSettings:
-    """A step's loss settings: the clipping changes at the delayed start (docs/algorithm.md §4)."""
+class ExgrpoLoss:
+    """ExGRPO's loss with a step's settings: the clipping changes at the delayed start
+    (docs/algorithm.md §4)."""
 
     clip_eps: float | None  # None: no PPO clipping on fresh tokens
     beta: float | None  # None: no policy shaping on replayed tokens
 
+    def __call__(self, x: LossInputs) -> tuple[Tensor, Tensor]:
+        return exgrpo_token_losses(
+            x.logp,
+            x.behaviour_logp,
+            x.advantages,
+            x.response_mask,
+            x.replay_mask,
+            clip_eps=self.clip_eps,
+            beta=self.beta,
+        )
 
-# (inputs, settings) -> (token losses [B, T], zero outside the mask; clipped fresh tokens [B, T])
-PolicyLoss = Callable[[LossInputs, LossSettings], tuple[Tensor, Tensor]]
+    @classmethod
+    def for_step(cls, cfg: Any, started: bool) -> ExgrpoLoss:
+        """algo.clip_eps, dropped once replay has `started` unless algo.clip_after_start (the
+        official run drops it); replay.beta, or no shaping without replay.shaping."""
+        a, p = cfg.algo, cfg.replay
+        return cls(
+            clip_eps=None if started and not a.clip_after_start else a.clip_eps,
+            beta=p.beta if p.shaping else None,
+        )
 
 
-def exgrpo_loss(x: LossInputs, s: LossSettings) -> tuple[Tensor, Tensor]:
-    """ExGRPO's loss in the `PolicyLoss` form."""
-    return exgrpo_token_losses(
-        x.logp,
-        x.behaviour_logp,
-        x.advantages,
-        x.response_mask,
-        x.replay_mask,
-        clip_eps=s.clip_eps,
-        beta=s.beta,
-    )
+# (the run's config.ExgrpoConfig, replay has started) -> the step's loss, with the settings this
+# entry reads. The config is duck-typed: algo/ imports nothing of the package above it.
+LossForStep = Callable[[Any, bool], PolicyLoss]
 
-
-# `algo.loss`: name -> per-token policy loss. A new loss is one function and one entry here.
-POLICY_LOSSES: dict[str, PolicyLoss] = {"exgrpo": exgrpo_loss}
+# `algo.loss`: name -> its LossForStep. A new loss is one callable and one entry here.
+POLICY_LOSSES: dict[str, LossForStep] = {"exgrpo": ExgrpoLoss.for_step}
 
 
 def behaviour_logprobs(

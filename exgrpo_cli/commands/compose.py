@@ -1,20 +1,23 @@
 """From Hydra's composed DictConfig to the typed `ExgrpoConfig`, and the presets it was composed with.
 
-Used by `dispatch` before any command runs, and by the commands that compose configs of their own
-(`exgrpo ablate` checks each variant, `exgrpo train` re-plans suggested overrides). A module of its
-own so that those commands need not import the package that dispatches to them.
+Used by `dispatch` before any command runs, and by the commands that need other configs
+(`exgrpo ablate` checks each variant; `exgrpo train` re-plans suggested overrides on its typed
+config with `with_overrides`, and composes a suggested model preset, whose recipe comes from its
+YAML, with `compose_in_app`). A module of its own so that those commands need not import the
+package that dispatches to them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config import ConfigError, ExgrpoConfig
 
 
-def to_typed(cfg: DictConfig) -> ExgrpoConfig:
+def to_typed(cfg: DictConfig | ListConfig) -> ExgrpoConfig:
     obj = OmegaConf.to_object(cfg)
     if not isinstance(obj, ExgrpoConfig):
         raise TypeError(f"the composed config is a {type(obj).__name__}, not an ExgrpoConfig")
@@ -37,6 +40,33 @@ def with_preset_name(cfg: ExgrpoConfig, choices: dict[str, str]) -> ExgrpoConfig
     if not chosen or cfg.model.preset:
         return cfg
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, preset=chosen))
+
+
+def with_overrides(cfg: ExgrpoConfig, overrides: Sequence[str]) -> ExgrpoConfig:
+    """`cfg` with `key=value` overrides applied to its typed fields, each value read as on the
+    command line; a ConfigError for a key or value the schema refuses. No Hydra: presets
+    (`group=name`) are not keys here."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return to_typed(OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(list(overrides))))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"cannot apply {' '.join(overrides)}: {str(err).splitlines()[0]}") from None
+
+
+def compose_in_app(extra: Sequence[str]) -> ExgrpoConfig | None:
+    """The typed config of the running Hydra app's command line plus `extra` (a model preset's recipe
+    comes along), named after its model preset; None outside a Hydra app."""
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        task = list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return None
+    models = [o.split("=", 1)[1] for o in (*task, *extra) if o.startswith("model=")]
+    typed = to_typed(compose(config_name="config", overrides=[*task, *extra]))
+    return with_preset_name(typed, {"model": models[-1]} if models else {})
 
 
 def compose_train(overrides: list[str]) -> ExgrpoConfig:

@@ -10,7 +10,6 @@ its own copy of the model and engine; rank 0 writes the results, which equal one
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from exgrpo_cli.config import ExgrpoConfig
@@ -38,10 +37,11 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, Any] | None:
     """What every rank of a multi-rank eval runs (in a fresh process)."""
     from exgrpo_cli.evaluation.runner import run_eval
     from exgrpo_cli.policy import distributed as D
+    from exgrpo_cli.train.launch import launched_rank
 
     dist = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
     try:
-        with exit_on_error("eval", say=os.environ.get("RANK", "0") == "0"):
+        with exit_on_error("eval", say=launched_rank() == 0):
             return run_eval(cfg, dist)
     finally:
         D.close_distributed()

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exgrpo_cli.config import ExgrpoConfig, ModelConfig, TrainerConfig
 from exgrpo_cli.config_checks import validate
-from exgrpo_cli.errors import ExgrpoError, UsageError, exit_on_error
+from exgrpo_cli.errors import ExgrpoError, SaidElsewhere, UsageError, exit_on_error
 
 if TYPE_CHECKING:
     from exgrpo_cli.plan import Devices, Plan
@@ -27,10 +26,11 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: ExgrpoConfig) -> None:
-    from exgrpo_cli.train.launch import launch, resolve_nproc
+    from exgrpo_cli.train.launch import launch, launched_rank, resolve_nproc
 
+    main = launched_rank() == 0  # under torchrun every rank runs this; rank 0 reports
     nproc = resolve_nproc(cfg)  # before the plan: it plans for the ranks this command starts
-    memory_preflight(cfg, nproc)
+    memory_preflight(cfg, nproc, main)
     if cfg.trainer.dry_run:
         return
     if nproc > 1:  # the whole node from one command; this process only waits for the ranks
@@ -39,7 +39,7 @@ def run(cfg: ExgrpoConfig) -> None:
         from exgrpo_cli.train.run import run_training
 
         final = run_training(cfg)
-    if os.environ.get("RANK", "0") != "0" or not final:  # rank 0 reports; stopped ranks did
+    if not main or not final:  # stopped ranks reported already
         return
     parts = [f"{k}={v:.4f}" for k, v in sorted(final.items())]
     print("exgrpo train done: " + "  ".join(parts))
@@ -49,20 +49,20 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, float]:
     """What every rank `trainer.nproc` starts runs (in a fresh process): rank 0 says an error, each
     rank exits with its code; a crash's traceback goes to the rank's log (the parent says which
     rank failed)."""
-    from exgrpo_cli.train.launch import rank_logging
+    from exgrpo_cli.train.launch import launched_rank, rank_logging
     from exgrpo_cli.train.run import run_training
 
-    out = Path(cfg.trainer.output_dir)
+    out, rank = Path(cfg.trainer.output_dir), launched_rank()
     out.mkdir(parents=True, exist_ok=True)
     rank_logging(out)
-    with exit_on_error("train", say=os.environ.get("RANK", "0") == "0"):
+    with exit_on_error("train", say=rank == 0):
         try:
             return run_training(cfg)
         except ExgrpoError:
             raise
         except Exception:
-            log.exception("rank %s failed", os.environ.get("RANK", "0"))
-            raise SystemExit(1) from None
+            log.exception("rank %s failed", rank)
+            raise SaidElsewhere(1) from None
 
 
 def weights_source(cfg: ExgrpoConfig) -> ModelConfig:
@@ -79,9 +79,10 @@ def weights_source(cfg: ExgrpoConfig) -> ModelConfig:
     return cfg.model
 
 
-def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1) -> None:
+def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1, main: bool = True) -> None:
     """The plan's part of start-up, after validation and before `run_training`; raises a
-    UsageError (exit 2) for a run that cannot start."""
+    UsageError (exit 2) for a run that cannot start. `main`: rank 0 (or the only process), which
+    shows the plan and says the refusal."""
     from exgrpo_cli import plan
     from exgrpo_cli.plan.inputs import uses_cuda
 
@@ -90,7 +91,7 @@ def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1) -> None:
         check_data_here(cfg)
         arch = plan.resolve_architecture(cfg.model, offline_ok=True)
         devices = planned(t) if t.plan_devices else plan.visible_devices(cfg, nproc)
-        plan.check_memory(cfg, arch, devices, verify=verifier(devices))
+        plan.check_memory(cfg, arch, devices, verify=verifier(cfg, devices))
         return
     # the weights must be reachable: fail in seconds, not after a minute of hub retries
     arch = plan.resolve_architecture(weights_source(cfg), offline_ok=False)
@@ -98,12 +99,11 @@ def memory_preflight(cfg: ExgrpoConfig, nproc: int = 1) -> None:
     if not uses_cuda(cfg):  # a CPU run: the plan goes to the log and never refuses
         plan.check_memory(cfg, arch, devices, echo=log.info, refuse=False)
         return
-    main = os.environ.get("RANK", "0") == "0"
     try:
-        plan.check_memory(cfg, arch, devices, echo=print if main else log.info, verify=verifier(devices))
+        plan.check_memory(cfg, arch, devices, echo=print if main else log.info, verify=verifier(cfg, devices))
     except plan.PlanDoesNotFit:
         if not main:  # every rank refuses; rank 0 says why
-            raise SystemExit(2) from None
+            raise SaidElsewhere(2) from None
         raise
 
 
@@ -148,34 +148,30 @@ def planned(t: TrainerConfig) -> Devices:
     return plan.planned_devices(t.plan_devices, t.plan_ranks_per_node, t.plan_host_gib)
 
 
-def verifier(devices: Devices) -> Callable[[tuple[str, ...]], Plan | None] | None:
-    """Plans a suggested fix from the whole config Hydra composes with this command's overrides
-    plus the fix's (a preset's recipe comes along), on `devices` unless the fix names others.
-    None outside a Hydra app (then fixes are planned from the inputs alone)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    try:
-        task = list(HydraConfig.get().overrides.task)
-    except ValueError:
-        return None
+def verifier(cfg: ExgrpoConfig, devices: Devices) -> Callable[[tuple[str, ...]], Plan | None]:
+    """Plans a suggested fix from this run's typed config with the fix's `key=value` overrides
+    applied, on `devices` unless the fix names others; a `model=<preset>` fix from that preset's
+    composed config (its recipe comes along). None for a fix that does not apply or validate."""
 
     def verify(extra: tuple[str, ...]) -> Plan | None:
-        from hydra import compose
         from hydra.errors import HydraException
         from omegaconf.errors import OmegaConfBaseException
 
         from exgrpo_cli import plan
-        from exgrpo_cli.commands.compose import to_typed, with_preset_name
+        from exgrpo_cli.commands.compose import compose_in_app, with_overrides
         from exgrpo_cli.plan.inputs import inputs_from_config
 
+        preset = tuple(o for o in extra if o.startswith("model="))
         try:
-            typed = to_typed(compose(config_name="config", overrides=[*task, *extra]))
-            models = [o.split("=", 1)[1] for o in (*task, *extra) if o.startswith("model=")]
-            typed = with_preset_name(typed, {"model": models[-1]} if models else {})
+            base = compose_in_app(preset) if preset else cfg
+            if base is None:
+                log.info("suggested overrides %s: a preset is composed only in a Hydra app", extra)
+                return None
+            typed = with_overrides(base, [o for o in extra if o not in preset])
             validate(typed, "train")
             arch = plan.resolve_architecture(typed.model, offline_ok=True)
         except (UsageError, HydraException, OmegaConfBaseException) as err:
-            log.info("suggested overrides %s do not compose: %s", extra, err)
+            log.info("suggested overrides %s do not apply: %s", extra, err)
             return None
         t = typed.trainer
         chosen = planned(t) if t.plan_devices else devices

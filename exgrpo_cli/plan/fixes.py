@@ -65,10 +65,12 @@ def knobs(x: PlanInputs, offload: bool = True) -> list[list[Option]]:
                 for i, t in enumerate(budgets)
             ]
         )
-    modes = list(OFFLOAD_MODES)  # least offloaded first: the ones after the run's own save memory
+    modes = list(OFFLOAD_MODES.values())  # least offloaded first: the ones after the run's own save memory
     offloads = modes[modes.index(x.offload) + 1 :] if offload else []
     if offloads:
-        found.append([Option(f"trainer.offload={o}", {"offload": o}, 4 + i) for i, o in enumerate(offloads)])
+        found.append(
+            [Option(f"trainer.offload={o.name}", {"offload": o}, 4 + i) for i, o in enumerate(offloads)]
+        )
     if own_share and x.device == "cuda":
         shares = [s for s in VLLM_SHARES if s < x.vllm_share - 1e-9]
         if shares:

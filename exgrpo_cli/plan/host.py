@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exgrpo_cli.plan.arch import Arch
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
+from exgrpo_cli.policy.placement import Offload
 
 GiB = 2**30
 MiB = 2**20
@@ -132,9 +132,8 @@ class HostPlan:
         return not self.node_bytes or self.peak <= self.limit
 
 
-def offload_terms(arch: Arch, ranks: int, weight_bytes: int, offload: str) -> list[HostTerm]:
+def offload_terms(arch: Arch, ranks: int, weight_bytes: int, mode: Offload) -> list[HostTerm]:
     """The offloaded state of one rank (see the module's docstring)."""
-    mode = OFFLOAD_MODES[offload]
     shards = [_ceil_div(n, ranks) for n in hf_tensors(arch)]
     if mode.params_on_host:
         pinned = 2 * sum(pow2(weight_bytes * n) for n in shards)
@@ -154,7 +153,7 @@ def plan_host(
     ranks_per_node: int,
     weight_bytes: int,
     vllm_bytes: int,
-    offload: str,
+    offload: Offload,
     level1_backups: bool,
     node_bytes: int,
 ) -> HostPlan:

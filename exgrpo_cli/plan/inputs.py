@@ -16,6 +16,7 @@ from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.config_checks import parse_plan_devices
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.plan.memory import AUTO_TOKEN_BUDGET, GiB, PlanInputs
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ATTENTION = {"flash_attention_2": "flash", "sdpa": "sdpa", "eager": "eager"}
@@ -145,7 +146,7 @@ def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
         device_bytes=devices.bytes_each,
         weight_bytes=WEIGHT_BYTES[m.dtype],
         mixed_bytes=2 if cfg.trainer.fsdp_mixed_precision else 0,
-        offload=cfg.trainer.offload,
+        offload=OFFLOAD_MODES[cfg.trainer.offload],
         checkpointing=m.gradient_checkpointing,
         token_budget=a.micro_batch_tokens or AUTO_TOKEN_BUDGET[devices.kind],
         seq_tokens=m.max_prompt_tokens + m.max_response_tokens,
@@ -159,4 +160,5 @@ def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
         ranks_per_node=devices.per_node,
         node_bytes=devices.node_bytes,
         level1_backups=sleep and not engine.needs_trainer_model and r.validation_sleep_level == 1,
+        fp32_head=m.fp32_head,
     )

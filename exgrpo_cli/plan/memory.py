@@ -38,7 +38,7 @@ from typing import Protocol
 from exgrpo_cli.plan.activations import activation_bytes_per_token, kv_bytes_per_token, logit_chunk_bytes
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.host import HostPlan, plan_host
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
+from exgrpo_cli.policy.placement import Offload
 
 GiB = 2**30
 MARGIN = 0.10  # share of a device's memory the plan leaves free (fragmentation, estimates' error)
@@ -90,7 +90,7 @@ class PlanInputs:
     device_bytes: int  # memory of one device (on a CPU: the host's share of one rank)
     weight_bytes: int  # w: 4 for model.dtype=float32
     mixed_bytes: int  # compute bytes under trainer.fsdp_mixed_precision (0: none)
-    offload: str  # trainer.offload: a name of policy.placement.OFFLOAD_MODES
+    offload: Offload  # trainer.offload's entry of policy.placement.OFFLOAD_MODES
     checkpointing: bool  # model.gradient_checkpointing
     token_budget: int  # algo.micro_batch_tokens, 0 resolved to the device's default
     seq_tokens: int  # S: model.max_prompt_tokens + model.max_response_tokens
@@ -106,6 +106,7 @@ class PlanInputs:
     ranks_per_node: int = 0
     node_bytes: int = 0
     level1_backups: bool = False
+    fp32_head: bool = False  # model.fp32_head: the trainer's head computes from an fp32 copy
 
     @property
     def fsdp(self) -> bool:
@@ -201,7 +202,7 @@ def state_terms(arch: Arch, x: PlanInputs) -> list[Term]:
                      shard (the 7B embedding: 8.1 GiB on one GPU)
     FSDP2 pads each parameter's shard to a multiple of N elements: P/N is rounded up, not padded."""
     shard = x.weight_bytes * _ceil_div(arch.params, x.ranks)
-    mode = OFFLOAD_MODES[x.offload]
+    mode = x.offload
     on_device = not mode.moments_on_host
     weights = shard if not mode.params_on_host else 0
     moments = 2 * shard if on_device else 0
@@ -249,6 +250,9 @@ def compute_terms(arch: Arch, x: PlanInputs) -> list[Term]:
                      accumulation on one rank; at the backward's end on one rank the embedding's
                      dense gradient (c V H) is that temporary
       logit chunks   logit_chunk_bytes
+      fp32 head      4 V H with model.fp32_head under a 16-bit compute dtype: the head's fp32 copy
+                     (policy/head.py), made by each pass of the chunked projection (the update's
+                     forward, then its backward) and by each HF-engine generation forward
     The no-grad passes (pi_old's log-probs, the replay candidates' entropy) use the same token
     budget and keep no activations: smaller than the backward."""
     c = x.compute_bytes
@@ -262,7 +266,16 @@ def compute_terms(arch: Arch, x: PlanInputs) -> list[Term]:
         ),
         Term("head gradient", _phases(0, head, 0 if x.fsdp else head)),
         Term("log-prob chunks", _phases(backward=logit_chunk_bytes(arch, x.micro_batch_tokens))),
+        *fp32_head_terms(arch, x),
     ]
+
+
+def fp32_head_terms(arch: Arch, x: PlanInputs) -> list[Term]:
+    """The fp32 copy of the head (see compute_terms); none when the model computes in fp32."""
+    if not x.fp32_head or x.compute_bytes == 4:
+        return []
+    copy = 4 * arch.embedding_params
+    return [Term("fp32 head copy", _phases(copy if x.engine.needs_trainer_model else 0, copy))]
 
 
 def vllm_workspace_bytes(arch: Arch, x: PlanInputs) -> int:
@@ -356,7 +369,7 @@ def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
         )
     # in host memory: everything with offload=all (weights, gradients, two moments), only AdamW's
     # two fp32 moments with offload=optimizer (policy/offload.HostAdamW, one pinned buffer)
-    mode = OFFLOAD_MODES[x.offload]
+    mode = x.offload
     per_param = 4 * x.weight_bytes if mode.params_on_host else 2 * 4 if mode.moments_on_host else 0
     host = per_param * _ceil_div(arch.params, x.ranks)
     kept = tuple(t for t in terms if any(t.bytes))

@@ -28,7 +28,6 @@ from exgrpo_cli.plan.memory import (
     PlanInputs,
     plan_memory,
 )
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 DTYPE = {4: "fp32", 2: "bf16"}
 ATTENTION = {"flash": "flash-attention-2", "sdpa": "sdpa attention", "eager": "eager attention"}
@@ -50,7 +49,7 @@ def settings_line(x: PlanInputs) -> str:
     parts = [
         shard,
         f"{DTYPE.get(x.weight_bytes, '?')} weights, {DTYPE.get(x.compute_bytes, '?')} compute",
-        OFFLOAD_MODES[x.offload].label,
+        x.offload.label,
         "gradient checkpointing" if x.checkpointing else "no gradient checkpointing",
         f"micro-batches of {x.micro_batch_tokens} tokens (sequences of {x.seq_tokens})",
         ATTENTION.get(x.attention, x.attention),

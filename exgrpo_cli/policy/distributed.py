@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import torch
 
 from exgrpo_cli.errors import UsageError
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
+from exgrpo_cli.policy.placement import NO_OFFLOAD, Offload
 
 log = logging.getLogger(__name__)
 
@@ -170,13 +170,14 @@ def wrap_fsdp2(
     dist: DistInfo,
     *,
     mixed_precision: str | None = None,
-    offload: str = "none",
+    offload: Offload = NO_OFFLOAD,
     reshard_after_forward: bool = True,
 ) -> M:
     """Shard `model` in place over all ranks: each decoder layer, then the root (embeddings, norm,
     lm_head). Returns the same module, now an FSDPModule whose parameters are DTensors.
-    `offload="all"`: FSDP2's CPU offload (parameters, gradients and the optimizer step in host
-    memory; see policy/offload.py for `optimizer`, which the optimizer itself does).
+    `offload` with params_on_host (trainer.offload=all): FSDP2's CPU offload (parameters,
+    gradients and the optimizer step in host memory; see policy/offload.py for `optimizer`, which
+    the optimizer itself does).
 
     One process on a CPU: returned untouched, so single-process code paths stay plain PyTorch.
     Every rank must hold the same initial weights (or load them with `load_sharded`) since each
@@ -200,7 +201,7 @@ def wrap_fsdp2(
             log.warning(
                 "FSDP mixed precision %s ignored on a CPU (bf16 is ~100x slower there)", mixed_precision
             )
-    on_host = OFFLOAD_MODES[offload].params_on_host
+    on_host = offload.params_on_host
     placement = CPUOffloadPolicy(pin_memory=dist.device.type == "cuda") if on_host else OffloadPolicy()
     mesh = init_device_mesh(dist.device.type, (dist.world_size,))
     for layer in decoder_layers(model):

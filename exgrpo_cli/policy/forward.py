@@ -32,6 +32,7 @@ from torch import Tensor
 
 from exgrpo_cli.algo.logprobs import chunked_token_logprobs, token_entropy, token_logprobs
 from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
+from exgrpo_cli.policy.head import head_compute_dtype
 
 
 @dataclass
@@ -234,6 +235,7 @@ def forward_logprobs(
         temperature=temperature,
         chunk_tokens=chunk_tokens(head.weight.shape[0], chunk_bytes),
         with_entropy=with_entropy,
+        compute_dtype=head_compute_dtype(head),
     )
     zeros = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     return zeros.masked_scatter(mask, lp), None if ent is None else zeros.masked_scatter(mask, ent)

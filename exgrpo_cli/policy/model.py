@@ -20,8 +20,9 @@ import torch
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.policy.head import use_fp32_head
 from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
+from exgrpo_cli.policy.placement import NO_OFFLOAD, Offload
 
 if TYPE_CHECKING:  # transformers is imported when a model is loaded, not with this module
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -114,6 +115,8 @@ def load_model(cfg: ModelConfig, device: torch.device) -> PreTrainedModel:
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     enable_checkpointing(model, cfg.gradient_checkpointing)
+    if cfg.fp32_head:
+        use_fp32_head(model)
     model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) hides the bound self
     model.train()
     return model
@@ -145,13 +148,13 @@ def load_sharded(
     cfg: ModelConfig,
     dist: DistInfo,
     shard: Callable[[PreTrainedModel], PreTrainedModel],
-    offload: str = "none",
+    offload: Offload = NO_OFFLOAD,
 ) -> PreTrainedModel:
     """The policy for a torchrun run, sharded by `shard` (FSDP2), with the weights read by rank 0
     alone: rank 0 loads them on its CPU (one full copy in host memory, on that rank only), every
     other rank builds the architecture on the meta device from rank 0's config (it opens no model
     file), every rank shards its empty model and rank 0's weights are broadcast into the shards.
-    `offload`: the trainer.offload that `shard` applies (`all` keeps the shards in host memory).
+    `offload`: the trainer.offload mode that `shard` applies (`all` keeps the shards in host memory).
     Collective: every rank calls it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoModelForCausalLM
@@ -173,8 +176,10 @@ def load_sharded(
         )
     model.generation_config = generation_config
     enable_checkpointing(model, cfg.gradient_checkpointing)
+    if cfg.fp32_head:
+        use_fp32_head(model)
     model = shard(model)
-    materialize(model, dist.device, params_on_host=OFFLOAD_MODES[offload].params_on_host)
+    materialize(model, dist.device, params_on_host=offload.params_on_host)
     weights = full.state_dict() if full is not None else {}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, weights, options=options)

@@ -1,6 +1,8 @@
-"""Where the training state lives (`trainer.offload`): one table, read by every part that depends
-on the mode (FSDP2's placement, the optimizer, the start-up refusal, the offline memory plan)
-instead of comparing its name. Plain data, no torch: the plan reads it without importing torch.
+"""Where the training state lives (`trainer.offload`): one table. The name is looked up once, where
+a run is built (train/setup.py, the start-up refusal of train/run.py, the plan's inputs), and the
+`Offload` found is what every part that depends on the mode receives (FSDP2's placement, the
+optimizer, the offline memory plan) instead of the name. Plain data, no torch: the plan reads it
+without importing torch.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Offload:
+    name: str  # its trainer.offload value
     label: str  # how the memory plan's settings line says it
     # FSDP2's CPU offload: weights, gradients and the optimizer step in host memory, each layer
     # copied to the compute device for its forward and backward (a sharded model only)
@@ -21,7 +24,11 @@ class Offload:
 # `trainer.offload`: name -> where the state lives, from the least to the most offloaded (the
 # memory plan suggests the modes after a run's own, in this order)
 OFFLOAD_MODES: dict[str, Offload] = {
-    "none": Offload("no offload", params_on_host=False, moments_on_host=False),
-    "optimizer": Offload("AdamW offloaded to the host", False, moments_on_host=True, host_adamw=True),
-    "all": Offload("state offloaded to the host", params_on_host=True, moments_on_host=True),
+    m.name: m
+    for m in (
+        Offload("none", "no offload", params_on_host=False, moments_on_host=False),
+        Offload("optimizer", "AdamW offloaded to the host", False, moments_on_host=True, host_adamw=True),
+        Offload("all", "state offloaded to the host", params_on_host=True, moments_on_host=True),
+    )
 }
+NO_OFFLOAD = OFFLOAD_MODES["none"]

@@ -1,8 +1,9 @@
 """Experience selection: which buffered questions and which stored trajectory to replay.
 
 Place in the train step: first thing of a mixed step. ``n_replay`` sizes the replayed part of the
-batch, and the rule that ``replay.question_selection`` names in ``QUESTION_SELECTION`` (looked up
-once, when the trainer is built) picks that many buffered questions (docs/algorithm.md §3);
+batch, and the rule that ``replay.question_selection`` names in ``QUESTION_SELECTION`` (built once,
+with the settings its entry reads, when the trainer is built) picks that many buffered questions
+(docs/algorithm.md §3);
 replay/trajectory.py then picks the stored response to replay. Everything here is a pure function
 of its inputs and an explicit ``np.random.Generator``, so a seeded run selects the same questions
 after a resume.
@@ -11,8 +12,9 @@ after a resume.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -132,11 +134,9 @@ def gaussian_selection(
     return out
 
 
-def uniform_selection(
-    buffer: BucketedQuestions, n: int, *, mu: float, sigma: float, rng: np.random.Generator
-) -> list[str]:
+def uniform_selection(buffer: BucketedQuestions, n: int, *, rng: np.random.Generator) -> list[str]:
     """Uniform without replacement over all buffered questions (the "w/o question selection"
-    ablation); mu and sigma are ignored."""
+    ablation)."""
     sizes = buffer.bucket_sizes()
     n = min(int(n), sum(sizes))
     if n <= 0:
@@ -153,13 +153,13 @@ class QuestionSelector(Protocol):
     returned because ``end_step`` takes them out of the buckets: call it at the start of a step,
     not between observe and end_step."""
 
-    def __call__(
-        self, buffer: BucketedQuestions, n: int, *, mu: float, sigma: float, rng: np.random.Generator
-    ) -> list[str]: ...
+    def __call__(self, buffer: BucketedQuestions, n: int, *, rng: np.random.Generator) -> list[str]: ...
 
 
-# `replay.question_selection`: name -> rule. A new rule is a function above and one entry here.
-QUESTION_SELECTION: dict[str, QuestionSelector] = {
-    "gaussian": gaussian_selection,
-    "uniform": uniform_selection,
+# `replay.question_selection`: name -> the rule, with the settings it reads from the run's config
+# (a config.ExgrpoConfig, duck-typed: replay/ imports only algo/) bound. A new rule (knobs of its
+# own included) is a function above and one entry here.
+QUESTION_SELECTION: dict[str, Callable[[Any], QuestionSelector]] = {
+    "gaussian": lambda cfg: partial(gaussian_selection, mu=cfg.replay.mu, sigma=cfg.replay.sigma),
+    "uniform": lambda cfg: uniform_selection,
 }

@@ -79,6 +79,17 @@ def _free_cuda_cache() -> None:
     torch.cuda.empty_cache()
 
 
+def require_fp32_head(llm: Any) -> None:
+    """Refuse an engine whose head is not fp32 although asked: vLLM falls back to the model's
+    dtype, with a warning only, on a platform without fp32, and an fp32 head on the trainer's
+    side alone would widen the mismatch it is meant to close."""
+    got = llm.llm_engine.model_config.head_dtype
+    if got != torch.float32:
+        raise RuntimeError(
+            f"model.fp32_head=true but vLLM's head computes in {got}: this platform refused fp32"
+        )
+
+
 class VLLMEngine:
     # from_config's temporary folder with the model's config, removed by close()
     _config_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -202,6 +213,8 @@ class VLLMEngine:
         eval_tokens = cfg.eval.max_new_tokens
         dtype = sampling_dtype(m.dtype, cfg.trainer.fsdp_mixed_precision, _cuda())
         r = cfg.rollout
+        if m.fp32_head:  # the trainer's side is policy/head.py: both sides or neither
+            llm_kwargs = {**llm_kwargs, "hf_overrides": {"head_dtype": "float32"}}
         engine = cls(
             path,
             eos_token_ids(tokenizer, model, path),
@@ -217,6 +230,8 @@ class VLLMEngine:
             llm_kwargs=llm_kwargs,
         )
         engine._config_dir = tmp  # kept alive as long as the engine
+        if m.fp32_head:
+            require_fp32_head(engine.llm)
         if model is not None:
             engine.sync_weights(model)
         return engine

@@ -40,6 +40,12 @@ def under_launcher() -> bool:
     return "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
 
 
+def launched_rank() -> int:
+    """This process's rank when torchrun or `launch` started it (RANK), else 0. The one place the
+    commands learn it: rank 0 says errors and reports, the other ranks leave that to it."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def visible_gpus() -> int:
     """How many GPUs this node shows. torch answers without creating a CUDA context (it asks
     NVML or the driver), so the process that starts the ranks holds none."""
@@ -62,7 +68,7 @@ def resolve_nproc(cfg: ExgrpoConfig) -> int:
 
 def rank_logging(out: Path) -> None:
     """The rank's log file in the run dir, as Hydra sets it up for a one-process run."""
-    rank = int(os.environ.get("RANK", "0"))
+    rank = launched_rank()
     name = "train.log" if rank == 0 else f"train.rank{rank}.log"
     handler = logging.FileHandler(out / name)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -23,7 +23,7 @@ import torch
 
 from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import Aggregation
-from exgrpo_cli.algo.losses import LossSettings, PolicyLoss
+from exgrpo_cli.algo.losses import LossForStep
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.sampler import FreshDraw
 from exgrpo_cli.data.templates import Template
@@ -65,7 +65,7 @@ class Timers(dict[str, float]):
 class Choices:
     """The variants the config names, looked up once when the trainer is built."""
 
-    loss: PolicyLoss
+    loss: LossForStep
     aggregation: Aggregation
     trajectory: TrajectoryRule
     questions: QuestionSelector  # which buffered questions to replay (`replay.question_selection`)
@@ -207,14 +207,8 @@ class Trainer:
 
     def update_plan(self) -> UpdatePlan:
         a, p = self.cfg.algo, self.cfg.replay
-        after_start = self.replay_enabled and self.state.switch.active
-        settings = LossSettings(
-            clip_eps=None if after_start and not a.clip_after_start else a.clip_eps,
-            beta=p.beta if p.shaping else None,
-        )
         return UpdatePlan(
-            loss=self.choices.loss,
-            loss_settings=settings,
+            loss=self.choices.loss(self.cfg, self.replay_enabled and self.state.switch.active),
             aggregation=self.choices.aggregation,
             entropy_coef=a.entropy_coef,
             importance_correction=p.importance_correction,
@@ -238,7 +232,7 @@ class Trainer:
         rule = self.choices.trajectory
         rng = step_rng(self.cfg.trainer.seed, step, 2)
         n = n_replay(p.ratio, self.cfg.algo.questions_per_step, st.buffer.num_questions)
-        uids = self.choices.questions(st.buffer, n, mu=p.mu, sigma=p.sigma, rng=rng)
+        uids = self.choices.questions(st.buffer, n, rng=rng)
         if not uids:
             return [], float("nan")
         cands = {u: st.buffer.experiences(u) for u in uids}

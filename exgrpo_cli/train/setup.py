@@ -40,7 +40,7 @@ from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer
 from exgrpo_cli.policy.model_bounds import check_model
 from exgrpo_cli.policy.offload import HostAdamW
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
+from exgrpo_cli.policy.placement import OFFLOAD_MODES, Offload
 from exgrpo_cli.registry import pick
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
@@ -132,10 +132,10 @@ def decide_resume(cfg: ExgrpoConfig, dist: D.DistInfo) -> tuple[Path | None, lis
     return path, warnings
 
 
-def make_optimizer(cfg: ExgrpoConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(cfg: ExgrpoConfig, model: torch.nn.Module, offload: Offload) -> torch.optim.Optimizer:
     a = cfg.algo
     # trainer.offload=optimizer: the same AdamW with its moments in host memory
-    cls = HostAdamW if OFFLOAD_MODES[cfg.trainer.offload].host_adamw else torch.optim.AdamW
+    cls = HostAdamW if offload.host_adamw else torch.optim.AdamW
     return cls(
         [p for p in model.parameters() if p.requires_grad],
         lr=a.lr,
@@ -151,7 +151,7 @@ def choices(cfg: ExgrpoConfig) -> Choices:
             AggregationSettings(**dataclasses.asdict(cfg.algo.official_batch))
         ),
         trajectory=pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection),
-        questions=pick(QUESTION_SELECTION, "replay.question_selection", cfg.replay.question_selection),
+        questions=pick(QUESTION_SELECTION, "replay.question_selection", cfg.replay.question_selection)(cfg),
         draw=pick(FRESH_DRAWS, "data.draw", cfg.data.draw),
     )
 
@@ -192,14 +192,15 @@ def build_trainer(
     fingerprint = data_fingerprint(train_qs)
     new_data = resume_from is not None and check_resume_data(cfg, resume_from, fingerprint)
     check_best_metric(cfg.trainer.best_metric, cfg.trainer.keep_best, val_qs)  # before the weights load
+    offload = OFFLOAD_MODES[cfg.trainer.offload]  # the one lookup: every part below gets the mode
 
     # shard before the optimizer is built: fully_shard swaps the parameters for DTensors
     def shard(m: PreTrainedModel) -> PreTrainedModel:
         t = cfg.trainer
-        return D.wrap_fsdp2(m, dist, mixed_precision=t.fsdp_mixed_precision or None, offload=t.offload)
+        return D.wrap_fsdp2(m, dist, mixed_precision=t.fsdp_mixed_precision or None, offload=offload)
 
     if dist.distributed:  # under torchrun rank 0 alone reads the weights; the others get their shards
-        model = load_sharded(model_cfg, dist, shard, offload=cfg.trainer.offload)
+        model = load_sharded(model_cfg, dist, shard, offload=offload)
     elif D.shards_alone(dist):  # one GPU: loaded in host memory, FSDP2 places (or offloads) it
         model = shard(load_model(model_cfg, torch.device("cpu")))
     else:
@@ -211,7 +212,7 @@ def build_trainer(
     try:
         state = RunState(
             model=model,
-            optimizer=make_optimizer(cfg, model),
+            optimizer=make_optimizer(cfg, model, offload),
             sampler=QuestionSampler(train_qs, cfg.trainer.seed),
             buffer=ExperienceBuffer(
                 cfg.rollout.n,

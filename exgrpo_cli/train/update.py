@@ -32,7 +32,6 @@ from torch import Tensor
 from exgrpo_cli.algo.aggregation import Aggregation, UpdateShape, entropy_norms, objective
 from exgrpo_cli.algo.losses import (
     LossInputs,
-    LossSettings,
     LossStats,
     PolicyLoss,
     behaviour_logprobs,
@@ -60,8 +59,7 @@ if TYPE_CHECKING:
 class UpdatePlan:
     """Everything the update needs besides the batch: chosen once per step by the trainer."""
 
-    loss: PolicyLoss
-    loss_settings: LossSettings
+    loss: PolicyLoss  # the step's, its settings bound (algo/losses.py)
     aggregation: Aggregation
     entropy_coef: float
     importance_correction: bool
@@ -85,7 +83,7 @@ class UpdatePlan:
 
 def update_offpolicy(cfg: ExgrpoConfig, plan: UpdatePlan) -> UpdatePlan:
     """`plan` with the off-policy settings: `algo.rollout_correction` and the beta of the
-    f(w)-by-age figures (the loss's own settings, `loss_settings`, stay the trainer's)."""
+    f(w)-by-age figures (the loss's own settings stay the trainer's)."""
     beta = cfg.replay.beta if cfg.replay.shaping else None
     return replace(plan, rollout_correction=correction_of(cfg), replay_beta=beta)
 
@@ -209,7 +207,7 @@ def _accumulate(
             (logp.sum() * 0.0).backward()
             continue
         x = _loss_inputs(logp, sb, batch, advantages, old, plan.importance_correction)
-        losses, clipped = plan.loss(x, plan.loss_settings)
+        losses, clipped = plan.loss(x)
         if plan.rollout_correction is not None:  # weights of fresh tokens, 1 elsewhere
             w, cut = correction_weights(
                 plan.rollout_correction,

@@ -18,7 +18,7 @@ from update_plans import toy_plan
 
 from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import AggregationSettings, official
-from exgrpo_cli.algo.losses import LossSettings
+from exgrpo_cli.algo.losses import ExgrpoLoss
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
@@ -122,7 +122,7 @@ def exgrpo_gradient(net: torch.nn.Module, dist: D.DistInfo, budget: int) -> list
     batch: MixedBatch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
     adv = group_advantages(batch.rewards, batch.group_index)
     plan = toy_plan(
-        loss_settings=LossSettings(clip_eps=None, beta=BETA),
+        loss=ExgrpoLoss(clip_eps=None, beta=BETA),
         aggregation=official(SETTINGS),
         entropy_coef=COEF,
         max_response_tokens=L,

@@ -24,7 +24,7 @@ from exgrpo_cli.algo.aggregation import (
     drgrpo,
     official,
 )
-from exgrpo_cli.algo.losses import LossSettings
+from exgrpo_cli.algo.losses import ExgrpoLoss
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
@@ -95,7 +95,7 @@ def _ours(
     model: torch.nn.Module, batch: MixedBatch, adv: torch.Tensor, aggregation: Aggregation, budget: int
 ) -> list[torch.Tensor]:
     plan = toy_plan(
-        loss_settings=LossSettings(clip_eps=None, beta=BETA),
+        loss=ExgrpoLoss(clip_eps=None, beta=BETA),
         aggregation=aggregation,
         entropy_coef=COEF,
         max_response_tokens=L,

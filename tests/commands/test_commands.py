@@ -16,8 +16,9 @@ from omegaconf import DictConfig
 
 import exgrpo_cli.commands.train as train_command
 from exgrpo_cli import commands
+from exgrpo_cli.commands.compose import with_overrides
 from exgrpo_cli.config import ConfigError, ExgrpoConfig, register_configs
-from exgrpo_cli.errors import ExgrpoError, UsageError
+from exgrpo_cli.errors import ExgrpoError, SaidElsewhere, UsageError, exit_on_error
 from exgrpo_cli.paths import config_dir
 
 from conftest import REPO, cli_env, run_cli
@@ -264,3 +265,104 @@ def test_train_prints_the_summary_on_rank_0_only(
     summary = "exgrpo train done: loss/total=-0.2500  reward/accuracy=0.6667  val/accuracy=0.5000\n"
     assert out.out == (summary if rank in (None, "0") else "")
     assert out.err == ""
+
+
+def test_a_stop_said_elsewhere_exits_with_its_code_and_no_line(
+    default_cfg: DictConfig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fake(monkeypatch, "train", SaidElsewhere(2))
+    with pytest.raises(SystemExit) as exc:
+        commands.dispatch("train", default_cfg)
+    assert exc.value.code == 2 and capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_plan_that_does_not_fit_is_said_by_rank_0_and_refused_by_every_rank(
+    rank: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under torchrun each rank plans before it trains: all exit 2, only rank 0 shows the plan and
+    says why (through the handler; the command itself never exits)."""
+    from exgrpo_cli import plan
+    from exgrpo_cli.plan import inputs
+
+    def does_not_fit(*args: object, echo: Callable[[str], None], **kwargs: object) -> None:
+        echo("the plan's table")
+        raise plan.PlanDoesNotFit("the memory plan does not fit 1 x 80 GiB GPUs")
+
+    monkeypatch.setattr(plan, "resolve_architecture", lambda *a, **k: None)
+    monkeypatch.setattr(plan, "visible_devices", lambda *a, **k: None)
+    monkeypatch.setattr(inputs, "uses_cuda", lambda cfg: True)
+    monkeypatch.setattr(plan, "check_memory", does_not_fit)
+    monkeypatch.setenv("RANK", rank)
+    with pytest.raises(ExgrpoError) as err:
+        train_command.run(ExgrpoConfig())
+    assert err.value.exit_code == 2
+    with pytest.raises(SystemExit) as exc, exit_on_error("train", say=rank == "0"):
+        raise err.value
+    out = capsys.readouterr()
+    assert exc.value.code == 2
+    said = ("the plan's table\n", "exgrpo train: the memory plan does not fit 1 x 80 GiB GPUs\n")
+    assert (out.out, out.err) == (said if rank == "0" else ("", ""))
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_rank_that_crashes_logs_the_traceback_and_exits_1_without_a_line(
+    rank: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import logging
+
+    import exgrpo_cli.train.run as train_run
+
+    def crash(cfg: ExgrpoConfig) -> dict[str, float]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(train_run, "run_training", crash)
+    monkeypatch.setenv("RANK", rank)
+    cfg = ExgrpoConfig()
+    cfg.trainer.output_dir = str(tmp_path)
+    root, before = logging.getLogger(), list(logging.getLogger().handlers)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            train_command.rank_main(cfg)
+    finally:
+        for h in set(root.handlers) - set(before):  # rank_logging's file handler
+            root.removeHandler(h)
+            h.close()
+    assert exc.value.code == 1 and capsys.readouterr().err == ""
+    log = (tmp_path / ("train.log" if rank == "0" else f"train.rank{rank}.log")).read_text()
+    assert f"rank {rank} failed" in log and "RuntimeError: a bug" in log
+
+
+def test_commands_never_exit_nor_read_the_rank_themselves() -> None:
+    """Exit codes come from `errors.exit_on_error` alone, the rank from `train.launch.launched_rank`."""
+    import ast
+
+    for path in sorted((REPO / "exgrpo_cli" / "commands").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                assert not (isinstance(raised, ast.Name) and raised.id == "SystemExit"), path.name
+            if isinstance(node, ast.Constant):
+                assert node.value != "RANK", path.name
+
+
+FIXES = (
+    "rollout.sleep_mode=true",
+    "model.gradient_checkpointing=true",
+    "algo.micro_batch_tokens=9216",
+    "trainer.offload=all",
+    "rollout.gpu_memory_utilization=0.4",
+    "trainer.plan_devices=4x80",
+)
+
+
+def test_a_fix_applied_to_the_typed_config_equals_the_config_hydra_composes() -> None:
+    """What the plan's verifier does instead of composing again: the same config, no Hydra."""
+    run = ("experiment=paper-qwen2.5-math-7b", "trainer.dry_run=true", "trainer.plan_devices=1x80")
+    cfg = commands.to_typed(_compose(*run))
+    assert with_overrides(cfg, FIXES) == commands.to_typed(_compose(*run, *FIXES))
+    assert cfg.trainer.offload == "none" and cfg.trainer.plan_devices == "1x80"  # the run's own: untouched
+    with pytest.raises(ConfigError, match="algo.micro_batch_tokens"):
+        with_overrides(cfg, ["algo.micro_batch_tokens=many"])
+    with pytest.raises(ConfigError, match="no_such_key"):
+        with_overrides(cfg, ["algo.no_such_key=1"])

@@ -13,6 +13,7 @@ from exgrpo_cli.plan.fixes import knobs, more_devices, runtime_fixes
 from exgrpo_cli.plan.inputs import Devices, inputs_from_config, planned_devices
 from exgrpo_cli.plan.memory import GiB, PlanInputs, plan_memory
 from exgrpo_cli.plan.report import PlanDoesNotFit, check_memory, format_plan
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 from exgrpo_cli.rollout import ENGINES
 
 QWEN7 = Arch(3584, 18944, 28, 28, 4, 152064, False, 131072, attention_bias=True, source="test")
@@ -22,7 +23,7 @@ ONE_GPU = PlanInputs(
     device_bytes=80 * GiB,
     weight_bytes=4,
     mixed_bytes=2,
-    offload="none",
+    offload=OFFLOAD_MODES["none"],
     checkpointing=True,
     token_budget=16384,
     seq_tokens=9216,
@@ -41,7 +42,7 @@ def _apply(x: PlanInputs, overrides: tuple[str, ...]) -> PlanInputs:
         "rollout.sleep_mode": ("vllm_sleep", lambda v: v == "true"),
         "model.gradient_checkpointing": ("checkpointing", lambda v: v == "true"),
         "algo.micro_batch_tokens": ("token_budget", int),
-        "trainer.offload": ("offload", str),
+        "trainer.offload": ("offload", OFFLOAD_MODES.__getitem__),
         "rollout.gpu_memory_utilization": ("vllm_share", float),
     }
     for o in overrides:

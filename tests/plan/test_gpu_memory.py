@@ -16,6 +16,7 @@ import torch
 from exgrpo_cli.plan.arch import arch_from_config_json
 from exgrpo_cli.plan.memory import BACKWARD, STEP, GiB, PlanInputs, plan_memory
 from exgrpo_cli.policy.forward import forward_logprobs, pack
+from exgrpo_cli.policy.placement import NO_OFFLOAD
 from exgrpo_cli.rollout import ENGINES
 
 CONFIG = dict(
@@ -40,7 +41,7 @@ def _planned(checkpointing: bool, phase: int) -> int:
         device_bytes=torch.cuda.get_device_properties(0).total_memory,
         weight_bytes=2,
         mixed_bytes=0,
-        offload="none",
+        offload=NO_OFFLOAD,
         checkpointing=checkpointing,
         token_budget=ROWS * (PROMPT + RESPONSE),
         seq_tokens=PROMPT + RESPONSE,

@@ -26,6 +26,7 @@ from exgrpo_cli.plan.host import (
 from exgrpo_cli.plan.inputs import planned_devices
 from exgrpo_cli.plan.memory import GiB, PlanInputs, plan_memory
 from exgrpo_cli.plan.report import PlanDoesNotFit, check_memory
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 from conftest import run_cli
 
@@ -59,12 +60,13 @@ def test_the_level1_backup_of_qwen_math_7b_in_bf16_is_26_8_gib_per_rank() -> Non
 
 
 def test_offloaded_state_on_the_host() -> None:
-    (adamw,) = offload_terms(QWEN7, 1, 4, "optimizer")  # one pinned buffer of both fp32 moments
+    # offload=optimizer: one pinned buffer of both fp32 moments
+    (adamw,) = offload_terms(QWEN7, 1, 4, OFFLOAD_MODES["optimizer"])
     assert adamw.per_rank == pow2(8 * QWEN7.params) == 64 * GiB
-    pinned, moments = offload_terms(QWEN7, 1, 4, "all")  # every shard pinned on its own
+    pinned, moments = offload_terms(QWEN7, 1, 4, OFFLOAD_MODES["all"])  # every shard pinned on its own
     assert moments.per_rank == 8 * QWEN7.params  # pageable: not rounded
     assert (pinned.per_rank + moments.per_rank) / GiB > 160  # over a 128 GiB host
-    assert offload_terms(QWEN7, 8, 4, "none") == []
+    assert offload_terms(QWEN7, 8, 4, OFFLOAD_MODES["none"]) == []
 
 
 def _cfg(**changes: object) -> ExgrpoConfig:

@@ -28,6 +28,7 @@ from exgrpo_cli.plan.memory import (
     plan_memory,
     vllm_workspace_bytes,
 )
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 from exgrpo_cli.rollout import ENGINES
 
 TOY = Arch(
@@ -47,7 +48,7 @@ X = PlanInputs(
     device_bytes=8 * GiB,
     weight_bytes=4,
     mixed_bytes=2,
-    offload="none",
+    offload=OFFLOAD_MODES["none"],
     checkpointing=True,
     token_budget=64,
     seq_tokens=48,
@@ -131,16 +132,16 @@ def test_vllm_workspace_follows_the_limits_the_engine_is_given() -> None:
 def test_host_adamw_brings_one_parameters_moments_to_the_device() -> None:
     """offload=optimizer: HostAdamW's step holds the largest parameter's (shard's) two fp32 moments,
     the sqrt and the denominator on the device: 16 bytes an element (7B's embedding: 8.1 GiB)."""
-    opt = _terms(dataclasses.replace(X, offload="optimizer"))
+    opt = _terms(dataclasses.replace(X, offload=OFFLOAD_MODES["optimizer"]))
     assert opt["AdamW step temporaries"] == (0, 0, 0, 16 * 256 // 2)
-    one = _terms(dataclasses.replace(X, offload="optimizer", ranks=1))
+    one = _terms(dataclasses.replace(X, offload=OFFLOAD_MODES["optimizer"], ranks=1))
     assert one["AdamW step temporaries"] == (0, 0, 0, 16 * 256)
 
 
 def test_offload_moves_the_state_to_the_host() -> None:
-    opt = _terms(dataclasses.replace(X, offload="optimizer"))
+    opt = _terms(dataclasses.replace(X, offload=OFFLOAD_MODES["optimizer"]))
     assert "AdamW moments" not in opt and opt["weights"] == (4 * 868,) * 4
-    everything = plan_memory(TOY, dataclasses.replace(X, offload="all"))
+    everything = plan_memory(TOY, dataclasses.replace(X, offload=OFFLOAD_MODES["all"]))
     names = {t.name.split(" (")[0] for t in everything.terms}
     # the weight sync gathers each shard on the compute device (NCCL refuses host tensors)
     assert not names & {"weights", "gradients", "AdamW moments"} and "weight sync" in names
@@ -159,7 +160,8 @@ def test_one_cpu_process_trains_without_fsdp_in_the_weights_dtype() -> None:
 def test_one_cpu_process_is_never_sharded_whatever_the_offload() -> None:
     """The trainer wraps one CPU process with nothing (it refuses offload=all there, and
     offload=optimizer is HostAdamW on the plain model): the plan must not count FSDP's terms."""
-    for offload in ("optimizer", "all"):
+    for name in ("optimizer", "all"):
+        offload = OFFLOAD_MODES[name]
         one = dataclasses.replace(X, ranks=1, device="cpu", engine=ENGINES["hf"], offload=offload)
         assert not one.fsdp
         assert not {"root unit gathered", "layers in flight"} & set(_terms(one))
@@ -170,7 +172,7 @@ def test_one_gpu_shards_with_fsdp2_and_its_mixed_precision() -> None:
     and offload apply there too."""
     one = dataclasses.replace(X, ranks=1)
     assert one.fsdp and plan_memory(TOY, one).inputs.compute_bytes == 2
-    assert plan_memory(TOY, dataclasses.replace(one, offload="all")).inputs.compute_bytes == 2
+    assert plan_memory(TOY, dataclasses.replace(one, offload=OFFLOAD_MODES["all"])).inputs.compute_bytes == 2
 
 
 def test_a_micro_batch_holds_at_least_one_sequence() -> None:
@@ -223,3 +225,14 @@ def test_constants_equal_the_trainers() -> None:
 @pytest.mark.parametrize("ranks", [1, 3, 8])
 def test_shards_round_up(ranks: int) -> None:
     assert _terms(dataclasses.replace(X, ranks=ranks))["weights"][0] == 4 * -(-1736 // ranks)
+
+
+def test_fp32_head_counts_its_copy_only_under_a_16_bit_compute_dtype() -> None:
+    with_head = dataclasses.replace(X, fp32_head=True)
+    copy = 4 * 32 * 8  # V x H in fp32
+    assert _terms(with_head)["fp32 head copy"] == (0, copy, 0, 0)
+    assert plan_memory(TOY, with_head).totals[1] == plan_memory(TOY, X).totals[1] + copy
+    hf = _terms(dataclasses.replace(with_head, engine=ENGINES["hf"]))
+    assert hf["fp32 head copy"] == (copy, copy, 0, 0)  # HF generation projects through it too
+    assert "fp32 head copy" not in _terms(dataclasses.replace(with_head, mixed_bytes=0))  # fp32 already
+    assert "fp32 head copy" not in _terms(X)

@@ -15,6 +15,7 @@ from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_model, materialize
 from exgrpo_cli.policy.offload import HostAdamW
+from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 
 def _steps(opt_cls: type[torch.optim.Optimizer], **kw: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -61,7 +62,7 @@ def test_offload_all_asks_fsdp2_for_its_cpu_offload(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(fsdp, "fully_shard", lambda module, **kw: calls.append(kw))
     model = load_model(ModelConfig(), torch.device("cpu"))
     two_ranks = D.DistInfo(rank=0, world_size=2)
-    D.wrap_fsdp2(model, two_ranks, offload="all")
+    D.wrap_fsdp2(model, two_ranks, offload=OFFLOAD_MODES["all"])
     layers = len(model.model.layers)
     assert len(calls) == layers + 1  # each decoder layer, then the root
     assert all(type(c["offload_policy"]).__name__ == "CPUOffloadPolicy" for c in calls)

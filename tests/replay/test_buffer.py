@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay import QUESTION_SELECTION, ExperienceBuffer, bucket_probabilities
 from exgrpo_cli.replay.mixing import Group, Response
@@ -75,12 +76,10 @@ def test_scripted_steps():
         "replay/bucket/2": 1.0,
         "replay/bucket/3": 1.0,
     }
-    picked = QUESTION_SELECTION["gaussian"](buf, 2, mu=0.5, sigma=0.125, rng=np.random.default_rng(0))
+    cfg = ExgrpoConfig()  # replay.mu = 0.5, replay.sigma = 0.125
+    picked = QUESTION_SELECTION["gaussian"](cfg)(buf, 2, rng=np.random.default_rng(0))
     assert picked == ["mid", "q3"]
-    assert QUESTION_SELECTION["uniform"](buf, 2, mu=0.5, sigma=0.125, rng=np.random.default_rng(0)) == [
-        "mid",
-        "q3",
-    ]
+    assert QUESTION_SELECTION["uniform"](cfg)(buf, 2, rng=np.random.default_rng(0)) == ["mid", "q3"]
 
 
 def test_duplicates_stored_once_and_hash_is_exact():
@@ -190,10 +189,8 @@ def _assert_same(a: ExperienceBuffer, b: ExperienceBuffer) -> None:
                 assert np.array_equal(x.response_ids, y.response_ids) and x.step == y.step
                 assert np.array_equal(x.behavior_logp, y.behavior_logp)
     for mode in ("gaussian", "uniform"):
-        sel = [
-            QUESTION_SELECTION[mode](buf, 10, mu=0.5, sigma=0.125, rng=np.random.default_rng(3))
-            for buf in (a, b)
-        ]
+        rule = QUESTION_SELECTION[mode](ExgrpoConfig())
+        sel = [rule(buf, 10, rng=np.random.default_rng(3)) for buf in (a, b)]
         assert sel[0] == sel[1] and len(sel[0]) == 10
     assert a.readmit(0.5, np.random.default_rng(1)) == b.readmit(0.5, np.random.default_rng(1))
     assert a.end_step() == b.end_step()

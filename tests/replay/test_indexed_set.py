@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.indexed_set import IndexedSet
 from exgrpo_cli.replay.selection import QUESTION_SELECTION
@@ -38,7 +39,10 @@ def test_selection_after_removals_survives_save_and_load(tmp_path: Path):
     for b in range(buf.num_buckets):
         assert again.questions_in_bucket(b) == buf.questions_in_bucket(b)
         assert [buf.question_at(b, i) for i in range(buf.bucket_sizes()[b])] == buf.questions_in_bucket(b)
-    for rule in QUESTION_SELECTION.values():
-        a = rule(buf, 7, mu=0.5, sigma=0.25, rng=np.random.default_rng(3))
-        b = rule(again, 7, mu=0.5, sigma=0.25, rng=np.random.default_rng(3))
+    cfg = ExgrpoConfig()
+    cfg.replay.sigma = 0.25
+    for build in QUESTION_SELECTION.values():
+        rule = build(cfg)
+        a = rule(buf, 7, rng=np.random.default_rng(3))
+        b = rule(again, 7, rng=np.random.default_rng(3))
         assert a == b and len(set(a)) == 7 and all(u in buf for u in a)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.replay import (
     QUESTION_SELECTION,
     ExperienceBuffer,
@@ -13,8 +14,13 @@ from exgrpo_cli.replay import (
 )
 
 
-def select_questions(buf: ExperienceBuffer, n: int, *, mode: str, **kw: object) -> list[str]:
-    return QUESTION_SELECTION[mode](buf, n, **kw)  # type: ignore[arg-type]
+def select_questions(
+    buf: ExperienceBuffer, n: int, *, mode: str, mu: float, sigma: float, rng: np.random.Generator
+) -> list[str]:
+    """The rule `mode` as the trainer builds it from a config with these replay.mu, replay.sigma."""
+    cfg = ExgrpoConfig()
+    cfg.replay.mu, cfg.replay.sigma = mu, sigma
+    return QUESTION_SELECTION[mode](cfg)(buf, n, rng=rng)
 
 
 K8_CENTRES = [k / 8 for k in range(1, 8)]

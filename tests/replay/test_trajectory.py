@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from exgrpo_cli.algo.logprobs import ENTROPY, NLL
 from exgrpo_cli.replay import TRAJECTORY_SELECTION, Experience
 
 
@@ -48,11 +47,19 @@ def test_random_rule_draws_every_candidate_reproducibly():
     assert [choose_trajectory(cands, [], "random", copy) for _ in range(20)] == seeded
 
 
-def test_rules_declare_what_they_need():
-    assert TRAJECTORY_SELECTION["lowest_entropy"].score is ENTROPY
-    assert TRAJECTORY_SELECTION["highest_entropy"].score is ENTROPY
-    assert TRAJECTORY_SELECTION["lowest_nll"].score is NLL
-    assert TRAJECTORY_SELECTION["random"].score is None and TRAJECTORY_SELECTION["random"].draws
+@pytest.mark.parametrize("name", list(TRAJECTORY_SELECTION))
+def test_each_rule_draws_and_needs_scores_exactly_as_it_declares(name: str):
+    """What others rely on: `draws` (inspect-buffer cannot say which response a drawing rule
+    replays) and `score` (the trainer runs the scoring forward only for a rule that has one, and
+    such a rule refuses to pick without one score per candidate)."""
+    rule = TRAJECTORY_SELECTION[name]
+    cands = _candidates(5, 3, 4, 6)
+    scores = [0.4, 0.1, 0.3, 0.2] if rule.score is not None else []
+    picks = {rule.pick(cands, scores, np.random.default_rng(seed)) for seed in range(30)}
+    assert (len(picks) > 1) == rule.draws
+    if rule.score is not None:
+        with pytest.raises(ValueError, match="one score per candidate"):
+            rule.pick(cands, [], np.random.default_rng(0))
 
 
 def test_bad_input_is_refused():

@@ -10,7 +10,7 @@ import torch
 from update_plans import toy_plan
 
 from exgrpo_cli.algo import group_advantages
-from exgrpo_cli.algo.losses import LossInputs, LossSettings, exgrpo_loss
+from exgrpo_cli.algo.losses import ExgrpoLoss, LossInputs
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.forward import forward_logprobs, pack
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def _plan(clip_eps: float | None, beta: float | None, entropy_coef: float, updates: int) -> UpdatePlan:
-    return toy_plan(loss_settings=LossSettings(clip_eps, beta), entropy_coef=entropy_coef, updates=updates)
+    return toy_plan(loss=ExgrpoLoss(clip_eps, beta), entropy_coef=entropy_coef, updates=updates)
 
 
 def _seq_logps(model: PreTrainedModel, batch: MixedBatch) -> list[float]:
@@ -79,14 +79,14 @@ def _two_question_batch(tok: PreTrainedTokenizerBase) -> MixedBatch:
 
 
 def _recording(ratios: list[tuple[float, int]]) -> UpdatePlan:
-    """Two updates of exgrpo_loss that record, per call (one micro-batch each here), the sum of the
+    """Two updates of ExGRPO's loss that record, per call (one micro-batch each here), the sum of the
     fresh tokens' ratios w = exp(logp - pi_old) and their count."""
 
-    def loss(x: LossInputs, s: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
         fresh = x.response_mask.bool() & ~x.replay_mask.bool().unsqueeze(-1)
         w = (x.logp.detach() - x.behaviour_logp).exp()
         ratios.append((float(w[fresh].sum()), int(fresh.sum())))
-        return exgrpo_loss(x, s)
+        return ExgrpoLoss(clip_eps=0.2, beta=0.1)(x)
 
     return dataclasses.replace(_plan(clip_eps=0.2, beta=0.1, entropy_coef=0.0, updates=2), loss=loss)
 
@@ -187,7 +187,7 @@ def test_without_is_correction_replayed_rows_are_weighed_against_the_steps_pi_ol
     stored_sums = {-1.0 * len(batch.response_ids[i]) for i in range(len(batch)) if bool(batch.replay_mask[i])}
     seen: list[tuple[list[float], list[float]]] = []  # per mini-batch: (behaviour, current) row sums
 
-    def loss(x: LossInputs, s: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
         rows = [i for i in range(x.logp.shape[0]) if bool(x.replay_mask[i])]
         m = x.response_mask
         seen.append(
@@ -196,7 +196,7 @@ def test_without_is_correction_replayed_rows_are_weighed_against_the_steps_pi_ol
                 [float((x.logp.detach()[i] * m[i]).sum()) for i in rows],
             )
         )
-        return exgrpo_loss(x, s)
+        return ExgrpoLoss(clip_eps=0.2, beta=0.1)(x)
 
     plan = dataclasses.replace(
         _plan(clip_eps=0.2, beta=0.1, entropy_coef=0.0, updates=2), loss=loss, importance_correction=False

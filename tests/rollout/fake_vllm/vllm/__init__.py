@@ -50,6 +50,7 @@ class StandInContractError(RuntimeError):
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FALLBACK_HEAD_DTYPE = False  # set by a test: the platform has no fp32 head (vLLM warns, falls back)
 
 
 class SamplingParams:
@@ -92,8 +93,14 @@ class LLM:
         EVENTS.append(event)
         self.kwargs = kwargs
         dtype = DTYPES.get(str(kwargs.get("dtype")), torch.bfloat16)
+        # vLLM 0.32's ModelConfig.head_dtype: read-only, the HF config's `head_dtype` (set through
+        # hf_overrides) or the model's dtype; FALLBACK_HEAD_DTYPE plays a platform that refuses fp32
+        asked = (kwargs.get("hf_overrides") or {}).get("head_dtype")
+        head_dtype = DTYPES[asked] if asked in DTYPES else dtype
+        if FALLBACK_HEAD_DTYPE:
+            head_dtype = dtype
         self.llm_engine = SimpleNamespace(
-            model_config=SimpleNamespace(dtype=dtype),
+            model_config=SimpleNamespace(dtype=dtype, head_dtype=head_dtype),
             engine_core=SimpleNamespace(shutdown=lambda: EVENTS.append({"call": "shutdown"})),
         )
         module, _, name = str(kwargs["worker_extension_cls"]).rpartition(".")
