@@ -1,6 +1,8 @@
-"""The package's import graph (function-level imports included): no cycles, and lower layers
-never import upward: algo/ imports nothing of the package, replay/ only algo/ (and
-the plain Question type of data/types.py, a leaf), config.py only the errors module."""
+"""The package's import graph (function-level imports included): no cycles, between modules or
+between folders (exgrpo_cli/<folder> as one node: a folder that imports another which imports it
+back is one layer, however its modules are wired), and lower layers never import upward: algo/
+imports nothing of the package, replay/ only algo/ (and the plain Question type of
+data/types.py, a leaf), config.py only the errors module."""
 
 from __future__ import annotations
 
@@ -94,6 +96,36 @@ def test_the_cycle_finder_finds_one() -> None:
         "exgrpo_cli.c": {"exgrpo_cli.a"},
     }
     assert cycles(graph) == [["exgrpo_cli.a", "exgrpo_cli.b", "exgrpo_cli.c"]]
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """exgrpo_cli/<folder> -> the folders its modules import (a top-level module is its own node)."""
+
+    def folder(mod: str) -> str:
+        return ".".join(mod.split(".")[:2])
+
+    out: dict[str, set[str]] = {folder(m): set() for m in graph}
+    for mod, targets in graph.items():
+        out[folder(mod)] |= {folder(t) for t in targets} - {folder(mod)}
+    return out
+
+
+def test_no_cycles_between_folders() -> None:
+    folders = folder_graph(import_graph())
+    assert {"exgrpo_cli.plan", "exgrpo_cli.policy", "exgrpo_cli.rollout"} <= set(folders)
+    assert cycles(folders) == []
+
+
+def test_a_function_level_import_closes_a_folder_cycle() -> None:
+    """The cycle plan/rollout had: rollout/__init__ imported plan.memory, and plan/inputs imported
+    rollout inside a function; two modules, no module cycle, one folder cycle."""
+    graph = {
+        "exgrpo_cli.rollout": {"exgrpo_cli.plan.memory"},
+        "exgrpo_cli.plan.memory": set(),
+        "exgrpo_cli.plan.inputs": {"exgrpo_cli.rollout"},
+    }
+    assert cycles(graph) == []
+    assert cycles(folder_graph(graph)) == [["exgrpo_cli.plan", "exgrpo_cli.rollout"]]
 
 
 def _imports_of(prefix: str, graph: dict[str, set[str]]) -> set[str]:

@@ -1,13 +1,17 @@
 """Ranks simulated by threads in one process, for tests of what ranks exchange: `Exchange` stands in
-for `policy.distributed.all_gather_object` (monkeypatched there), `run_ranks` runs one function per
-rank concurrently and re-raises the first error in the calling thread."""
+for policy/sharding.py's `all_gather_object`, `thread_world` for all three of its primitives (the
+broadcast and the reduction through the same exchange), `run_ranks` runs one function per rank
+concurrently and re-raises the first error in the calling thread."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 
-from exgrpo_cli.policy.distributed import DistInfo
+import pytest
+
+from exgrpo_cli.policy import sharding as S
+from exgrpo_cli.policy.sharding import DataParallel
 
 
 class Exchange:
@@ -17,12 +21,26 @@ class Exchange:
         self.slots: list = [None] * world
         self.barrier = threading.Barrier(world, timeout=30)
 
-    def __call__(self, obj: object, dist: DistInfo) -> list:
+    def __call__(self, obj: object, dist: DataParallel) -> list:
         self.slots[dist.rank] = obj
         self.barrier.wait()
         out = list(self.slots)
         self.barrier.wait()  # nobody overwrites a slot before everyone has read them
         return out
+
+
+def thread_world(monkeypatch: pytest.MonkeyPatch, world: int) -> None:
+    """policy/sharding.py's primitives for `world` threads, each a rank."""
+    gather = Exchange(world)
+    reduce = {"mean": lambda v: sum(v) / world, "sum": sum, "max": max, "min": min}
+
+    def all_reduce(values: dict[str, float], ranks: DataParallel, op: str = "mean") -> dict[str, float]:
+        every = gather(dict(values), ranks)
+        return {k: float(reduce[op]([v[k] for v in every])) for k in values}
+
+    monkeypatch.setattr(S, "all_gather_object", gather)
+    monkeypatch.setattr(S, "broadcast_object", lambda obj, ranks, src=0: gather(obj, ranks)[src])
+    monkeypatch.setattr(S, "all_reduce_dict", all_reduce)
 
 
 def run_ranks(world: int, fn: Callable[[int], object]) -> list:

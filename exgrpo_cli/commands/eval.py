@@ -39,9 +39,9 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, Any] | None:
     from exgrpo_cli.policy import distributed as D
     from exgrpo_cli.train.launch import launched_rank
 
-    dist = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
+    ranks = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
     try:
         with exit_on_error("eval", say=launched_rank() == 0):
-            return run_eval(cfg, dist)
+            return run_eval(cfg, ranks)
     finally:
         D.close_distributed()

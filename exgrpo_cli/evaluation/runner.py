@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
     from exgrpo_cli.evaluation.validate import SampledResult
-    from exgrpo_cli.policy.distributed import DistInfo
+    from exgrpo_cli.policy.sharding import DataParallel
     from exgrpo_cli.reward import RewardScorer
     from exgrpo_cli.reward.stage import Reward
 
@@ -70,11 +70,11 @@ def output_dir(cfg: ExgrpoConfig) -> Path:
     return Path(cfg.eval.output_dir or cfg.trainer.output_dir)
 
 
-def resolve_model_path(path: str, dist: DistInfo | None = None) -> str:
+def resolve_model_path(path: str, ranks: DataParallel | None = None) -> str:
     """A model folder, a training checkpoint (its model/ folder), a run dir (its latest
     checkpoint), a HF id or builtin:tiny. Raises ConfigError for a local path that holds no model,
     or whose checkpoint's model files fail their checksums. Collective under several ranks
-    (`dist`): they hash the files together."""
+    (`ranks`): they hash the files together."""
     if path.startswith("builtin:"):
         return path
     p = Path(path).expanduser()
@@ -93,7 +93,7 @@ def resolve_model_path(path: str, dist: DistInfo | None = None) -> str:
                 "checkpoint (model/) or run (checkpoints/)"
             )
         if (folder.parent / ckpt.COMPLETE).is_file():  # a checkpoint's weights: check what is read
-            reason = ckpt.verify(folder.parent, prefix="model/", dist=dist)  # ranks share the hashing
+            reason = ckpt.verify(folder.parent, prefix="model/", dist=ranks)  # ranks share the hashing
             if reason:
                 raise ConfigError(f"invalid model path {path!r}: the checkpoint does not verify: {reason}")
         return str(folder)
@@ -102,7 +102,7 @@ def resolve_model_path(path: str, dist: DistInfo | None = None) -> str:
     return path  # a Hugging Face id
 
 
-def models_to_run(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> list[tuple[str, str]]:
+def models_to_run(cfg: ExgrpoConfig, ranks: DataParallel | None = None) -> list[tuple[str, str]]:
     """(label, resolved path) per model: eval.compare when given, else model.path. Labels key the
     results and the generation rows, so a repeated entry gets a #2, #3 suffix."""
     names = list(cfg.eval.compare) or [cfg.model.path]
@@ -113,7 +113,7 @@ def models_to_run(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> list[tuple
             i += 1
             label = f"{name}#{i}"
         seen.add(label)
-        out.append((label, resolve_model_path(name, dist)))
+        out.append((label, resolve_model_path(name, ranks)))
     return out
 
 
@@ -195,13 +195,12 @@ def evaluate_model(
     scorer: RewardScorer | Reward,
     gen_fh: TextIO,
     console: Console,
-    dist: DistInfo | None = None,
+    ranks: DataParallel,
 ) -> ModelResult:
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
     from exgrpo_cli.evaluation.validate import sample_and_grade
-    from exgrpo_cli.policy.distributed import rank0_first
-    from exgrpo_cli.policy.model import load_model, load_tokenizer, pick_device
-    from exgrpo_cli.policy.model_bounds import check_model
+    from exgrpo_cli.plan.model_bounds import check_model
+    from exgrpo_cli.policy.model import load_model, load_tokenizer
     from exgrpo_cli.registry import pick
     from exgrpo_cli.rollout import ENGINES, build_engine
     from exgrpo_cli.rollout.base import SamplingSpec
@@ -209,16 +208,16 @@ def evaluate_model(
     same = path == cfg.model.path
     model_cfg = dataclasses.replace(cfg.model, path=path, gguf_file=cfg.model.gguf_file if same else "")
     run_cfg = dataclasses.replace(cfg, model=model_cfg)
-    device = dist.device if dist is not None else pick_device(cfg.trainer.device)  # a rank: its own GPU
+    device = ranks.device  # a rank: its own GPU
     # rank 0 first: a hub tokenizer or model is downloaded once, the other ranks read its copy
-    tokenizer = rank0_first(dist, lambda: load_tokenizer(model_cfg))
+    tokenizer = ranks.main_first(lambda: load_tokenizer(model_cfg))
     check_template(template, tokenizer, f"model {path}")  # once, under a time and memory budget
     # an engine that loads the weights itself (vLLM) gets no HF copy: it would only take memory
     engine_spec = pick(ENGINES, "rollout.engine", cfg.rollout.engine)
     model = None
     if engine_spec.needs_trainer_model:
         check_model(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype)  # config.json vs weights, memory
-        model = rank0_first(dist, lambda: load_model(model_cfg, device))
+        model = ranks.main_first(lambda: load_model(model_cfg, device))
     try:
         engine = build_engine(run_cfg, model, tokenizer)
     except BaseException:
@@ -253,7 +252,7 @@ def evaluate_model(
                     progress=tick,
                     data_system=not lb.bench.official,
                     rule_for_prompt=official_answer_rule if lb.bench.official else None,
-                    dist=dist,
+                    ranks=ranks,
                 )
             for row in _rows(label, lb, res, template.requires_think):
                 gen_fh.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -325,50 +324,50 @@ class _Progress:
             self.bar.stop()
 
 
-def eval_scorer(cfg: ExgrpoConfig, template: Template, dist: DistInfo | None) -> RewardScorer | Reward:
+def eval_scorer(cfg: ExgrpoConfig, template: Template, ranks: DataParallel) -> RewardScorer | Reward:
     """reward=math (the default): the benchmarks' own grading, math or choice per benchmark, in
     up to 4 workers; any other reward.kind: the run's reward (reward/stage.py), as training uses it."""
-    from exgrpo_cli.policy.model import pick_device
     from exgrpo_cli.reward import RewardScorer
     from exgrpo_cli.reward.stage import build_reward
 
     if cfg.reward.kind != "math":
-        device = dist.device if dist is not None else pick_device(cfg.trainer.device)
-        return build_reward(cfg.reward, template.requires_think, device)
-    workers = min(4, os.cpu_count() or 1) // (dist.world_size if dist is not None else 1)
+        return build_reward(cfg.reward, template.requires_think, ranks.device)
+    workers = min(4, os.cpu_count() or 1) // ranks.world_size
     return RewardScorer(requires_think=template.requires_think, workers=max(1, workers))
 
 
-def run_eval(cfg: ExgrpoConfig, dist: DistInfo | None = None) -> dict[str, Any] | None:
+def run_eval(cfg: ExgrpoConfig, ranks: DataParallel | None = None) -> dict[str, Any] | None:
     """The whole `exgrpo eval` run (or a regrade); returns the results.json content. Under several
-    ranks (`dist`) each samples and grades its share; rank 0 alone writes and returns the results."""
-    from exgrpo_cli.policy.distributed import rank0_first
-
-    main = dist is None or dist.is_main
+    ranks (`ranks`) each samples and grades its share; rank 0 alone writes and returns the results."""
     out = output_dir(cfg)
-    console = Console(stderr=True, quiet=not main)
     if cfg.eval.regrade:
         return regrade(cfg, cfg.eval.regrade, out)
-    check_one_engine_per_rank(cfg, dist.world_size if dist is not None else 1)
-    suite = rank0_first(dist, lambda: load_suite(cfg))  # a missing file stops here, before any model loads
+    from exgrpo_cli.policy.model import pick_device
+    from exgrpo_cli.policy.sharding import DataParallel
+
+    ranks = ranks if ranks is not None else DataParallel(device=pick_device(cfg.trainer.device))
+    main = ranks.is_main
+    console = Console(stderr=True, quiet=not main)
+    check_one_engine_per_rank(cfg, ranks.world_size)
+    suite = ranks.main_first(lambda: load_suite(cfg))  # a missing file stops here, before any model loads
     for lb in suite:  # on the console too, not only in the log: a score over fewer rows than asked
         if lb.skipped:
             console.print(
                 f"warning: {lb.bench.title}: skipped {lb.skipped} rows without a usable question or answer"
             )
-    models = models_to_run(cfg, dist)
+    models = models_to_run(cfg, ranks)
     if cfg.trainer.threads:
         import torch
 
         torch.set_num_threads(cfg.trainer.threads)
     template = get_template(cfg.model.template)
     out.mkdir(parents=True, exist_ok=True)
-    scorer = eval_scorer(cfg, template, dist)
+    scorer = eval_scorer(cfg, template, ranks)
     results: list[ModelResult] = []
     try:
         with (out / GENERATIONS).open("w", encoding="utf-8") if main else open(os.devnull, "w") as fh:
             for label, path in models:
-                results.append(evaluate_model(cfg, label, path, suite, template, scorer, fh, console, dist))
+                results.append(evaluate_model(cfg, label, path, suite, template, scorer, fh, console, ranks))
     finally:
         scorer.close()
     if not main:

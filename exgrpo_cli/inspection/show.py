@@ -128,9 +128,9 @@ def _scores(
     from transformers.utils import logging as hf_logging
 
     from exgrpo_cli.algo.logprobs import ENTROPY, CandidateScore
+    from exgrpo_cli.plan.model_bounds import check_model
     from exgrpo_cli.policy.forward import token_budget
     from exgrpo_cli.policy.model import load_model, pick_device
-    from exgrpo_cli.policy.model_bounds import check_model
     from exgrpo_cli.policy.scoring import score_candidates
     from exgrpo_cli.registry import pick
     from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION

@@ -134,11 +134,11 @@ def attention_kind(cfg: ExgrpoConfig, devices: Devices) -> str:
 
 
 def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
+    from exgrpo_cli.plan.engines import ENGINE_MEMORY
     from exgrpo_cli.registry import pick
-    from exgrpo_cli.rollout import ENGINES  # here: rollout imports plan.memory (its memory models)
 
     m, r, a = cfg.model, cfg.rollout, cfg.algo
-    engine = pick(ENGINES, "rollout.engine", r.engine)
+    engine = pick(ENGINE_MEMORY, "rollout.engine", r.engine)
     sleep = r.sleep_mode and devices.kind == "cuda"
     return PlanInputs(
         ranks=devices.count,

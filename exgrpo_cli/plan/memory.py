@@ -66,7 +66,7 @@ EngineTerms = Callable[[Arch, "PlanInputs"], tuple[list["Term"], list[str], list
 
 
 class EngineModel(Protocol):
-    """What the plan reads of a rollout engine: its `rollout.ENGINES` entry (plan/inputs.py picks it)."""
+    """What the plan reads of a rollout engine: its plan/engines.py entry (plan/inputs.py picks it)."""
 
     @property
     def label(self) -> str: ...  # its name in the plan's table and notes
@@ -94,7 +94,7 @@ class PlanInputs:
     checkpointing: bool  # model.gradient_checkpointing
     token_budget: int  # algo.micro_batch_tokens, 0 resolved to the device's default
     seq_tokens: int  # S: model.max_prompt_tokens + model.max_response_tokens
-    engine: EngineModel  # rollout.engine's entry of rollout.ENGINES
+    engine: EngineModel  # rollout.engine's entry of plan.engines.ENGINE_MEMORY
     vllm_share: float  # u: rollout.gpu_memory_utilization
     vllm_sleep: bool  # rollout.sleep_mode: vLLM frees its weights and KV cache for the update
     vllm_max_len: int  # vLLM's max_model_len: prompt + max(response, eval.max_new_tokens)

@@ -46,6 +46,7 @@ from exgrpo_cli.policy.checkpoint_io import (
     COMPLETE,
     _barrier,
     _files,
+    _from_main,
     _fsync_tree,
     _gather,
     _shared_digests,
@@ -56,7 +57,7 @@ from exgrpo_cli.policy.checkpoint_io import (
 )
 
 if TYPE_CHECKING:
-    from exgrpo_cli.policy.distributed import DistInfo
+    from exgrpo_cli.policy.sharding import DataParallel
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def read_json(path: Path, limit: int = safe_read.MAX_JSON_BYTES) -> Any:
 
 
 def save_checkpoint(
-    ckpt_root: Path, step: int, write: Callable[[Path], None], keep: int, dist: DistInfo | None = None
+    ckpt_root: Path, step: int, write: Callable[[Path], None], keep: int, dist: DataParallel | None = None
 ) -> Path | None:
     """Run `write(tmp)` on every rank, then publish step_<step> atomically (see the module
     docstring). A collective under torchrun: every rank calls it. Returns the checkpoint's path on
@@ -106,10 +107,7 @@ def save_checkpoint(
     # processes that ever write into one run dir never mix their files (the run lock should
     # prevent it; this makes it harmless)
     writer = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}" if main else ""
-    if dist is not None and dist.distributed:
-        from exgrpo_cli.policy.distributed import broadcast_object
-
-        writer = broadcast_object(writer, dist)
+    writer = _from_main(writer, dist)
     tmp = parent / writer
     if main:
         tmp.mkdir(parents=True)
@@ -132,10 +130,7 @@ def save_checkpoint(
         os.kill(os.getpid(), signal.SIGKILL)
     _barrier(dist)  # every rank's files are written before anyone hashes them
     names = _files(tmp) if main else []
-    if dist is not None and dist.distributed:
-        from exgrpo_cli.policy.distributed import broadcast_object
-
-        names = broadcast_object(names, dist)
+    names = _from_main(names, dist)
     digests = _shared_digests(tmp, names, dist)
     if main:
         world = dist.world_size if dist is not None else 1
@@ -221,7 +216,7 @@ def resume_candidates(ckpt_root: Path) -> list[Path]:
 SIDECARS = (BEST_SCORE, "QUARANTINED.txt")
 
 
-def verify(folder: Path, prefix: str = "", dist: DistInfo | None = None) -> str | None:
+def verify(folder: Path, prefix: str = "", dist: DataParallel | None = None) -> str | None:
     """None when every file of checkpoint `folder` under `prefix` ("" = all, "model/", "replay/")
     has the size and SHA-256 its COMPLETE manifest records, else the first problem, naming the
     file. Refused as well: anything in the folder that is not a regular file or directory (a
@@ -276,7 +271,7 @@ def _manifest_shape(folder: Path, manifest: Any) -> str | None:
 
 
 def _manifest_problem(
-    folder: Path, manifest: dict[str, Any], prefix: str, dist: DistInfo | None
+    folder: Path, manifest: dict[str, Any], prefix: str, dist: DataParallel | None
 ) -> str | None:
     wanted = sorted(n for n in manifest if n.startswith(prefix))
     found = _shared_digests(folder, wanted, dist)
@@ -308,7 +303,7 @@ def quarantine(folder: Path, reason: str, target: Path | None = None) -> Path:
     return target
 
 
-def latest_verified(ckpt_root: Path, dist: DistInfo | None = None) -> tuple[Path | None, list[str]]:
+def latest_verified(ckpt_root: Path, dist: DataParallel | None = None) -> tuple[Path | None, list[str]]:
     """The first checkpoint of `resume_candidates` (`latest`'s, then older ones) that verifies,
     quarantining those before it that do not (rank 0 renames; a collective under torchrun).
     Returns (checkpoint or None, warnings). Raises CheckpointError when there are checkpoints and

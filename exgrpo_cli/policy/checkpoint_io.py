@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from exgrpo_cli.policy.distributed import DistInfo
+    from exgrpo_cli.policy.sharding import DataParallel
 
 COMPLETE = "COMPLETE"
 _BLOCK = 8 * 2**20
@@ -48,27 +48,24 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
-def _gather(obj: Any, dist: DistInfo | None) -> list[Any]:
-    if dist is None or not dist.distributed:
-        return [obj]
-    from exgrpo_cli.policy.distributed import all_gather_object
-
-    return all_gather_object(obj, dist)
+def _gather(obj: Any, dist: DataParallel | None) -> list[Any]:
+    return [obj] if dist is None else dist.gather(obj)
 
 
-def _barrier(dist: DistInfo | None) -> None:
-    if dist is not None and dist.distributed:
-        from exgrpo_cli.policy.distributed import barrier
-
-        barrier(dist)
+def _from_main(obj: Any, dist: DataParallel | None) -> Any:
+    return obj if dist is None else dist.from_main(obj)
 
 
-def _shared_digests(folder: Path, names: list[str], dist: DistInfo | None) -> dict[str, dict[str, Any]]:
+def _barrier(dist: DataParallel | None) -> None:
+    if dist is not None:
+        dist.barrier()
+
+
+def _shared_digests(folder: Path, names: list[str], dist: DataParallel | None) -> dict[str, dict[str, Any]]:
     """{name: {"bytes", "sha256"}} of `names` under `folder`, each rank hashing every W-th file
     (missing files are left out)."""
-    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
     mine = {}
-    for name in names[rank::world]:
+    for name in names if dist is None else [names[i] for i in dist.mine(len(names))]:
         path = folder / name
         if path.is_file():
             mine[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}

@@ -1,17 +1,17 @@
-"""Data-parallel training with FSDP2: process group, sharding, optimizer files, small collectives.
+"""Data-parallel training with FSDP2: process group, sharding, optimizer files.
 
 Where it sits in the step: `init_distributed` runs once before the model is loaded and
 `wrap_fsdp2` once after it; every rank then runs the same train step on its own share of the
-questions on `DistInfo.device` (the compute device: `module_device` when no DistInfo is at hand),
+questions on `DataParallel.device` (the compute device: `module_device` when none is at hand),
 and FSDP2 averages the gradients over ranks inside `backward()`. A checkpoint writes the optimizer
 state a shard per rank (`save_optimizer`; `load_optimizer` reads it on any number of ranks), while
 the weights are gathered one parameter at a time by their consumers (policy/export.py for the
-checkpoint, the vLLM weight sync). `all_reduce_dict` and the `*_object` helpers turn per-rank
-metrics into run-wide ones and share rank 0's decisions.
+checkpoint, the vLLM weight sync). What the ranks exchange besides goes through the
+`DataParallel` object that `init_distributed` returns (policy/sharding.py).
 
 Launch with `torchrun --nproc_per_node N -m exgrpo_cli train ...` (or trainer.nproc); without it
-the world has one rank: on a CPU no process group is created and every helper here is a cheap
-no-op, on one GPU a one-rank group lets FSDP2 wrap the model (`shards_alone`). On a CPU the
+the world has one rank: on a CPU no process group is created and every exchange is a no-op,
+on one GPU a one-rank group lets FSDP2 wrap the model (`shards_alone`). On a CPU the
 backend is gloo (FSDP2 works there; FSDP1's offloaded full-state-dict gather segfaults, so it is
 not offered). Mixed precision is only applied on CUDA: bf16 matmuls are ~100x slower on a CPU.
 """
@@ -22,9 +22,8 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,10 +32,10 @@ import torch
 
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy.placement import NO_OFFLOAD, Offload
+from exgrpo_cli.policy.sharding import DataParallel
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 M = TypeVar("M", bound=torch.nn.Module)
 
 PARAM_GROUPS = "param_groups.json"
@@ -48,23 +47,7 @@ MIXED_PRECISION = {
 }
 
 
-@dataclass(frozen=True)
-class DistInfo:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DistInfo:
+def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DataParallel:
     """Join the torchrun process group (nccl on CUDA, gloo on a CPU) and pick this rank's device.
 
     The timeout is always passed on: a rank that skips a collective (e.g. a rank-0-only branch
@@ -83,7 +66,7 @@ def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DistInf
         torch.cuda.set_device(dev)
     else:
         dev = torch.device("cpu")
-    info = DistInfo(rank, world, local_rank, dev)
+    info = DataParallel(rank, world, local_rank, dev)
     if tdist.is_available() and tdist.is_initialized():
         return info
     if world == 1 and not use_cuda:
@@ -108,16 +91,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def group_rank_and_world() -> tuple[int, int]:
-    """(rank, world size) of the default process group as torch.distributed has it; (0, 1) without
-    one. For parts that are not handed a DistInfo (the rollout engines)."""
-    import torch.distributed as tdist
-
-    if tdist.is_available() and tdist.is_initialized():
-        return tdist.get_rank(), tdist.get_world_size()
-    return 0, 1
-
-
 def close_distributed() -> None:
     import torch.distributed as tdist
 
@@ -135,7 +108,7 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 def module_device(model: torch.nn.Module) -> torch.device:
-    """The device `model` computes on, for code that has no `DistInfo` at hand (the run's own code
+    """The device `model` computes on, for code that has no `DataParallel` at hand (the run's code
     passes `dist.device`). Not simply its parameters' device: under FSDP2's CPU offload
     (trainer.offload=all) the parameters live in host memory while every forward runs on the GPU
     of their device mesh; a plain model computes where its parameters are."""
@@ -148,18 +121,18 @@ def module_device(model: torch.nn.Module) -> torch.device:
     return torch.device(mesh.device_type, index)
 
 
-def local_dist(model: torch.nn.Module) -> DistInfo:
-    """The `DistInfo` of a caller that passes none: one process, computing on `module_device`."""
-    return DistInfo(device=module_device(model))
+def local_dist(model: torch.nn.Module) -> DataParallel:
+    """The `DataParallel` of a caller that passes none: one process, computing on `module_device`."""
+    return DataParallel(device=module_device(model))
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether `model`'s parameters are FSDP2 shards (DTensors): the case on every GPU run, one
-    GPU included, where `DistInfo.distributed` is False."""
+    GPU included, where `DataParallel.distributed` is False."""
     return any(hasattr(p, "device_mesh") for p in model.parameters())
 
 
-def shards_alone(dist: DistInfo) -> bool:
+def shards_alone(dist: DataParallel) -> bool:
     """FSDP2 wraps the model of a one-process run too when it runs on a GPU, so that mixed
     precision and offload apply there; a one-process CPU run stays plain PyTorch."""
     return dist.distributed or dist.device.type == "cuda"
@@ -167,7 +140,7 @@ def shards_alone(dist: DistInfo) -> bool:
 
 def wrap_fsdp2(
     model: M,
-    dist: DistInfo,
+    dist: DataParallel,
     *,
     mixed_precision: str | None = None,
     offload: Offload = NO_OFFLOAD,
@@ -228,7 +201,7 @@ def load_full_optimizer_state_dict(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     state: dict[str, Any],
-    dist: DistInfo,
+    dist: DataParallel,
 ) -> None:
     """A checkpoint's full optimizer state in the plain `optimizer.state_dict()` layout (integer
     parameter ids; what checkpoints written before the sharded format hold) into `optimizer`:
@@ -264,7 +237,7 @@ def _quiet_single_process() -> Iterator[None]:
 
 
 def save_optimizer(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, dist: DistInfo
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, dist: DataParallel
 ) -> None:
     """The optimizer state into `folder`, each rank writing its own shard of it (no gather: at 7B
     the full fp32 AdamW state is ~61 GB), with torch.distributed.checkpoint, which can reshard it
@@ -281,7 +254,7 @@ def save_optimizer(
 
 
 def load_optimizer(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, dist: DistInfo
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, dist: DataParallel
 ) -> None:
     """Inverse of `save_optimizer`, whatever the number of ranks that wrote it. The state is read
     into the optimizer's own (initialised) state tensors, where they are: no second copy, and an
@@ -324,78 +297,3 @@ def read_optimizer_tensors(folder: Path) -> dict[str, torch.Tensor]:
     with _quiet_single_process():
         dcp.load(template, storage_reader=data_only_reader(folder), no_dist=True)
     return template
-
-
-# ------------------------------------------------------------------ small collectives
-
-
-def barrier(dist: DistInfo) -> None:
-    if dist.distributed:
-        torch.distributed.barrier()
-
-
-def rank0_first(dist: DistInfo | None, load: Callable[[], T]) -> T:
-    """`load()` on rank 0, then on the other ranks once rank 0 is done (a download lands in the
-    shared cache once). Rank 0's failure is every rank's: the others raise it too, without trying.
-    Without `dist` (one process): just `load()`."""
-    if dist is None or not dist.distributed:
-        return load()
-    if dist.is_main:
-        try:
-            result = load()
-        except Exception as err:
-            broadcast_object(f"{type(err).__name__}: {err}", dist)
-            raise
-        broadcast_object(None, dist)
-        return result
-    failed = broadcast_object(None, dist)
-    if failed:
-        raise UsageError(f"rank 0 could not load it: {failed}")
-    return load()
-
-
-def broadcast_object(obj: T, dist: DistInfo, src: int = 0) -> T:
-    """`obj` as rank `src` holds it, on every rank (pickled: keep it small, e.g. a question list)."""
-    if not dist.distributed:
-        return obj
-    box = [obj]
-    torch.distributed.broadcast_object_list(box, src=src)
-    return box[0]
-
-
-def all_gather_object(obj: T, dist: DistInfo) -> list[T]:
-    """Every rank's `obj`, in rank order, on every rank (pickled: e.g. this rank's scored groups)."""
-    if not dist.distributed:
-        return [obj]
-    out: list[Any] = [None] * dist.world_size
-    torch.distributed.all_gather_object(out, obj)
-    return out
-
-
-def all_reduce_dict(values: dict[str, float], dist: DistInfo, op: str = "mean") -> dict[str, float]:
-    """Reduce many scalars in one collective (op: mean | sum | max | min).
-
-    Every rank must pass the same keys; the key count travels along so that a mismatch fails
-    loudly here instead of silently mixing up metrics.
-    """
-    if not dist.distributed:
-        return dict(values)
-    import torch.distributed as tdist
-
-    keys = sorted(values)
-    ops = {
-        "mean": tdist.ReduceOp.SUM,
-        "sum": tdist.ReduceOp.SUM,
-        "max": tdist.ReduceOp.MAX,
-        "min": tdist.ReduceOp.MIN,
-    }
-    buf = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=dist.device)
-    # max of (n, -n) over ranks: n_max and -n_min in one collective
-    count = torch.tensor([len(keys), -len(keys)], dtype=torch.float64, device=dist.device)
-    tdist.all_reduce(count, op=tdist.ReduceOp.MAX)
-    if count[0].item() != -count[1].item():
-        raise RuntimeError(f"all_reduce_dict: ranks passed different metric sets (this rank: {keys})")
-    tdist.all_reduce(buf, op=ops[op])
-    if op == "mean":
-        buf /= dist.world_size
-    return dict(zip(keys, buf.tolist()))

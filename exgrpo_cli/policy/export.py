@@ -20,7 +20,7 @@ import torch
 from exgrpo_cli.policy.offload import gather_full
 
 if TYPE_CHECKING:
-    from exgrpo_cli.policy.distributed import DistInfo
+    from exgrpo_cli.policy.sharding import DataParallel
 
 MAX_SHARD_BYTES = 2 * 2**30
 INDEX = "model.safetensors.index.json"
@@ -42,7 +42,7 @@ def unique_state_names(model: torch.nn.Module) -> list[str]:
     return names
 
 
-def export_hf(model: torch.nn.Module, folder: Path, tokenizer: Any, dist: DistInfo | None = None) -> None:
+def export_hf(model: torch.nn.Module, folder: Path, tokenizer: Any, dist: DataParallel | None = None) -> None:
     """Write `model` (possibly FSDP2-sharded) as an HF folder into `folder`. A collective under
     FSDP: every rank calls it in step; rank 0 writes. A failed write on rank 0 (disk full) still
     takes part in every gather, then raises its OSError."""

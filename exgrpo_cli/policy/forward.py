@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from exgrpo_cli.algo.logprobs import chunked_token_logprobs, token_entropy, token_logprobs
-from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
 from exgrpo_cli.policy.head import head_compute_dtype
+from exgrpo_cli.policy.sharding import DataParallel
 
 
 @dataclass
@@ -105,22 +105,20 @@ def synced_micro_batches(
     token_budget: int,
     pad_id: int,
     device: torch.device,
-    dist: DistInfo,
+    dist: DataParallel,
     max_rows: int | None = None,
 ) -> Iterator[tuple[SequenceBatch, bool]]:
     """`rows` packed into token-budget micro-batches (each cut further into pieces of at most
     `max_rows` rows when given), as (batch, idle) pairs, the same number on every rank. Under FSDP
     every forward (and backward) is a collective, so a rank with fewer micro-batches than another
     runs `idle` passes on one row (row 0 of the lists when this rank has no rows at all): take
-    part, add nothing. Every pass over rows that may be cut differently per rank (update, old
-    log-probs, the replay candidates' scores) goes through here."""
+    part, add nothing (`DataParallel.equal_calls`). Every pass over rows that may be cut
+    differently per rank (update, old log-probs, the replay candidates' scores) goes through here."""
     lengths = [len(prompts[i]) + len(responses[i]) for i in rows]
     chunks = micro_batches(lengths, token_budget)
     if max_rows is not None:
         chunks = [c[start : start + max_rows] for c in chunks for start in range(0, len(c), max_rows)]
-    most = len(chunks)
-    if dist.distributed:
-        most = int(all_reduce_dict({"n": len(chunks)}, dist, op="max")["n"])
+    most = dist.equal_calls(len(chunks))
     for k in range(most):
         if k < len(chunks):
             yield pack(prompts, responses, [rows[c] for c in chunks[k]], pad_id, device), False

@@ -19,10 +19,10 @@ import torch
 
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.errors import UsageError
-from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.policy.head import use_fp32_head
 from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
 from exgrpo_cli.policy.placement import NO_OFFLOAD, Offload
+from exgrpo_cli.policy.sharding import DataParallel
 
 if TYPE_CHECKING:  # transformers is imported when a model is loaded, not with this module
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -146,7 +146,7 @@ def materialize(model: torch.nn.Module, device: torch.device, *, params_on_host:
 
 def load_sharded(
     cfg: ModelConfig,
-    dist: DistInfo,
+    dist: DataParallel,
     shard: Callable[[PreTrainedModel], PreTrainedModel],
     offload: Offload = NO_OFFLOAD,
 ) -> PreTrainedModel:
@@ -159,12 +159,10 @@ def load_sharded(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    from exgrpo_cli.policy.distributed import broadcast_object
-
     full = load_model(cfg, torch.device("cpu")) if dist.is_main else None
     # the generation config too: from_config derives one from config.json alone, and the engines
     # read their stop ids from it (rollout/base.eos_token_ids), so every rank must hold rank 0's
-    configs = broadcast_object((full.config, full.generation_config) if full is not None else None, dist)
+    configs = dist.from_main((full.config, full.generation_config) if full is not None else None)
     assert configs is not None  # rank 0 always sends them
     hf_config, generation_config = configs
     with torch.device("meta"):
@@ -189,7 +187,7 @@ def load_sharded(
     for name, buf in model.named_buffers():
         if dist.is_main:
             buf.copy_(source[name])
-        torch.distributed.broadcast(buf, src=0)
+        dist.fill_from_main(buf)
     for module in model.modules():  # dynamic RoPE variants keep a copy of the initial frequencies
         inv_freq = getattr(module, "inv_freq", None)
         if hasattr(module, "original_inv_freq") and isinstance(inv_freq, torch.Tensor):

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from exgrpo_cli.algo.logprobs import CandidateScore, masked_mean
-from exgrpo_cli.policy.distributed import DistInfo, local_dist
+from exgrpo_cli.policy.distributed import local_dist
 from exgrpo_cli.policy.forward import forward_logprobs, synced_micro_batches
-from exgrpo_cli.policy.sharding import Shards
+from exgrpo_cli.policy.sharding import DataParallel
 
 
 @torch.no_grad()
@@ -29,7 +29,7 @@ def score_candidates(
     pad_id: int,
     token_budget: int,
     max_rows: int,
-    dist: DistInfo | None = None,
+    dist: DataParallel | None = None,
 ) -> list[float]:
     """One score per (prompt, response) row: the mean over its response of `kind`'s per-token value.
 
@@ -39,8 +39,7 @@ def score_candidates(
     if not responses:
         return []
     dist = dist if dist is not None else local_dist(model)
-    shards = Shards(dist)
-    mine = shards.mine(len(responses))
+    mine = dist.mine(len(responses))
     # the compute device: under CPU offload the parameters are in host memory
     passes = synced_micro_batches(
         prompts, responses, mine, token_budget, pad_id, dist.device, dist, max_rows=max_rows
@@ -64,5 +63,5 @@ def score_candidates(
         reshard = getattr(model, "reshard", None)
         if callable(reshard):
             reshard()
-    every = shards.merge(scores).items
+    every = dist.merge(scores).items
     return [every[i] for i in range(len(responses))]

@@ -1,9 +1,10 @@
 """Rollout engines: sample K responses per prompt with their token ids and log-probs.
 
 Where it sits in the step: after the fresh questions are drawn and the replayed ones chosen,
-before the reward. `ENGINES` (the `rollout.engine` names) says how each engine is built, what it
-can do and how the memory plan counts it; `build_engine` builds the one the config names. The
-engines' modules (and vLLM) are imported only when an engine is built.
+before the reward. `ENGINES` (the `rollout.engine` names) says how each engine is built and what it
+can do (the memory plan's model of each is plan/engines.py, under the same names); `build_engine`
+builds the one the config names. The engines' modules (and vLLM) are imported only when an engine
+is built.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from exgrpo_cli.plan.memory import EngineTerms, hf_rollout_terms, vllm_terms
 from exgrpo_cli.rollout.base import Rollout, RolloutEngine, SamplingSpec
 
 if TYPE_CHECKING:
@@ -29,8 +29,6 @@ class EngineSpec:
     build: Callable[[ExgrpoConfig, PreTrainedModel | None, PreTrainedTokenizerBase], RolloutEngine]
     needs_trainer_model: bool  # samples from an HF module in this process (eval must load one)
     supports_greedy: bool  # accepts temperature 0 (else a tiny temperature stands in for greedy)
-    memory: EngineTerms  # what it adds to the memory plan (plan/memory.py): terms, problems, notes
-    label: str  # its name in the memory plan
     # closing it under several ranks tears down the ranks' process group (vLLM's in-process
     # shutdown under external_launcher), so such a run can build only one engine per process
     one_per_ranked_process: bool = False
@@ -56,18 +54,11 @@ def _build_vllm(
     return VLLMEngine.from_config(cfg, tokenizer, model=model)
 
 
-# `rollout.engine`: name -> how to build it, what it can do, its memory model
+# `rollout.engine`: name -> how to build it, what it can do
 ENGINES: dict[str, EngineSpec] = {
-    "hf": EngineSpec(
-        _build_hf, needs_trainer_model=True, supports_greedy=False, memory=hf_rollout_terms, label="HF-engine"
-    ),
+    "hf": EngineSpec(_build_hf, needs_trainer_model=True, supports_greedy=False),
     "vllm": EngineSpec(
-        _build_vllm,
-        needs_trainer_model=False,
-        supports_greedy=True,
-        memory=vllm_terms,
-        label="vLLM",
-        one_per_ranked_process=True,
+        _build_vllm, needs_trainer_model=False, supports_greedy=True, one_per_ranked_process=True
     ),
 }
 

@@ -21,13 +21,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from exgrpo_cli.policy.distributed import (
-    DistInfo,
-    all_reduce_dict,
-    group_rank_and_world,
-    is_sharded,
-    module_device,
-)
+from exgrpo_cli.policy.distributed import is_sharded, module_device
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
 from exgrpo_cli.rollout.sampling import sample
 
@@ -88,7 +83,8 @@ class HFEngine:
         per_seq = max(spec.max_new_tokens, 1) * vocab * 4  # fp32 logits kept per sequence
         # an FSDP-sharded model (several ranks): every forward is a collective. A model each rank
         # holds whole (exgrpo eval's ranks) samples on its own, with exgrpo's loop
-        synced = group_rank_and_world()[1] > 1 and is_sharded(self.model)
+        ranks = DataParallel.of_process_group(_device(self.model))
+        synced = ranks.distributed and is_sharded(self.model)
         own_loop = not (self.hf_generate or synced)
         # only HF generate keeps every step's logits: the own loop needs no logits budget
         chunk_size = (
@@ -96,9 +92,7 @@ class HFEngine:
         )
         starts: list[int | None] = list(range(0, len(flat), chunk_size))
         if synced:  # ... so every rank makes as many generate calls (an idle rank feeds a dummy row)
-            dist = DistInfo(world_size=group_rank_and_world()[1], device=_device(self.model))
-            calls = all_reduce_dict({"n": len(starts)}, dist, op="max")["n"]
-            starts += [None] * (int(calls) - len(starts))
+            starts += [None] * (ranks.equal_calls(len(starts)) - len(starts))
         try:
             for start in starts:
                 chunk = flat[start : start + chunk_size] if start is not None else [(-1, [self.pad_id])]
@@ -215,7 +209,11 @@ def slow_generation_warning(model: torch.nn.Module, max_new_tokens: int) -> str 
     params = sum(p.numel() for p in model.parameters())
     if params <= SLOW_PARAMS or max_new_tokens <= SLOW_NEW_TOKENS:
         return None
-    sharded = " (under FSDP every step gathers the full model)" if group_rank_and_world()[1] > 1 else ""
+    sharded = (
+        " (under FSDP every step gathers the full model)"
+        if DataParallel.of_process_group().distributed
+        else ""
+    )
     return (
         f"rollout.engine=hf samples {max_new_tokens}-token responses from a {params / 1e9:.1f}B-parameter "
         f"model one token at a time through the trainer's module{sharded}: very slow; "

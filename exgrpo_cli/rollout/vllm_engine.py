@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exgrpo_cli.policy.distributed import group_rank_and_world
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
 from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD
 from exgrpo_cli.rollout.vllm_launch import (
@@ -123,7 +123,8 @@ class VLLMEngine:
         if not eos_ids:
             raise ValueError("the vLLM engine needs at least one end-of-sequence token id")
         check_reload_api(vllm)
-        rank, world = group_rank_and_world()
+        ranks = DataParallel.of_process_group()
+        rank, world = ranks.rank, ranks.world_size
         tp = tensor_parallel_size
         if tp < 1:
             raise ValueError(f"tensor_parallel_size={tp}: must be >= 1")
@@ -345,13 +346,7 @@ class VLLMEngine:
     def _gather_tp(self, obj: Any) -> tuple[list[Any], int]:
         """Every rank's `obj` of this engine's tensor-parallel group, in group order, and this
         rank's index there; ([obj], 0) without a group."""
-        if self._tp_group is None:
-            return [obj], 0
-        import torch.distributed as tdist
-
-        parts: list[Any] = [None] * tdist.get_world_size(self._tp_group)
-        tdist.all_gather_object(parts, obj, group=self._tp_group)
-        return parts, tdist.get_rank(self._tp_group)
+        return ([obj], 0) if self._tp_group is None else self._tp_group.gather(obj)
 
     def weight_checksums(self, names: list[str]) -> dict[str, tuple[int, int, str]]:
         """{name: (checksum, elements, dtype)} of the engine's copy of these weights (vllm_ext),
@@ -408,7 +403,7 @@ class VLLMEngine:
             return
         self.llm = None
         # read before the shutdown, which may destroy the default group under torchrun
-        shared_group = group_rank_and_world()[1] > 1
+        shared_group = DataParallel.of_process_group().distributed
         stop_engine_core(llm)
         del llm  # the last reference: the engine is gone before vLLM's parallel state
         if self.in_process:

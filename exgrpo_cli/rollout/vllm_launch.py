@@ -76,11 +76,9 @@ def external_launcher(
         bind_engine_device(device_index)
     tp_group = None
     if tp > 1:
-        import torch.distributed as tdist
+        from exgrpo_cli.policy.tensor_parallel import TensorParallelGroup
 
-        # collective: every rank makes every group; this rank keeps its own
-        groups = [list(range(start, start + tp)) for start in range(0, world, tp)]
-        tp_group, _ = tdist.new_subgroups_by_enumeration(groups)
+        tp_group = TensorParallelGroup(world, tp)
     return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}, tp_group
 
 

@@ -33,7 +33,7 @@ import torch
 
 from exgrpo_cli.algo.offpolicy import GapSums
 from exgrpo_cli.errors import ExgrpoError
-from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD, bits_checksum
 
 log = logging.getLogger(__name__)
@@ -55,13 +55,13 @@ def check_engine_logprobs(
     *,
     limit: float,
     step: int,
-    dist: DistInfo,
+    dist: DataParallel,
 ) -> float:
     """The run-wide mean |trainer - engine| log-prob per fresh token; raises EngineDivergence past
     `limit`. `gaps`: this rank's fresh-token sums (train/offpolicy.py, the one place they are
     computed). A collective under torchrun: every rank calls it and takes the same decision."""
     total, tokens = gaps.abs_sum, gaps.tokens
-    t = all_reduce_dict({"gap": total, "tokens": float(tokens)}, dist, op="sum")
+    t = dist.sum({"gap": total, "tokens": float(tokens)})
     gap = t["gap"] / t["tokens"] if t["tokens"] else 0.0
     if not gap <= limit:  # NaN too
         raise EngineDivergence(
@@ -83,7 +83,7 @@ def nucleus_slack(top_p: float) -> float:
 
 
 def engine_check(
-    limit: float | None, step: int, dist: DistInfo, top_p: float = 1.0
+    limit: float | None, step: int, dist: DataParallel, top_p: float = 1.0
 ) -> Callable[[GapSums], object] | None:
     """The update's `before_first_step` hook for `rollout.max_logprob_diff` (None: no check).
     Under top-p sampling the limit grows by `nucleus_slack(top_p)`: a healthy vLLM engine is
@@ -102,7 +102,7 @@ def checksum_names(names: Sequence[str]) -> list[str]:
 
 
 def trainer_checksums(
-    model: torch.nn.Module, names: Sequence[str], dtype: torch.dtype, dist: DistInfo
+    model: torch.nn.Module, names: Sequence[str], dtype: torch.dtype, dist: DataParallel
 ) -> dict[str, tuple[int, int]]:
     """{name: (checksum, elements)} of the trainer's weights cast to `dtype`, as the sync sends
     them: each rank sums its FSDP2 shard, the residues add up over ranks (a collective)."""
@@ -112,11 +112,11 @@ def trainer_checksums(
         p = params[name]
         local = p.to_local() if hasattr(p, "to_local") else p
         mine[name] = float(bits_checksum(local.detach().to(dtype)))
-    summed = all_reduce_dict(mine, dist, op="sum")
+    summed = dist.sum(mine)
     return {n: (int(summed[n]) % CHECKSUM_MOD, params[n].numel()) for n in names}
 
 
-def check_synced_weights(engine: Any, model: torch.nn.Module, *, step: int, dist: DistInfo) -> int:
+def check_synced_weights(engine: Any, model: torch.nn.Module, *, step: int, dist: DataParallel) -> int:
     """After a weight sync: the engine's copy of `checksum_names` against the trainer's; raises
     EngineDivergence when they differ. Returns how many tensors were compared (0: the engine has
     no copy of its own, as the HF engine, or holds none of them as loaded). Every rank calls it."""

@@ -7,7 +7,9 @@
 
 With `replay.ratio=0` every replay stage is skipped and the step is exactly on-policy Dr.GRPO.
 All randomness of a step derives from (trainer.seed, step), so a resumed run repeats it exactly.
-The run's state (model, optimizer, sampler, buffer, switch, counters) lives in `RunState`.
+The run's state (model, optimizer, sampler, buffer, switch, counters) lives in `RunState`. Data
+parallelism stays inside the stages: each maps its work over the ranks through the one
+`DataParallel` object (policy/sharding.py), so the step itself reads as one process's.
 """
 
 from __future__ import annotations
@@ -29,13 +31,12 @@ from exgrpo_cli.data.sampler import FreshDraw
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.metrics.memory import PhaseMemory
-from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.policy.forward import token_budget
 from exgrpo_cli.policy.scoring import score_candidates
-from exgrpo_cli.policy.sharding import Shards
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.buffer import Bounds
 from exgrpo_cli.replay.experience import Experience
-from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, row_keys, update_order
+from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch, row_keys, update_order
 from exgrpo_cli.replay.selection import QuestionSelector, n_replay
 from exgrpo_cli.replay.trajectory import TrajectoryRule
 from exgrpo_cli.reward.stage import Reward
@@ -82,18 +83,17 @@ class Trainer:
     scorer: Reward  # the reward stage (reward/stage.py)
     choices: Choices
     # data parallel (policy/sharding.py): every rank draws the same questions and holds the same
-    # buffer; each generates, grades and trains on its share of the groups, every rank gets every
-    # share's rollouts and rewards, and `check_ranks_agree` verifies the shared state every step
-    dist: DistInfo = field(default_factory=DistInfo)
+    # buffer; the stages below map their work over the ranks (each generates, grades and trains
+    # on its share of the groups, every rank gets every share's rollouts and rewards), and
+    # `check_ranks_agree` verifies the shared state every step
+    parallel: DataParallel = field(default_factory=DataParallel)
     questions: dict[str, Question] = field(default_factory=dict)  # uid -> question, for replay prompts
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
-    shards: Shards = field(init=False)  # this rank's share of the step's work, from `dist`
     watch: MismatchWatch = field(init=False)  # the warning band below rollout.max_logprob_diff
 
     def __post_init__(self) -> None:
         if not self.questions:
             self.questions = {q.uid: q for q in self.state.sampler.questions}
-        self.shards = Shards(self.dist)
         self.watch = MismatchWatch.of(self.cfg.rollout)
 
     @property
@@ -129,26 +129,16 @@ class Trainer:
             reward_metrics = self.score(groups)
         if self.replay_enabled:
             st.switch.update(step, reward_metrics["reward/accuracy"])
-        # this rank trains on its share of the groups (group-relative advantages: a slice by group is exact)
-        mine = update_order(
-            self.shards.mine(len(groups)), cfg.algo.updates_per_step, step_rng(cfg.trainer.seed, step, 4)
-        )
+        mine = self.training_share(groups, step)
         batch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
-        # the engine's log-probs against the trainer's, before the first optimizer step (may stop the run)
-        plan = replace(
-            update_offpolicy(cfg, self.update_plan()),  # + algo.rollout_correction
-            before_first_step=engine_check(cfg.rollout.max_logprob_diff, step, self.dist, cfg.rollout.top_p),
-        )
         with t("update"), mem("update"):
-            result = policy_update(st.model, st.optimizer, batch, advantages, plan, self.pad_id, self.dist)
+            result = self.update(batch, advantages, step)
         if self.replay_enabled:
             with t("buffer"):
                 self.observe(groups, step, self.trainer_logprobs(groups, mine, result))
         with t("sync"), mem("sync"):
-            self.engine.sync_weights(st.model)
-            if cfg.rollout.max_logprob_diff is not None:  # the sync reached the engine (may stop the run)
-                check_synced_weights(self.engine, st.model, step=step, dist=self.dist)
+            self.sync(step)
         if self.replay_enabled:
             with t("buffer"):
                 st.buffer.end_step()
@@ -159,12 +149,12 @@ class Trainer:
         metrics = {
             **reward_metrics,
             **rollout_metrics(groups, batch),
-            **loss_metrics(result, float(st.optimizer.param_groups[0]["lr"]), self.dist),
+            **self.update_metrics(result),
             **t,
             **mem,
             **self.state_metrics(len(replayed), selected_score),
             **offpolicy_metrics(
-                result.offpolicy, result.correction, self.dist, cfg, [step - e.step for _, e in replayed]
+                result.offpolicy, result.correction, self.parallel, cfg, [step - e.step for _, e in replayed]
             ),
         }
         metrics |= self.watch.observe(step, metrics["rollout/logprob_diff_mean"])
@@ -194,7 +184,7 @@ class Trainer:
     def device(self) -> torch.device:
         """The run's compute device. Not the parameters' device: under FSDP2's CPU offload
         (trainer.offload=all) they live in host memory while the model computes on the GPU."""
-        return self.dist.device
+        return self.parallel.device
 
     @property
     def token_budget(self) -> int:
@@ -249,7 +239,7 @@ class Trainer:
                     pad_id=self.pad_id,
                     token_budget=self.token_budget,
                     max_rows=p.entropy_batch_size,
-                    dist=self.dist,
+                    dist=self.parallel,
                 )
             for u, s in zip(owners, flat):
                 scores[u].append(s)
@@ -270,19 +260,14 @@ class Trainer:
         prompts = [self.prompt_ids(q) for q in questions]
         seed = int(step_rng(self.cfg.trainer.seed, step, 1).integers(2**62))
         r = self.cfg.rollout
+        # each rank samples its own stream: `seed` on rank 0 (and alone)
         spec = SamplingSpec(
-            r.temperature, r.top_p, self.cfg.model.max_response_tokens, self.shards.seed(seed)
+            r.temperature, r.top_p, self.cfg.model.max_response_tokens, self.parallel.seed(seed)
         )
-        mine = self.shards.mine(len(questions))
-        outs = self.engine.generate([prompts[i] for i in mine], [counts[i] for i in mine], spec)
-        # vLLM with rollout.sleep_mode on CUDA frees its weights and KV cache for the update (the
-        # sync after it wakes the weights, the next generation the cache); other engines: no-op
-        self.engine.release()
-        samples: dict[int, list[Response]] = {i: [] for i in mine}
-        for o in outs:
-            samples[mine[o.prompt_index]].append(Response(o.response_ids, o.logprobs, finished=o.finished))
         # every rank scores and stores every group: buffers stay identical across ranks
-        responses = self.shards.merge(samples).in_order(len(questions))
+        responses = self.parallel.map(
+            lambda share: self.generate_share(share, spec), list(zip(prompts, counts))
+        )
         groups = [
             Group(q, p, list(rs), from_buffer=i >= len(fresh))
             for i, (q, p, rs) in enumerate(zip(questions, prompts, responses))
@@ -298,13 +283,50 @@ class Trainer:
             )
         return groups
 
+    def generate_share(self, share: list[tuple[list[int], int]], spec: SamplingSpec) -> list[list[Response]]:
+        """One rank's rollouts: `share`'s (prompt ids, responses wanted) in one batched call of the
+        engine; each prompt's responses, in the engine's order."""
+        outs = self.engine.generate([p for p, _ in share], [k for _, k in share], spec)
+        # vLLM with rollout.sleep_mode on CUDA frees its weights and KV cache for the update (the
+        # sync after it wakes the weights, the next generation the cache); other engines: no-op
+        self.engine.release()
+        samples: list[list[Response]] = [[] for _ in share]
+        for o in outs:
+            samples[o.prompt_index].append(Response(o.response_ids, o.logprobs, finished=o.finished))
+        return samples
+
     def score(self, groups: list[Group]) -> dict[str, float]:
-        """Rewards for every response, the replayed ones included (docs/algorithm.md §4): this
+        """Rewards for every response, the replayed ones included (docs/algorithm.md §4): each
         rank grades its share of the groups, every rank gets them all (train/reward_step.py)."""
-        mine = self.shards.mine(len(groups))
-        texts = [decode_response(self.tokenizer, r.ids) for gi in mine for r in groups[gi].responses]
+        decode = lambda ids: decode_response(self.tokenizer, ids)  # noqa: E731
         # accuracy apart for questions drawn fresh and replayed ones: reward/accuracy pools both
-        return grade_step(self.scorer, self.shards, groups, texts) | accuracy_by_origin(groups)
+        return grade_step(self.scorer, self.parallel, groups, decode) | accuracy_by_origin(groups)
+
+    def training_share(self, groups: list[Group], step: int) -> list[int]:
+        """The groups this rank trains on, in the order of the step's mini-batches (group-relative
+        advantages: a slice by group is exact; FSDP averages the ranks' gradients)."""
+        rng = step_rng(self.cfg.trainer.seed, step, 4)
+        return update_order(self.parallel.mine(len(groups)), self.cfg.algo.updates_per_step, rng)
+
+    def update(self, batch: MixedBatch, advantages: torch.Tensor, step: int) -> UpdateResult:
+        """docs/algorithm.md §5: the policy-gradient step(s) on this rank's batch. The engine's
+        log-probs are checked against the trainer's before the first optimizer step (may stop
+        the run)."""
+        r = self.cfg.rollout
+        check = engine_check(r.max_logprob_diff, step, self.parallel, r.top_p)
+        plan = replace(update_offpolicy(self.cfg, self.update_plan()), before_first_step=check)
+        st = self.state
+        return policy_update(st.model, st.optimizer, batch, advantages, plan, self.pad_id, self.parallel)
+
+    def update_metrics(self, result: UpdateResult) -> dict[str, float]:
+        """The update's `loss/` and `optim/` metrics, run-wide (train/metrics.py)."""
+        return loss_metrics(result, float(self.state.optimizer.param_groups[0]["lr"]), self.parallel)
+
+    def sync(self, step: int) -> None:
+        """The new weights into the rollout engine, and a check that they arrived (may stop the run)."""
+        self.engine.sync_weights(self.state.model)
+        if self.cfg.rollout.max_logprob_diff is not None:
+            check_synced_weights(self.engine, self.state.model, step=step, dist=self.parallel)
 
     def bounds(self) -> Bounds | None:
         """The success counts whose groups the buffer collects (lbound, rbound) this step; None
@@ -330,7 +352,7 @@ class Trainer:
             for row, key in enumerate(row_keys(groups, mine))
             if key in wanted
         }
-        return self.shards.merge(local).items
+        return self.parallel.merge(local).items
 
     def observe(
         self, groups: list[Group], step: int, trainer_logp: dict[tuple[int, int], np.ndarray]
@@ -344,7 +366,7 @@ class Trainer:
     def check_ranks_agree(self, step: int) -> None:
         """Every rank holds the same buffer, switch and sampler position (policy/sharding.py
         `check_agree`); a no-op on one rank."""
-        self.shards.check_agree(self.state.digest, step)
+        self.parallel.check_agree(self.state.digest, step)
 
     def maybe_readmit(self, step: int) -> None:
         """docs/algorithm.md §2: every `replay.readmit_every` steps a share of the retired questions

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, MixedBatch
 from exgrpo_cli.train.update import UpdateResult
 
@@ -26,7 +26,7 @@ def rollout_metrics(groups: list[Group], batch: MixedBatch) -> dict[str, float]:
     }
 
 
-def loss_metrics(res: UpdateResult, lr: float, dist: DistInfo | None = None) -> dict[str, float]:
+def loss_metrics(res: UpdateResult, lr: float, ranks: DataParallel | None = None) -> dict[str, float]:
     """The update's metrics. The per-token ones (clip fraction, importance weight, entropy, engine
     log-prob gap) divide the ranks' summed numerators by their summed token counts: a mean of
     per-rank ratios would weigh a rank's few tokens like another's many, and a rank without
@@ -34,7 +34,7 @@ def loss_metrics(res: UpdateResult, lr: float, dist: DistInfo | None = None) -> 
     this rank's own, unchanged. The losses are per-rank shares of FSDP's rank-averaged objective
     and stay per rank (averaged by the caller)."""
     s = res.stats
-    t = all_reduce_dict(
+    t = (ranks or DataParallel()).sum(
         {
             "clipped": s.clipped_tokens,
             "fresh": s.fresh_tokens,
@@ -42,9 +42,7 @@ def loss_metrics(res: UpdateResult, lr: float, dist: DistInfo | None = None) -> 
             "replay_ratio": s.replay_ratio_sum,
             "entropy": res.entropy_sum,
             "logprob_diff": res.logprob_diff_sum,
-        },
-        dist or DistInfo(),
-        op="sum",
+        }
     )
     fresh_tokens = max(t["fresh"], 1)
     return {

@@ -20,7 +20,7 @@ import numpy as np
 
 from exgrpo_cli.algo.offpolicy import AGE_BANDS, GapSums, age_band, age_summary, gap_sums, log_ratios, shaped
 from exgrpo_cli.algo.rollout_correction import CorrectionStats, RolloutCorrection
-from exgrpo_cli.policy.distributed import DistInfo, all_reduce_dict
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import MixedBatch
 from exgrpo_cli.train.divergence import nucleus_slack
 
@@ -85,7 +85,7 @@ def correction_of(cfg: ExgrpoConfig) -> RolloutCorrection | None:
 def offpolicy_metrics(
     sums: OffPolicySums,
     correction: CorrectionStats,
-    dist: DistInfo,
+    dist: DataParallel,
     cfg: ExgrpoConfig,
     ages: Sequence[int] = (),
 ) -> dict[str, float]:
@@ -94,7 +94,7 @@ def offpolicy_metrics(
     (`replay.ratio` > 0), the loss/correction_ ones when a rollout correction is on; `ages`: the
     replayed rows' ages, the same list on every rank (every rank selects every replayed question)."""
     replay, corrected = cfg.replay.ratio > 0, cfg.algo.rollout_correction.mode is not None
-    t = all_reduce_dict(_flat(sums, correction), dist, op="sum")
+    t = dist.sum(_flat(sums, correction))
     _, k3, outside = GapSums.from_dict(t, "m_").figures()
     m = {"rollout/mismatch_k3": k3, "rollout/mismatch_ratio_outside": outside}
     if replay:

@@ -1,11 +1,11 @@
 """The reward stage of one train step: grade this rank's share, share the rewards, log them.
 
 Place in the train step (train/loop.py `Trainer.score`): after the rollouts, before the delayed
-start switch and the mixed batch. Each rank grades its share of the groups (the texts it is given
-and the groups' data rows) with the run's `Reward` (reward/stage.py), every rank gets every
-group's rewards, and every response is marked correct when its reward is >= `reward.correct_at`.
-Grading has a time budget, so if every rank graded every group, a timeout on one rank only would
-leave the ranks with different rewards, then different buffers, then mismatched collectives.
+start switch and the mixed batch. Each rank grades its share of the groups (`grade_share`: one
+call of the run's `Reward`, reward/stage.py), every rank gets every group's rewards, and every
+response is marked correct when its reward is >= `reward.correct_at`. Grading has a time budget,
+so if every rank graded every group, a timeout on one rank only would leave the ranks with
+different rewards, then different buffers, then mismatched collectives.
 
 Metrics: `reward/mean` (the fresh responses' mean reward), `reward/accuracy` (their share that is
 correct: what the delayed start reads, whatever the reward's scale), `reward/solved_all`,
@@ -16,36 +16,43 @@ correct), `reward/replayed_accuracy`, and the step's `reward/timeouts`, `reward/
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from exgrpo_cli.policy.sharding import Shards
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group
 from exgrpo_cli.reward.stage import Reward
 
 
-def grade_step(
-    reward: Reward, shards: Shards, groups: Sequence[Group], texts: Sequence[str]
-) -> dict[str, float]:
-    """Set every response's reward and correctness; `texts` are this rank's groups' responses
-    (`shards.mine`), group by group. Returns the step's reward metrics; raises RewardFailed after
-    `reward.max_failed_steps` steps in a row on which every response failed."""
-    mine = shards.mine(len(groups))
-    rows = [groups[gi].question for gi in mine for _ in groups[gi].responses]
-    result = reward.score(list(texts), [q.answer for q in rows], questions=rows)
-    rewards: dict[int, list[float]] = {}
+def grade_share(
+    reward: Reward, decode: Callable[[list[int]], str], share: list[Group]
+) -> tuple[list[list[float]], dict[str, int]]:
+    """One rank's share of the grading: every response of `share`'s groups in one call of the
+    reward, its rewards group by group, and the share's timeouts, errors and unscored responses."""
+    texts = [decode(r.ids) for g in share for r in g.responses]
+    rows = [g.question for g in share for _ in g.responses]
+    result = reward.score(texts, [q.answer for q in rows], questions=rows)
+    rewards: list[list[float]] = []
     start = 0
-    for gi in mine:
-        end = start + len(groups[gi].responses)
-        rewards[gi] = [float(x) for x in result.rewards[start:end]]
+    for g in share:
+        end = start + len(g.responses)
+        rewards.append([float(x) for x in result.rewards[start:end]])
         start = end
-    unscored = getattr(result, "unscored", 0)
-    graded = shards.merge(rewards, timeouts=result.timeouts, errors=result.errors, unscored=unscored)
-    for gi, group_rewards in graded.items.items():
-        for resp, rew in zip(groups[gi].responses, group_rewards):
+    counts = {"timeouts": result.timeouts, "errors": result.errors}
+    return rewards, counts | {"unscored": getattr(result, "unscored", 0)}
+
+
+def grade_step(
+    reward: Reward, ranks: DataParallel, groups: Sequence[Group], decode: Callable[[list[int]], str]
+) -> dict[str, float]:
+    """Set every response's reward and correctness, `grade_share` mapped over the ranks (`decode`:
+    response ids -> text). Returns the step's reward metrics; raises RewardFailed after
+    `reward.max_failed_steps` steps in a row on which every response failed."""
+    graded, counts = ranks.map_counted(lambda share: grade_share(reward, decode, share), groups)
+    for g, group_rewards in zip(groups, graded):
+        for resp, rew in zip(g.responses, group_rewards):
             resp.reward, resp.correct = rew, reward.is_correct(rew)
-    counts = graded.counts
     reward.end_step(counts["timeouts"] + counts["errors"], sum(len(g.responses) for g in groups))
     return step_metrics(groups, counts)
 

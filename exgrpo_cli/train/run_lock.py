@@ -31,9 +31,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exgrpo_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from exgrpo_cli.policy.sharding import DataParallel
 
 LOCK = ".exgrpo.lock"
 HEARTBEAT_S = 30.0
@@ -197,13 +200,11 @@ class RunLock:
             pass
 
 
-def lock_run_dir(out: Path, dist: Any) -> RunLock | None:
+def lock_run_dir(out: Path, ranks: DataParallel) -> RunLock | None:
     """Rank 0 creates the run dir and takes its lock (returned; None on other ranks); its refusal,
     or a dir it cannot write, is every rank's (one line, exit 2)."""
-    from exgrpo_cli.policy.sharding import Shards
-
     lock, failure = None, None
-    if dist.is_main:
+    if ranks.is_main:
         try:
             out.mkdir(parents=True, exist_ok=True)
             lock = RunLock(out)
@@ -214,7 +215,7 @@ def lock_run_dir(out: Path, dist: Any) -> RunLock | None:
             failure = str(err)
         except OSError as err:
             failure = f"cannot write to the run dir {out}: {err.strerror or err}"
-    failure = Shards(dist).from_main(failure)
+    failure = ranks.from_main(failure)
     if failure is not None:
         raise RunDirLocked(failure)
     return lock

@@ -35,12 +35,13 @@ from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.evaluation.val_scores import check_best_metric
+from exgrpo_cli.plan.model_bounds import check_model
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer
-from exgrpo_cli.policy.model_bounds import check_model
 from exgrpo_cli.policy.offload import HostAdamW
 from exgrpo_cli.policy.placement import OFFLOAD_MODES, Offload
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.registry import pick
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
@@ -101,7 +102,7 @@ def _nothing_to_resume(root: Path) -> None:
         )
 
 
-def decide_resume(cfg: ExgrpoConfig, dist: D.DistInfo) -> tuple[Path | None, list[str]]:
+def decide_resume(cfg: ExgrpoConfig, ranks: DataParallel) -> tuple[Path | None, list[str]]:
     """The checkpoint to resume from (None: a fresh start) and warnings to show. A collective:
     the ranks share the verification of the checkpoint's files; rank 0 alone removes or
     quarantines anything. `auto` takes the newest checkpoint that verifies (quarantining newer
@@ -109,24 +110,24 @@ def decide_resume(cfg: ExgrpoConfig, dist: D.DistInfo) -> tuple[Path | None, lis
     root = Path(cfg.trainer.output_dir) / "checkpoints"
     r = cfg.trainer.resume
     warnings: list[str] = []
-    if dist.is_main:
+    if ranks.is_main:
         torn = ckpt.clean_torn(root)
         warnings += [f"removed {p.name}: a checkpoint whose writing did not finish" for p in torn]
-    D.barrier(dist)
+    ranks.barrier()
     if r == "auto":
-        found, more = ckpt.latest_verified(root, dist)
+        found, more = ckpt.latest_verified(root, ranks)
         if found is None:
             _nothing_to_resume(root)
         return found, warnings + more
     if r == "never":
-        refusal = D.broadcast_object(_refuse_or_clear(cfg) if dist.is_main else None, dist)
+        refusal = ranks.from_main(_refuse_or_clear(cfg) if ranks.is_main else None)
         if refusal:
             raise ResumeRefused(refusal)
         return None, warnings
     path = Path(r)
     if not (path / ckpt.COMPLETE).is_file():
         raise ResumeRefused(f"trainer.resume={r} is not a complete checkpoint folder")
-    reason = ckpt.verify(path, dist=dist)
+    reason = ckpt.verify(path, dist=ranks)
     if reason:
         raise ResumeRefused(f"trainer.resume={r} does not verify: {reason}")
     return path, warnings
@@ -165,24 +166,24 @@ def seed_everything(seed: int) -> None:
 def build_trainer(
     cfg: ExgrpoConfig,
     device: torch.device,
-    dist: D.DistInfo | None = None,
+    ranks: DataParallel | None = None,
     resume_from: Path | None = None,
 ) -> tuple[Trainer, list[Question], LoadReport]:
     """The trainer of a run (resumed from `resume_from` when given), its held-out questions and
-    the report of skipped data rows. Seeds the global RNGs first, as a run does. Without `dist`:
+    the report of skipped data rows. Seeds the global RNGs first, as a run does. Without `ranks`:
     one process computing on `device`."""
-    dist = dist if dist is not None else D.DistInfo(device=device)
+    ranks = ranks if ranks is not None else DataParallel(device=device)
     seed_everything(cfg.trainer.seed)
     # rank 0 first: a hub dataset or tokenizer is downloaded once, the other ranks read its copy
-    train_qs, val_qs, report = D.rank0_first(
-        dist, lambda: load_questions(cfg.data, answer_required=REWARDS[cfg.reward.kind].needs_answer)
+    train_qs, val_qs, report = ranks.main_first(
+        lambda: load_questions(cfg.data, answer_required=REWARDS[cfg.reward.kind].needs_answer)
     )
     if cfg.trainer.val_questions:
         val_qs = val_qs[: cfg.trainer.val_questions]
     model_cfg = cfg.model
     if resume_from is not None:  # weights come from the checkpoint; everything else from the config
         model_cfg = dataclasses.replace(cfg.model, path=str(resume_from / "model"), gguf_file="")
-    tokenizer = D.rank0_first(dist, lambda: load_tokenizer(model_cfg))
+    tokenizer = ranks.main_first(lambda: load_tokenizer(model_cfg))
     template = get_template(cfg.model.template)
     # rendered for every question below: first once, under a time and memory budget
     check_template(template, tokenizer, f"model {model_cfg.path}")
@@ -197,11 +198,11 @@ def build_trainer(
     # shard before the optimizer is built: fully_shard swaps the parameters for DTensors
     def shard(m: PreTrainedModel) -> PreTrainedModel:
         t = cfg.trainer
-        return D.wrap_fsdp2(m, dist, mixed_precision=t.fsdp_mixed_precision or None, offload=offload)
+        return D.wrap_fsdp2(m, ranks, mixed_precision=t.fsdp_mixed_precision or None, offload=offload)
 
-    if dist.distributed:  # under torchrun rank 0 alone reads the weights; the others get their shards
-        model = load_sharded(model_cfg, dist, shard, offload=offload)
-    elif D.shards_alone(dist):  # one GPU: loaded in host memory, FSDP2 places (or offloads) it
+    if ranks.distributed:  # under torchrun rank 0 alone reads the weights; the others get their shards
+        model = load_sharded(model_cfg, ranks, shard, offload=offload)
+    elif D.shards_alone(ranks):  # one GPU: loaded in host memory, FSDP2 places (or offloads) it
         model = shard(load_model(model_cfg, torch.device("cpu")))
     else:
         model = load_model(model_cfg, device)
@@ -226,9 +227,9 @@ def build_trainer(
             data_fingerprint=fingerprint,
         )
         if resume_from is not None:
-            _load_checkpoint(state, resume_from, dist, new_data)
-        scorer = build_reward(cfg.reward, template.requires_think, dist.device)
-        trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), dist=dist)
+            _load_checkpoint(state, resume_from, ranks, new_data)
+        scorer = build_reward(cfg.reward, template.requires_think, ranks.device)
+        trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), parallel=ranks)
     except BaseException:
         # the caller closes the engine and grader of the trainer it gets; without one (a checkpoint
         # that does not load, ...) they are closed here: vLLM's workers and GPU memory, the
@@ -284,18 +285,18 @@ def check_resume_data(cfg: ExgrpoConfig, folder: Path, fingerprint: str) -> bool
     return True
 
 
-def _load_checkpoint(state: RunState, folder: Path, dist: D.DistInfo, new_data: bool) -> None:
+def _load_checkpoint(state: RunState, folder: Path, ranks: DataParallel, new_data: bool) -> None:
     """`state.load`, any failure of which (after verify passed) is a CheckpointLoadError: resume
     quarantines the checkpoint and falls back as for one that fails verification."""
     try:
-        notes = state.load(folder, dist, new_data)
+        notes = state.load(folder, ranks, new_data)
     except Exception as err:  # noqa: BLE001 - whatever a crafted file trips
         raise ckpt.CheckpointLoadError(
             f"{folder} does not load: {type(err).__name__}: {str(err)[:300]}"
         ) from None
     for note in notes:
         log.warning("%s", note)
-        if dist.is_main:
+        if ranks.is_main:
             print(f"exgrpo train: warning: {note}", file=sys.stderr)
 
 
@@ -330,23 +331,23 @@ def warn_low_precision_weights(cfg: ExgrpoConfig) -> None:
     print(f"exgrpo train: warning: {msg}", file=sys.stderr)
 
 
-def share_run_dir(cfg: ExgrpoConfig, dist: D.DistInfo) -> ExgrpoConfig:
+def share_run_dir(cfg: ExgrpoConfig, ranks: DataParallel) -> ExgrpoConfig:
     """torchrun: each rank resolved Hydra's timestamped run dir on its own, and start-up skew can
     put two ranks a second apart, i.e. in two dirs. Rank 0's is the run's: the others adopt it,
     write their log to `<its hydra dir>/<job>.rank<k>.log`, and remove the stray dir Hydra made
     for them when it holds nothing but Hydra's own files."""
-    if not dist.distributed:
+    if not ranks.distributed:
         return cfg
     own = _hydra_dir()
-    out0, hydra0 = D.broadcast_object((cfg.trainer.output_dir, own), dist)
-    if dist.is_main or own is None or hydra0 is None:
+    out0, hydra0 = ranks.from_main((cfg.trainer.output_dir, own))
+    if ranks.is_main or own is None or hydra0 is None:
         return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=out0))
     root = logging.getLogger()
     for h in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
         name = Path(h.baseFilename)
         if name.parent != Path(own):
             continue
-        new = logging.FileHandler(Path(hydra0) / f"{name.stem}.rank{dist.rank}{name.suffix}")
+        new = logging.FileHandler(Path(hydra0) / f"{name.stem}.rank{ranks.rank}{name.suffix}")
         new.setFormatter(h.formatter)
         new.setLevel(h.level)
         root.removeHandler(h)

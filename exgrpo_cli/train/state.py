@@ -43,6 +43,7 @@ from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.export import export_hf
 from exgrpo_cli.policy.optimizer_groups import own_hyper, restore_hyper
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.persistence import load_buffer
 from exgrpo_cli.replay.schedule import DelayedStart
@@ -133,34 +134,34 @@ class RunState:
         return hashlib.blake2b(json.dumps(shared, sort_keys=True).encode(), digest_size=8).hexdigest()
 
     # ------------------------------------------------------------------ checkpoint files
-    def save(self, root: Path, keep: int, tokenizer: Any, dist: D.DistInfo) -> Path | None:
+    def save(self, root: Path, keep: int, tokenizer: Any, ranks: DataParallel) -> Path | None:
         """Write checkpoint `root/step_<step>` atomically, with a manifest of checksums (a
         collective under torchrun: every rank calls it). Returns its path on rank 0, None elsewhere."""
 
         def write(tmp: Path) -> None:
             # collectives first, in the same order on every rank; rank 0 alone writes the rest
-            export_hf(self.model, tmp / "model", tokenizer, dist)
+            export_hf(self.model, tmp / "model", tokenizer, ranks)
             (tmp / "optimizer").mkdir(exist_ok=True)
-            D.save_optimizer(self.model, self.optimizer, tmp / "optimizer", dist)
-            if dist.is_main:
+            D.save_optimizer(self.model, self.optimizer, tmp / "optimizer", ranks)
+            if ranks.is_main:
                 ckpt.disk_fault(self.step)
                 self.buffer.save(str(tmp / "replay"))
                 save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
                 ckpt.write_json(tmp / "trainer_state.json", self.state_dict())
 
-        return ckpt.save_checkpoint(root, self.step, write, keep, dist)
+        return ckpt.save_checkpoint(root, self.step, write, keep, ranks)
 
-    def load(self, folder: Path, dist: D.DistInfo, new_data: bool = False) -> list[str]:
+    def load(self, folder: Path, ranks: DataParallel, new_data: bool = False) -> list[str]:
         """Restore everything but the weights from checkpoint `folder` (the model was built from
         `folder/model`); the optimizer state is resharded onto this run's ranks, its
         hyper-parameters stay the config's (returns a line per value the checkpoint had otherwise).
         The buffer is read into this run's (its group size and buckets must match the config)."""
         own = own_hyper(self.optimizer)
         if (folder / "optimizer").is_dir():
-            D.load_optimizer(self.model, self.optimizer, folder / "optimizer", dist)
+            D.load_optimizer(self.model, self.optimizer, folder / "optimizer", ranks)
         else:  # a checkpoint written before the sharded format: one full optimizer state
-            full = ckpt.optimizer_state_from_files(folder) if dist.is_main else {}
-            D.load_full_optimizer_state_dict(self.model, self.optimizer, full, dist)
+            full = ckpt.optimizer_state_from_files(folder) if ranks.is_main else {}
+            D.load_full_optimizer_state_dict(self.model, self.optimizer, full, ranks)
         notes = restore_hyper(self.optimizer, own)
         self.buffer.load_state_dict(load_buffer(str(folder / "replay")))
         self.load_state_dict(ckpt.read_json(folder / "trainer_state.json"), new_data)

@@ -44,10 +44,10 @@ from exgrpo_cli.algo.rollout_correction import (
     correction_stats,
     correction_weights,
 )
-from exgrpo_cli.policy.distributed import DistInfo, local_dist
+from exgrpo_cli.policy.distributed import local_dist
 from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows, synced_micro_batches
 from exgrpo_cli.policy.offload import clip_grad_norm
-from exgrpo_cli.policy.sharding import Shards
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
 from exgrpo_cli.train.offpolicy import OffPolicySums, correction_of, offpolicy_sums
 
@@ -129,7 +129,7 @@ def policy_update(
     advantages: Tensor,
     plan: UpdatePlan,
     pad_id: int,
-    dist: DistInfo | None = None,
+    dist: DataParallel | None = None,
 ) -> UpdateResult:
     # the batches are packed on the run's compute device (`dist.device`), which under FSDP2's CPU
     # offload is not where the parameters are
@@ -159,7 +159,7 @@ def policy_update(
         res.grad_norms.append(norm)
         # every rank must take the same decision, and a non-finite loss may be on one rank only;
         # judged per update: a non-finite earlier mini-batch must not condemn this one
-        bad_loss = Shards(dist).any(not math.isfinite(mb_loss))
+        bad_loss = dist.any(not math.isfinite(mb_loss))
         # skip-on-non-finite (and on huge norms, as the paper)
         skip = not math.isfinite(norm) or norm > plan.skip_grad_norm_above or bad_loss
         if not skip:
@@ -179,12 +179,12 @@ def _accumulate(
     old: dict[int, list[float]],
     plan: UpdatePlan,
     pad_id: int,
-    dist: DistInfo,
+    dist: DataParallel,
     res: UpdateResult,
 ) -> tuple[LossStats, float]:
     """Back-propagate one update's objective, micro-batch by micro-batch; (its stats, its loss)."""
-    device, shards = dist.device, Shards(dist)
-    rows_mean = shards.mean({"rows": len(rows)})["rows"]
+    device = dist.device
+    rows_mean = dist.mean({"rows": len(rows)})["rows"]
     shape = UpdateShape(
         response_lengths=[len(batch.response_ids[i]) for i in rows],
         sequence_lengths=[len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows],
@@ -192,7 +192,7 @@ def _accumulate(
         max_response_tokens=plan.max_response_tokens,
         row_keys=_row_keys(batch, rows),
     )
-    norms = plan.aggregation(shape, shards.gather)
+    norms = plan.aggregation(shape, dist.gather)
     position = {row: k for k, row in enumerate(rows)}
     stats, total = LossStats(), 0.0
     with_entropy = plan.entropy_coef > 0
@@ -269,7 +269,12 @@ def _engine_logprobs(batch: MixedBatch, sb: SequenceBatch, device: torch.device)
 
 @torch.no_grad()
 def _old_logprobs(
-    model: torch.nn.Module, batch: MixedBatch, rows: list[int], plan: UpdatePlan, pad_id: int, dist: DistInfo
+    model: torch.nn.Module,
+    batch: MixedBatch,
+    rows: list[int],
+    plan: UpdatePlan,
+    pad_id: int,
+    dist: DataParallel,
 ) -> dict[int, list[float]]:
     """pi_old's log-probs of `rows` (row -> per-token list), before any update of the step."""
     device = dist.device

@@ -21,6 +21,7 @@ from exgrpo_cli.algo.aggregation import AggregationSettings, official
 from exgrpo_cli.algo.losses import ExgrpoLoss
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
 from exgrpo_cli.train.update import policy_update
 
@@ -115,7 +116,7 @@ class Capture(torch.optim.Optimizer):
         self.grads = [(g.full_tensor() if hasattr(g, "full_tensor") else g).detach().clone() for g in grads]
 
 
-def exgrpo_gradient(net: torch.nn.Module, dist: D.DistInfo, budget: int) -> list[torch.Tensor]:
+def exgrpo_gradient(net: torch.nn.Module, dist: DataParallel, budget: int) -> list[torch.Tensor]:
     """This rank's share of the step through exgrpo's update (FSDP2 on several ranks)."""
     groups = step_groups()
     mine = list(range(dist.rank, len(groups), dist.world_size))

@@ -26,7 +26,7 @@ from exgrpo_cli.algo.aggregation import (
 )
 from exgrpo_cli.algo.losses import ExgrpoLoss
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
 from exgrpo_cli.train.update import policy_update
 
@@ -121,7 +121,7 @@ def test_official_on_one_rank_is_the_official_8_gpu_objective(budget: int) -> No
     """One process trains on the whole step: its gradient is the 8 GPUs' averaged one, not 8x it."""
     worker = _objective_worker()
     want = worker.official_gradient(worker.model())
-    got = worker.exgrpo_gradient(worker.model(), D.DistInfo(), budget)
+    got = worker.exgrpo_gradient(worker.model(), DataParallel(), budget)
     for w, g in zip(want, got):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
 

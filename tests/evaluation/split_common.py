@@ -10,14 +10,14 @@ from exgrpo_cli.algo.logprobs import ENTROPY
 from exgrpo_cli.data.synthetic import train_and_val
 from exgrpo_cli.data.templates import TEMPLATES
 from exgrpo_cli.evaluation.validate import sample_and_grade
-from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.policy.scoring import score_candidates
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.reward import RewardScorer
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.rollout.hf import HFEngine
 
 
-def run_both(model: torch.nn.Module, tok: Any, dist: DistInfo | None) -> dict[str, Any]:
+def run_both(model: torch.nn.Module, tok: Any, dist: DataParallel | None) -> dict[str, Any]:
     _, val = train_and_val(10, 13, max_digits=2, ops=["+", "-", "*"], seed=5)
     template = TEMPLATES["think_short"]
     engine = HFEngine(model, tok)
@@ -31,7 +31,7 @@ def run_both(model: torch.nn.Module, tok: Any, dist: DistInfo | None) -> dict[st
             n=2,
             spec=SamplingSpec(1.0, 1.0, 24, seed=11),
             chunk=6,
-            dist=dist,
+            ranks=dist,
         )
     prompts = [tok(template.render(q, tok), add_special_tokens=False)["input_ids"] for q in val]
     responses = [tok(f"<think>{q.question}</think>\\boxed{{{q.answer}}}")["input_ids"] for q in val]

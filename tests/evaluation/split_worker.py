@@ -24,7 +24,7 @@ def main(out: str) -> None:
     if dist.is_main:
         with open(out, "w") as fh:
             json.dump(result, fh)
-    D.barrier(dist)
+    dist.barrier()
     D.close_distributed()
 
 

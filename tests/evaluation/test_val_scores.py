@@ -51,7 +51,7 @@ def test_the_training_validation_logs_the_per_source_scores() -> None:
     """train/run.py `validate`: what every validation of `exgrpo train` logs (and what
     checkpoints/best compares under trainer.best_metric)."""
     from exgrpo_cli.data.templates import TEMPLATES
-    from exgrpo_cli.policy.distributed import DistInfo
+    from exgrpo_cli.policy.sharding import DataParallel
     from exgrpo_cli.reward.scorer import ScoreResult
     from exgrpo_cli.rollout.base import Rollout
     from exgrpo_cli.train.run import validate
@@ -91,7 +91,7 @@ def test_the_training_validation_logs_the_per_source_scores() -> None:
         tokenizer=Tok(),
         template=TEMPLATES["plain"],
         scorer=Scorer(),
-        dist=DistInfo(),
+        parallel=DataParallel(),
     )
     out = validate(trainer, qs)  # type: ignore[arg-type]
     assert out["val/accuracy"] == pytest.approx(0.2)  # 2 of 10 rows

@@ -8,6 +8,8 @@ import pytest
 from exgrpo_cli.data.templates import TEMPLATES
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.evaluation.validate import sample_and_grade
+from exgrpo_cli.policy import sharding as S
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.reward.scorer import ScoreResult
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec
 
@@ -79,9 +81,6 @@ def test_sample_and_grade_old_and_new_outputs():
 def test_rank_zero_progress_counts_every_rank_s_chunks(monkeypatch: Any) -> None:
     """Under 2 ranks, rank 0 generates chunks 0 and 2 of 3; its progress bar stands for the whole
     eval, so it reports the questions the two ranks have done together."""
-    from types import SimpleNamespace
-
-    import exgrpo_cli.policy.distributed as D
 
     class Gathered(Exception):
         pass
@@ -89,7 +88,7 @@ def test_rank_zero_progress_counts_every_rank_s_chunks(monkeypatch: Any) -> None
     def gather(obj: Any, dist: Any) -> None:
         raise Gathered  # generation is over: only the ticks matter here
 
-    monkeypatch.setattr(D, "all_gather_object", gather)
+    monkeypatch.setattr(S, "all_gather_object", gather)
     ticks: list[int] = []
     with pytest.raises(Gathered):
         sample_and_grade(
@@ -102,7 +101,7 @@ def test_rank_zero_progress_counts_every_rank_s_chunks(monkeypatch: Any) -> None
             spec=SamplingSpec(0.6, 1.0, 8, seed=10),
             chunk=6,
             progress=ticks.append,
-            dist=SimpleNamespace(rank=0, world_size=2),  # type: ignore[arg-type]
+            ranks=DataParallel(rank=0, world_size=2),
         )
     assert ticks == [4, 5]  # after one call each: chunks 0 and 1 (4 questions); then all 5
 

@@ -9,12 +9,12 @@ import pytest
 
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.plan.arch import Arch
+from exgrpo_cli.plan.engines import ENGINE_MEMORY
 from exgrpo_cli.plan.fixes import knobs, more_devices, runtime_fixes
 from exgrpo_cli.plan.inputs import Devices, inputs_from_config, planned_devices
 from exgrpo_cli.plan.memory import GiB, PlanInputs, plan_memory
 from exgrpo_cli.plan.report import PlanDoesNotFit, check_memory, format_plan
 from exgrpo_cli.policy.placement import OFFLOAD_MODES
-from exgrpo_cli.rollout import ENGINES
 
 QWEN7 = Arch(3584, 18944, 28, 28, 4, 152064, False, 131072, attention_bias=True, source="test")
 ONE_GPU = PlanInputs(
@@ -27,7 +27,7 @@ ONE_GPU = PlanInputs(
     checkpointing=True,
     token_budget=16384,
     seq_tokens=9216,
-    engine=ENGINES["vllm"],
+    engine=ENGINE_MEMORY["vllm"],
     vllm_share=0.5,
     vllm_sleep=False,
     vllm_max_len=9216,

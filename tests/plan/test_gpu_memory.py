@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from exgrpo_cli.plan.arch import arch_from_config_json
+from exgrpo_cli.plan.engines import ENGINE_MEMORY
 from exgrpo_cli.plan.memory import BACKWARD, STEP, GiB, PlanInputs, plan_memory
 from exgrpo_cli.policy.forward import forward_logprobs, pack
 from exgrpo_cli.policy.placement import NO_OFFLOAD
-from exgrpo_cli.rollout import ENGINES
 
 CONFIG = dict(
     model_type="qwen2",
@@ -45,7 +45,7 @@ def _planned(checkpointing: bool, phase: int) -> int:
         checkpointing=checkpointing,
         token_budget=ROWS * (PROMPT + RESPONSE),
         seq_tokens=PROMPT + RESPONSE,
-        engine=ENGINES["hf"],
+        engine=ENGINE_MEMORY["hf"],
         vllm_share=0.0,
         vllm_sleep=False,
         vllm_max_len=PROMPT + RESPONSE,

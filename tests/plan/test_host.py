@@ -133,7 +133,9 @@ def test_validation_sleeps_at_the_configured_level(monkeypatch: pytest.MonkeyPat
     graded = SimpleNamespace(accuracy=0.5, pass_at_n=1.0, questions=[], correct=[])
     monkeypatch.setattr(run, "sample_and_grade", lambda *a, **k: graded)
     cfg = ExgrpoConfig()
-    trainer = SimpleNamespace(cfg=cfg, engine=engine, tokenizer=None, template=None, scorer=None, dist=None)
+    trainer = SimpleNamespace(
+        cfg=cfg, engine=engine, tokenizer=None, template=None, scorer=None, parallel=None
+    )
     run.validate(trainer, [])  # type: ignore[arg-type]
     cfg.rollout.validation_sleep_level = 1
     run.validate(trainer, [])  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ from exgrpo_cli.plan.activations import (
     layer_activation_bytes,
 )
 from exgrpo_cli.plan.arch import Arch
+from exgrpo_cli.plan.engines import ENGINE_MEMORY
 from exgrpo_cli.plan.memory import (
     CPU_VLLM_KV_BYTES,
     RUNTIME_BYTES,
@@ -29,7 +30,6 @@ from exgrpo_cli.plan.memory import (
     vllm_workspace_bytes,
 )
 from exgrpo_cli.policy.placement import OFFLOAD_MODES
-from exgrpo_cli.rollout import ENGINES
 
 TOY = Arch(
     hidden_size=8,
@@ -52,7 +52,7 @@ X = PlanInputs(
     checkpointing=True,
     token_budget=64,
     seq_tokens=48,
-    engine=ENGINES["vllm"],
+    engine=ENGINE_MEMORY["vllm"],
     vllm_share=0.5,
     vllm_sleep=False,
     vllm_max_len=48,
@@ -149,7 +149,7 @@ def test_offload_moves_the_state_to_the_host() -> None:
 
 
 def test_one_cpu_process_trains_without_fsdp_in_the_weights_dtype() -> None:
-    one = dataclasses.replace(X, ranks=1, device="cpu", engine=ENGINES["hf"])
+    one = dataclasses.replace(X, ranks=1, device="cpu", engine=ENGINE_MEMORY["hf"])
     terms = _terms(one)
     assert not {"root unit gathered", "layers in flight", "weight sync"} & set(terms)
     assert terms["weights"] == (4 * 1736,) * 4
@@ -162,7 +162,7 @@ def test_one_cpu_process_is_never_sharded_whatever_the_offload() -> None:
     offload=optimizer is HostAdamW on the plain model): the plan must not count FSDP's terms."""
     for name in ("optimizer", "all"):
         offload = OFFLOAD_MODES[name]
-        one = dataclasses.replace(X, ranks=1, device="cpu", engine=ENGINES["hf"], offload=offload)
+        one = dataclasses.replace(X, ranks=1, device="cpu", engine=ENGINE_MEMORY["hf"], offload=offload)
         assert not one.fsdp
         assert not {"root unit gathered", "layers in flight"} & set(_terms(one))
 
@@ -189,7 +189,7 @@ def test_cpu_host_plan_has_no_cuda_terms() -> None:
 
 
 def test_hf_engine_rollout() -> None:
-    hf = _terms(dataclasses.replace(X, engine=ENGINES["hf"]))
+    hf = _terms(dataclasses.replace(X, engine=ENGINE_MEMORY["hf"]))
     # 8 sequences x 48 tokens x (2 L kv c = 2*2*4*2)
     assert hf["HF KV cache"] == (8 * 48 * 32, 0, 0, 0)
     assert hf["HF logits"][0] == 8 * 32 * 4 * 2 + (1 << 30)
@@ -232,7 +232,7 @@ def test_fp32_head_counts_its_copy_only_under_a_16_bit_compute_dtype() -> None:
     copy = 4 * 32 * 8  # V x H in fp32
     assert _terms(with_head)["fp32 head copy"] == (0, copy, 0, 0)
     assert plan_memory(TOY, with_head).totals[1] == plan_memory(TOY, X).totals[1] + copy
-    hf = _terms(dataclasses.replace(with_head, engine=ENGINES["hf"]))
+    hf = _terms(dataclasses.replace(with_head, engine=ENGINE_MEMORY["hf"]))
     assert hf["fp32 head copy"] == (copy, copy, 0, 0)  # HF generation projects through it too
     assert "fp32 head copy" not in _terms(dataclasses.replace(with_head, mixed_bytes=0))  # fp32 already
     assert "fp32 head copy" not in _terms(X)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.vllm_weights import named_tensors
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def gathered_weights(model: torch.nn.Module, dist: D.DistInfo) -> dict[str, torch.Tensor]:
+def gathered_weights(model: torch.nn.Module, dist: DataParallel) -> dict[str, torch.Tensor]:
     """The full weights as plain CPU tensors under the HF names, on rank 0 (`{}` elsewhere): a
     collective under FSDP2."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -83,7 +84,7 @@ def token_objective(model: PreTrainedModel, rows: torch.Tensor, chunked: bool) -
     return ((logp * weights).sum() + 0.1 * ent.sum()) / logp.numel()
 
 
-def chunked_head_under_fsdp(data: torch.Tensor, mine: torch.Tensor, dist: D.DistInfo) -> float:
+def chunked_head_under_fsdp(data: torch.Tensor, mine: torch.Tensor, dist: DataParallel) -> float:
     """The chunked projection uses the root unit's tied embedding / head outside the model's own
     projection: its gradient under FSDP2 (this rank's rows) must equal the full-logits gradient of
     a plain model over the whole batch."""
@@ -126,7 +127,7 @@ def main(out_path: str) -> None:
         ref_norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0))
         opt.step()
         ref_opt.step()
-        norms = D.all_reduce_dict({"max": norm, "min": -norm}, dist, op="max")
+        norms = dist.max({"max": norm, "min": -norm})
         assert norms["max"] == -norms["min"], f"ranks disagree on the grad norm: {norms}"
         weight_diff = max(
             float((full(p.detach()) - r.detach()).abs().max())
@@ -136,8 +137,8 @@ def main(out_path: str) -> None:
         report["weight_diff"].append(weight_diff)
         report["grad_norm"].append(norm)
         report["ref_grad_norm"].append(ref_norm)
-        report["loss"].append(D.all_reduce_dict({"loss": float(loss.detach())}, dist)["loss"])
-        assert D.all_gather_object(float(loss.detach()), dist)[dist.rank] == float(loss.detach())
+        report["loss"].append(dist.mean({"loss": float(loss.detach())})["loss"])
+        assert dist.gather(float(loss.detach()))[dist.rank] == float(loss.detach())
         assert grad_diff < 1e-5, f"FSDP grad differs from the single-process grad by {grad_diff}"
         assert abs(norm - ref_norm) < 1e-5 * max(1.0, ref_norm), (norm, ref_norm)
         # AdamW divides by sqrt(v): parameters with near-zero gradients amplify the ~1e-8 gradient
@@ -201,7 +202,7 @@ def main(out_path: str) -> None:
         report["world_size"] = dist.world_size
         with open(out_path, "w") as fh:
             json.dump(report, fh)
-    D.barrier(dist)
+    dist.barrier()
     D.close_distributed()
 
 

@@ -31,7 +31,7 @@ def main(out_dir: str) -> None:
         # a stop id that only generation_config.json holds (as a chat model's <|im_end|>)
         saved_model.generation_config.eos_token_id = STOP_IDS
         saved_model.save_pretrained(folder)  # the weights every rank must end with
-    D.barrier(dist)
+    dist.barrier()
 
     opened: list[str] = []
     if not dist.is_main:  # rank 1 records every file Python opens, and may not load a model
@@ -68,7 +68,7 @@ def main(out_dir: str) -> None:
         save_file({n: w.contiguous() for n, w in weights.items()}, str(out / "weights.safetensors"))
         save_file({k: v.contiguous() for k, v in moments.items()}, str(out / "optimizer_full.safetensors"))
         (out / "report.json").write_text(json.dumps({"loss": float(loss), "reference": reference}))
-    D.barrier(dist)
+    dist.barrier()
     D.close_distributed()
 
 

@@ -8,7 +8,7 @@ host_adamw (2 ranks): a model whose last layer has one output row is sharded une
   `_apply` (what to_empty and .to() run) makes FSDP2 replace every local shard object, re-padding
   the empty one; the steps must still equal plain AdamW's on one process.
 one_rank_fsdp (1 rank): a one-GPU run's model (FSDP2 over a one-rank group, DTensor parameters)
-  with the one-process DistInfo the trainer gives it (`distributed` False): a legacy checkpoint's
+  with the one-process DataParallel the trainer gives it (`distributed` False): a legacy checkpoint's
   full optimizer state (plain `optimizer.state_dict()` layout) loads into DTensor state and
   steps as the one-process reference does; the sharded optimizer files round-trip too.
 """
@@ -23,6 +23,7 @@ import torch
 
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.offload import HostAdamW
+from exgrpo_cli.policy.sharding import DataParallel
 
 LR, STEPS = 1e-2, 3
 
@@ -36,7 +37,7 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def sharded(dist: D.DistInfo) -> torch.nn.Module:
+def sharded(dist: DataParallel) -> torch.nn.Module:
     """As policy.model.load_sharded: the architecture on meta, sharded, materialised empty, then
     rank 0's weights broadcast into the shards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -53,7 +54,7 @@ def sharded(dist: D.DistInfo) -> torch.nn.Module:
     return model
 
 
-def host_adamw(dist: D.DistInfo) -> dict[str, float]:
+def host_adamw(dist: DataParallel) -> dict[str, float]:
     model = sharded(dist)
     empty = [n for n, p in model.named_parameters() if p._local_tensor.numel() == 0]  # type: ignore[attr-defined]
     assert (dist.rank == 1) == bool(empty), f"rank {dist.rank}: empty shards {empty}"
@@ -90,7 +91,7 @@ def _local_state(opt: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor:
     return m._local_tensor if hasattr(m, "_local_tensor") else m
 
 
-def one_rank_fsdp(dist: D.DistInfo) -> dict[str, float]:
+def one_rank_fsdp(dist: DataParallel) -> dict[str, float]:
     import copy
     import tempfile
     from pathlib import Path
@@ -157,7 +158,7 @@ def main(mode: str, out_path: str) -> None:
     if dist.is_main:
         with open(out_path, "w") as fh:
             json.dump({"world_size": dist.world_size, **report}, fh)
-    D.barrier(dist)
+    dist.barrier()
     D.close_distributed()
     # Every check has passed and rank 0 has written the report. What follows is the interpreter
     # tearing down torch's gloo objects, which this test does not measure: CI once saw rank 1 abort

@@ -9,40 +9,48 @@ from __future__ import annotations
 import json
 import sys
 
+import torch
+
 from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.sharding import Shards
 
 
 def main(out: str) -> None:
     dist = D.init_distributed(timeout_s=60, device="cpu")
-    shards = Shards(dist)
-    mine = shards.mine(7)
-    merged = shards.merge({i: f"item {i} by rank {dist.rank}" for i in mine}, done=len(mine))
+    mine = dist.mine(7)
+    merged = dist.merge({i: f"item {i} by rank {dist.rank}" for i in mine}, done=len(mine))
     report = {
         "world_size": dist.world_size,
-        "mine": shards.gather(mine),
-        "rounds": shards.rounds(7),
+        "mine": dist.gather(mine),
+        "rounds": dist.rounds(7),
         "in_order": merged.in_order(7),
         "counts": merged.counts,
-        "mean": shards.mean({"x": float(dist.rank)}),
-        "max": shards.max({"x": float(dist.rank)}),
-        "any": [shards.any(dist.rank == 1), shards.any(False)],
-        "from_main": shards.from_main(f"rank {dist.rank}'s"),
-        "seeds": shards.gather(shards.seed(100)),
+        "mean": dist.mean({"x": float(dist.rank)}),
+        "max": dist.max({"x": float(dist.rank)}),
+        "any": [dist.any(dist.rank == 1), dist.any(False)],
+        "from_main": dist.from_main(f"rank {dist.rank}'s"),
+        "seeds": dist.gather(dist.seed(100)),
+        "equal_calls": dist.equal_calls(3 + dist.rank),
+        "map": dist.map(lambda share: [f"{x}@{dist.rank}" for x in share], list("abcde")),
+        "sum": dist.sum({"x": float(dist.rank + 1)}),
+        "main_first": dist.main_first(lambda: dist.rank),
     }
-    shards.check_agree(lambda: "same", step=1)
+    tensor = torch.full((2,), float(dist.rank))
+    dist.fill_from_main(tensor)
+    report["filled"] = dist.gather(tensor.tolist())
+    dist.barrier()
+    dist.check_agree(lambda: "same", step=1)
     try:
-        shards.check_agree(lambda: f"rank {dist.rank}", step=2)
+        dist.check_agree(lambda: f"rank {dist.rank}", step=2)
         report["diverged"] = "not detected"
     except RuntimeError as err:
         report["diverged"] = str(err)
     try:
-        shards.merge({0: dist.rank})  # both ranks claim item 0
+        dist.merge({0: dist.rank})  # both ranks claim item 0
         report["claimed_twice"] = "not detected"
     except RuntimeError as err:
         report["claimed_twice"] = str(err)
     try:
-        shards.merge({i: dist.rank for i in mine if i != 5}).in_order(7)  # nobody returns item 5
+        dist.merge({i: dist.rank for i in mine if i != 5}).in_order(7)  # nobody returns item 5
         report["gap"] = "not detected"
     except RuntimeError as err:
         report["gap"] = str(err)

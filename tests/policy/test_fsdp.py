@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.sharding import DataParallel
 
 from conftest import torchrun, worker_env
 
@@ -44,10 +45,10 @@ def test_single_rank_is_plain_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
     model = torch.nn.Linear(3, 2)
     assert D.wrap_fsdp2(model, dist, mixed_precision="bf16") is model
     assert not D.is_sharded(model)
-    assert D.all_reduce_dict({"a": 1.0, "b": 2.0}, dist, op="sum") == {"a": 1.0, "b": 2.0}
-    assert D.broadcast_object({"x": 1}, dist) == {"x": 1}
-    assert D.all_gather_object("me", dist) == ["me"]
-    D.barrier(dist)
+    assert dist.sum({"a": 1.0, "b": 2.0}) == {"a": 1.0, "b": 2.0}
+    assert dist.from_main({"x": 1}) == {"x": 1}
+    assert dist.gather("me") == ["me"]
+    dist.barrier()
     opt = torch.optim.AdamW(model.parameters())
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
@@ -84,7 +85,7 @@ def test_rank0_reads_the_weights_and_a_two_rank_optimizer_resumes_on_one(tmp_pat
     model = worker.build()
     model.load_state_dict(load_file(str(tmp_path / "weights.safetensors")), strict=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    D.load_optimizer(model, opt, tmp_path / "optimizer", D.DistInfo())
+    D.load_optimizer(model, opt, tmp_path / "optimizer", DataParallel())
     expected = load_file(str(tmp_path / "optimizer_full.safetensors"))
     state = opt.state_dict()["state"]
     assert len(state) == len({k.split(".")[0] for k in expected})

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from exgrpo_cli.policy import checkpoint as ckpt
-from exgrpo_cli.policy.distributed import DistInfo, load_optimizer, read_optimizer_tensors, save_optimizer
+from exgrpo_cli.policy.distributed import load_optimizer, read_optimizer_tensors, save_optimizer
 from exgrpo_cli.policy.metadata_guard import METADATA_FILE, NotDataError, read_metadata, refusal
+from exgrpo_cli.policy.sharding import DataParallel
 
 
 class _Touch:
@@ -33,7 +34,7 @@ def _trained(folder: Path) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.ones(2, 4)).sum().backward()
     opt.step()
-    save_optimizer(model, opt, folder, DistInfo())
+    save_optimizer(model, opt, folder, DataParallel())
     return model, opt
 
 
@@ -50,7 +51,7 @@ def test_a_real_metadata_file_parses_and_loads_as_before(tmp_path: Path) -> None
     }
     assert refusal(tmp_path) is None
     model2, opt2 = _fresh()
-    load_optimizer(model2, opt2, tmp_path, DistInfo())
+    load_optimizer(model2, opt2, tmp_path, DataParallel())
     for pid, state in opt.state_dict()["state"].items():
         for name, value in state.items():
             assert torch.equal(value, opt2.state_dict()["state"][pid][name])
@@ -71,7 +72,7 @@ def test_a_crafted_metadata_file_runs_nothing_and_is_refused(tmp_path: Path) -> 
     assert reason is not None and "holds something other than data" in reason and "system" in reason
     model2, opt2 = _fresh()
     with pytest.raises(NotDataError):  # the loader itself refuses too (not only verify)
-        load_optimizer(model2, opt2, folder, DistInfo())
+        load_optimizer(model2, opt2, folder, DataParallel())
     with pytest.raises(NotDataError):
         read_optimizer_tensors(folder)
     assert not marker.exists()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from exgrpo_cli.policy.distributed import DistInfo, save_optimizer
+from exgrpo_cli.policy.distributed import save_optimizer
 from exgrpo_cli.policy.metadata_guard import (
     MAX_MESSAGE,
     METADATA_FILE,
@@ -26,6 +26,7 @@ from exgrpo_cli.policy.metadata_guard import (
     read_metadata,
     refusal,
 )
+from exgrpo_cli.policy.sharding import DataParallel
 
 _DCP = b"torch.distributed.checkpoint.metadata"
 
@@ -46,7 +47,7 @@ def _real(folder: Path) -> bytes:
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.ones(2, 4)).sum().backward()
     opt.step()
-    save_optimizer(model, opt, folder, DistInfo())
+    save_optimizer(model, opt, folder, DataParallel())
     return (folder / METADATA_FILE).read_bytes()
 
 

@@ -13,9 +13,11 @@ import torch
 
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy import sharding as S
 from exgrpo_cli.policy.model import load_model, materialize
 from exgrpo_cli.policy.offload import HostAdamW
 from exgrpo_cli.policy.placement import OFFLOAD_MODES
+from exgrpo_cli.policy.sharding import DataParallel
 
 
 def _steps(opt_cls: type[torch.optim.Optimizer], **kw: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -43,10 +45,10 @@ def test_host_adamw_is_adamw() -> None:
 
 def test_host_adamw_state_round_trips_in_place(tmp_path: Path) -> None:
     model, opt = _steps(HostAdamW)
-    D.save_optimizer(model, opt, tmp_path, D.DistInfo())
+    D.save_optimizer(model, opt, tmp_path, DataParallel())
     fresh = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
     opt2 = HostAdamW(fresh.parameters(), lr=0.5)
-    D.load_optimizer(fresh, opt2, tmp_path, D.DistInfo())
+    D.load_optimizer(fresh, opt2, tmp_path, DataParallel())
     assert opt2.param_groups[0]["lr"] == 1e-2 and opt2.param_groups[0]["betas"] == (0.9, 0.99)
     for p, q in zip(model.parameters(), fresh.parameters()):
         assert torch.equal(opt.state[p]["exp_avg_sq"], opt2.state[q]["exp_avg_sq"])
@@ -61,7 +63,7 @@ def test_offload_all_asks_fsdp2_for_its_cpu_offload(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(mesh_mod, "init_device_mesh", lambda *a, **k: "mesh")
     monkeypatch.setattr(fsdp, "fully_shard", lambda module, **kw: calls.append(kw))
     model = load_model(ModelConfig(), torch.device("cpu"))
-    two_ranks = D.DistInfo(rank=0, world_size=2)
+    two_ranks = DataParallel(rank=0, world_size=2)
     D.wrap_fsdp2(model, two_ranks, offload=OFFLOAD_MODES["all"])
     layers = len(model.model.layers)
     assert len(calls) == layers + 1  # each decoder layer, then the root
@@ -71,8 +73,8 @@ def test_offload_all_asks_fsdp2_for_its_cpu_offload(monkeypatch: pytest.MonkeyPa
     D.wrap_fsdp2(model, two_ranks)
     assert all(type(c["offload_policy"]).__name__ == "OffloadPolicy" for c in calls)
     # one process: FSDP2 on a GPU (mixed precision and offload apply), plain PyTorch on a CPU
-    assert D.shards_alone(D.DistInfo(device=torch.device("cuda", 0)))
-    assert not D.shards_alone(D.DistInfo())
+    assert D.shards_alone(DataParallel(device=torch.device("cuda", 0)))
+    assert not D.shards_alone(DataParallel())
 
 
 def test_gradient_checkpointing_is_non_reentrant_and_exact() -> None:
@@ -160,7 +162,7 @@ def test_the_checkpoint_export_gathers_on_the_compute_device(
     shards = {k: HostShard(v.detach()) for k, v in model.state_dict().items()}
     monkeypatch.setattr(model, "state_dict", lambda: shards)
     monkeypatch.setattr(export, "_finish", lambda *a: None)  # the configs: not what is tested
-    export.export_hf(model, tmp_path, None, D.DistInfo(rank=0, world_size=2, device=CUDA))
+    export.export_hf(model, tmp_path, None, DataParallel(rank=0, world_size=2, device=CUDA))
     from safetensors.torch import load_file
 
     saved = load_file(str(tmp_path / "model-00001.safetensors"))
@@ -176,7 +178,7 @@ def test_grad_clipping_of_offloaded_gradients_reduces_one_scalar_on_the_compute_
     params[0].grad, params[1].grad = torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 4.0])
     reduced: list[dict[str, float]] = []
 
-    def all_reduce(values: dict[str, float], dist: D.DistInfo, op: str = "mean") -> dict[str, float]:
+    def all_reduce(values: dict[str, float], dist: DataParallel, op: str = "mean") -> dict[str, float]:
         reduced.append(dict(values))  # plain floats, sent as one tensor on dist.device
         assert op == "sum"
         return {k: v * 2 for k, v in values.items()}  # two ranks holding the same shard norms
@@ -184,12 +186,12 @@ def test_grad_clipping_of_offloaded_gradients_reduces_one_scalar_on_the_compute_
     def nccl_clip(*args: Any, **kwargs: Any) -> torch.Tensor:  # torch's: a host tensor over NCCL
         raise RuntimeError("NCCL stand-in: Tensors must be CUDA and dense")
 
-    monkeypatch.setattr(offload, "all_reduce_dict", all_reduce)
+    monkeypatch.setattr(S, "all_reduce_dict", all_reduce)
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", nccl_clip)
-    norm = offload.clip_grad_norm(params, 1.0, D.DistInfo(rank=0, world_size=2, device=CUDA))
+    norm = offload.clip_grad_norm(params, 1.0, DataParallel(rank=0, world_size=2, device=CUDA))
     assert reduced == [{"sq": 25.0}] and norm == pytest.approx(50**0.5)
     coef = 1.0 / (50**0.5 + 1e-6)
     torch.testing.assert_close(params[0].grad, torch.tensor([3.0 * coef, 0.0, 0.0]))
     torch.testing.assert_close(params[1].grad, torch.tensor([0.0, 4.0 * coef]))
     with pytest.raises(RuntimeError, match="NCCL stand-in"):  # gradients on the compute device: torch's
-        offload.clip_grad_norm(params, 1.0, D.DistInfo(rank=0, world_size=2, device=HOST))
+        offload.clip_grad_norm(params, 1.0, DataParallel(rank=0, world_size=2, device=HOST))

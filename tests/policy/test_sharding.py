@@ -14,17 +14,16 @@ import pytest
 import torch
 from thread_ranks import Exchange, run_ranks
 
-from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.distributed import DistInfo
-from exgrpo_cli.policy.sharding import Shards
+from exgrpo_cli.policy import sharding as S
+from exgrpo_cli.policy.sharding import DataParallel
 
 from conftest import torchrun, worker_env
 
 WORKER = Path(__file__).resolve().parent / "sharding_worker.py"
 
 
-def _ranks(world: int) -> list[Shards]:
-    return [Shards(DistInfo(rank=r, world_size=world)) for r in range(world)]
+def _ranks(world: int) -> list[DataParallel]:
+    return [DataParallel(rank=r, world_size=world) for r in range(world)]
 
 
 def test_the_shares_cover_every_item_once_and_rank_0_alone_takes_all() -> None:
@@ -33,19 +32,23 @@ def test_the_shares_cover_every_item_once_and_rank_0_alone_takes_all() -> None:
         assert sorted(i for share in shares for i in share) == list(range(n))
         assert max(map(len, shares)) == _ranks(3)[0].rounds(n)  # the calls every rank makes
     assert [s.mine(8) for s in _ranks(3)] == [[0, 3, 6], [1, 4, 7], [2, 5]]
-    assert Shards().mine(5) == [0, 1, 2, 3, 4] and Shards().rounds(5) == 5 and Shards().done_after(2, 5) == 2
+    assert (
+        DataParallel().mine(5) == [0, 1, 2, 3, 4]
+        and DataParallel().rounds(5) == 5
+        and DataParallel().done_after(2, 5) == 2
+    )
     # after one item each, 3 ranks have done 3 of 8 items; after three, all 8
     assert [_ranks(3)[0].done_after(k, 8) for k in (1, 2, 3)] == [3, 6, 8]
-    assert [s.seed(100) for s in _ranks(2)] == [100, 101] and Shards().seed(100) == 100
+    assert [s.seed(100) for s in _ranks(2)] == [100, 101] and DataParallel().seed(100) == 100
 
 
 def test_one_process_exchanges_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_exchange(*args: object, **kwargs: object) -> None:
         raise AssertionError("a one-process run exchanged something")
 
-    for name in ("all_gather_object", "broadcast_object"):
-        monkeypatch.setattr(D, name, no_exchange)
-    alone = Shards()
+    for name in ("all_gather_object", "broadcast_object", "all_reduce_dict"):
+        monkeypatch.setattr(S, name, no_exchange)
+    alone = DataParallel()
     merged = alone.merge({2: "b", 0: "a"}, timeouts=3)
     assert merged.items == {2: "b", 0: "a"} and merged.counts == {"timeouts": 3}
     assert alone.merge({1: "b", 0: "a"}).in_order(2) == ["a", "b"]
@@ -53,6 +56,10 @@ def test_one_process_exchanges_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
         merged.in_order(3)  # item 1 never computed: a split bug, not a default
     assert alone.gather("x") == ["x"] and alone.from_main("mine") == "mine"
     assert alone.mean({"a": 2.0}) == {"a": 2.0} and alone.any(True) and not alone.any(False)
+    assert alone.sum({"a": 2.0}) == {"a": 2.0} and alone.equal_calls(4) == 4
+    assert alone.map(lambda share: [x * 2 for x in share], [1, 2, 3]) == [2, 4, 6]
+    assert alone.main_first(lambda: "loaded") == "loaded"
+    alone.barrier()
 
     def digest() -> str:
         raise AssertionError("digest computed with no rank to compare it with")
@@ -60,26 +67,56 @@ def test_one_process_exchanges_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     alone.check_agree(digest, step=1)
 
 
-def _on_threads(world: int, fn: Callable[[Shards], object]) -> list:
+def _on_threads(world: int, fn: Callable[[DataParallel], object]) -> list:
     return run_ranks(world, lambda r: fn(_ranks(world)[r]))
 
 
 def test_two_ranks_merge_their_shares_in_the_one_process_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+    monkeypatch.setattr(S, "all_gather_object", Exchange(2))
 
-    def rank(s: Shards) -> tuple[list[str], dict[str, int]]:
+    def rank(s: DataParallel) -> tuple[list[str], dict[str, int]]:
         mine = s.mine(5)
-        merged = s.merge({i: f"{i}:{s.dist.rank}" for i in mine}, timeouts=len(mine))
+        merged = s.merge({i: f"{i}:{s.rank}" for i in mine}, timeouts=len(mine))
         return merged.in_order(5), merged.counts
 
     got = _on_threads(2, rank)
     assert got[0] == got[1] == (["0:0", "1:1", "2:0", "3:1", "4:0"], {"timeouts": 5})
 
 
-def test_an_item_no_rank_returns_is_a_split_bug(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+def test_two_ranks_map_their_shares_once_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`map_counted`: one call of the work per rank on its share, the results in the items' order
+    on every rank, the counts summed; a work that drops a result is refused."""
+    monkeypatch.setattr(S, "all_gather_object", Exchange(2))
+    calls: list[list[str]] = [[], []]
 
-    def rank(s: Shards) -> list[str]:  # rank 1 skips item 3 of its share [1, 3]
+    def rank(s: DataParallel) -> tuple[list[str], dict[str, int]]:
+        def work(share: list[str]) -> tuple[list[str], dict[str, int]]:
+            calls[s.rank].append("".join(share))
+            return [f"{x}@{s.rank}" for x in share], {"seen": len(share)}
+
+        return s.map_counted(work, list("abcde"))
+
+    got = _on_threads(2, rank)
+    assert got[0] == got[1] == (["a@0", "b@1", "c@0", "d@1", "e@0"], {"seen": 5})
+    assert calls == [["ace"], ["bd"]]
+    with pytest.raises(RuntimeError, match="a share of 3 items gave 2 results"):
+        DataParallel().map(lambda share: share[:2], [1, 2, 3])
+
+
+def test_the_equal_call_rule_asks_the_most_any_rank_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    def most(values: dict[str, float], ranks: DataParallel, op: str = "mean") -> dict[str, float]:
+        assert op == "max"
+        return {k: max(v, 7.0) for k, v in values.items()}  # the other rank needs 7 calls
+
+    monkeypatch.setattr(S, "all_reduce_dict", most)
+    assert DataParallel(rank=1, world_size=2).equal_calls(3) == 7
+    assert DataParallel(rank=1, world_size=2).equal_calls(9) == 9
+
+
+def test_an_item_no_rank_returns_is_a_split_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(S, "all_gather_object", Exchange(2))
+
+    def rank(s: DataParallel) -> list[str]:  # rank 1 skips item 3 of its share [1, 3]
         return s.merge({i: str(i) for i in s.mine(5) if i != 3}).in_order(5)
 
     with pytest.raises(RuntimeError, match=r"indices \[3\] of 5 \(1 missing\): a bug in how the work"):
@@ -87,17 +124,17 @@ def test_an_item_no_rank_returns_is_a_split_bug(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_a_result_two_ranks_return_is_a_split_bug(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+    monkeypatch.setattr(S, "all_gather_object", Exchange(2))
     with pytest.raises(RuntimeError, match="rank 1 returned results another rank returned too"):
-        _on_threads(2, lambda s: s.merge({(0, 1): s.dist.rank}))
+        _on_threads(2, lambda s: s.merge({(0, 1): s.rank}))
 
 
 def test_diverged_digests_stop_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+    monkeypatch.setattr(S, "all_gather_object", Exchange(2))
     _on_threads(2, lambda s: s.check_agree(lambda: "same", step=3))
-    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+    monkeypatch.setattr(S, "all_gather_object", Exchange(2))
     with pytest.raises(RuntimeError, match=r"step 4: .* diverged \(digest per rank: \['0', '1'\]\)"):
-        _on_threads(2, lambda s: s.check_agree(lambda: str(s.dist.rank), step=4))
+        _on_threads(2, lambda s: s.check_agree(lambda: str(s.rank), step=4))
 
 
 @pytest.mark.slow
@@ -116,6 +153,8 @@ def test_two_gloo_ranks(tmp_path: Path) -> None:
     assert r["counts"] == {"done": 7}
     assert r["mean"] == {"x": 0.5} and r["max"] == {"x": 1.0}
     assert r["any"] == [True, False] and r["from_main"] == "rank 0's" and r["seeds"] == [100, 101]
+    assert r["equal_calls"] == 4 and r["sum"] == {"x": 3.0} and r["main_first"] == 0
+    assert r["map"] == ["a@0", "b@1", "c@0", "d@1", "e@0"] and r["filled"] == [[0.0, 0.0], [0.0, 0.0]]
     assert "step 2: the ranks' replay buffers" in r["diverged"]
     assert "rank 1 returned results another rank returned too" in r["claimed_twice"]
     assert "no rank returned results for indices [5] of 7" in r["gap"]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy.sharding import Shards
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, Response
 from exgrpo_cli.reward.scorer import ScoreResult
 from exgrpo_cli.reward.stage import REWARDS, Reward, RewardFailed
@@ -50,7 +50,7 @@ def test_a_fractional_reward_on_the_threshold_is_correct() -> None:
 def test_grade_step_marks_correctness_and_logs_mean_and_accuracy() -> None:
     backend = Fixed([1.0, 0.7, 0.2, 0.0, 0.7, 0.7, 0.7, 0.7])
     groups = _groups(2, 4)
-    m = grade_step(Reward(backend, correct_at=0.7), Shards(), groups, ["t"] * 8)
+    m = grade_step(Reward(backend, correct_at=0.7), DataParallel(), groups, lambda ids: "t")
     assert [r.correct for r in groups[0].responses] == [True, True, False, False]
     assert [g.num_correct for g in groups] == [2, 4]
     assert m["reward/mean"] == pytest.approx((1.9 + 2.8) / 8)
@@ -64,15 +64,15 @@ def test_a_reward_failing_on_every_item_stops_the_run_after_n_steps() -> None:
     reward = Reward(
         Fixed([0.0] * 4, errors=4), correct_at=1.0, max_failed_steps=3, name="reward.function=f.py:g"
     )
-    grade_step(reward, Shards(), _groups(1, 4), ["t"] * 4)
-    grade_step(reward, Shards(), _groups(1, 4), ["t"] * 4)
+    grade_step(reward, DataParallel(), _groups(1, 4), lambda ids: "t")
+    grade_step(reward, DataParallel(), _groups(1, 4), lambda ids: "t")
     with pytest.raises(
         RewardFailed, match=r"reward.function=f.py:g failed on every response for 3 steps.*bad row"
     ):
-        grade_step(reward, Shards(), _groups(1, 4), ["t"] * 4)
+        grade_step(reward, DataParallel(), _groups(1, 4), lambda ids: "t")
     # a step with one success breaks the streak
     partly = Reward(Fixed([0.0] * 4, errors=3), correct_at=1.0, max_failed_steps=1)
-    grade_step(partly, Shards(), _groups(1, 4), ["t"] * 4)
+    grade_step(partly, DataParallel(), _groups(1, 4), lambda ids: "t")
 
 
 def test_registry_says_which_kinds_need_an_answer() -> None:
@@ -94,7 +94,7 @@ def test_the_threshold_decides_all_four_places_alike() -> None:
     rewards = [0.7, 0.7, 0.2, 0.0]
     for at, k in ((0.7, 2), (0.75, 0)):
         groups = _groups(1, 4)
-        grade_step(Reward(Fixed(rewards), correct_at=at), Shards(), groups, ["t"] * 4)
+        grade_step(Reward(Fixed(rewards), correct_at=at), DataParallel(), groups, lambda ids: "t")
         assert groups[0].num_correct == k
         assert len(storable(groups, (-1, 4))) == k
         res = SampledResult([groups[0].question], [["t"] * 4], [rewards], correct_at=at)

@@ -106,7 +106,7 @@ def main(out_dir: Path, mode: str, tp: int) -> None:
         "diff_stale": diff_stale,
         "diff_second": diff_second,
     }
-    D.barrier(dist)
+    dist.barrier()
     # last: under torchrun vLLM's shutdown also destroys the (shared) process group
     engine.close()
     (out_dir / f"rank{dist.rank}.json").write_text(json.dumps(report))

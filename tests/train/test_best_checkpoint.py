@@ -55,13 +55,13 @@ def test_the_best_score_comes_from_the_resumed_state_not_from_an_abandoned_futur
     from types import SimpleNamespace
 
     from exgrpo_cli.policy import checkpoint as ckpt
-    from exgrpo_cli.policy.distributed import DistInfo
+    from exgrpo_cli.policy.sharding import DataParallel
     from exgrpo_cli.train.run import _Best
 
     root = tmp_path / "checkpoints"
     ckpt.keep_best(root, _published(root, 5), 5, 0.9, "val/accuracy")  # the abandoned future's best
     state = SimpleNamespace(step=2, best={"step": 1, "score": 0.2})
-    best = _Best(root, state, DistInfo(), "val/accuracy")  # type: ignore[arg-type]
+    best = _Best(root, state, DataParallel(), "val/accuracy")  # type: ignore[arg-type]
     assert best.improved(0.3) and not best.improved(0.2)
     best.record(3, 0.3)
     assert state.best == {"step": 3, "score": 0.3, "metric": "val/accuracy"}
@@ -73,13 +73,13 @@ def test_a_stop_between_the_save_and_the_best_link_is_finished_at_resume(tmp_pat
     from types import SimpleNamespace
 
     from exgrpo_cli.policy import checkpoint as ckpt
-    from exgrpo_cli.policy.distributed import DistInfo
+    from exgrpo_cli.policy.sharding import DataParallel
     from exgrpo_cli.train.run import _Best
 
     root = tmp_path / "checkpoints"
     ckpt.keep_best(root, _published(root, 1), 1, 0.2, "val/accuracy")
     _published(root, 3)
-    _Best(root, SimpleNamespace(step=3, best={"step": 3, "score": 0.5}), DistInfo(), "val/accuracy")  # type: ignore[arg-type]
+    _Best(root, SimpleNamespace(step=3, best={"step": 3, "score": 0.5}), DataParallel(), "val/accuracy")  # type: ignore[arg-type]
     assert ckpt.best_record(root) == {"step": 3, "score": 0.5, "metric": "val/accuracy"}
     assert ckpt.verify(root / ckpt.BEST) is None
 

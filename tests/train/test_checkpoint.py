@@ -37,16 +37,17 @@ def test_latest_pointer_prune_and_torn_write(tmp_path: Path):
 def test_optimizer_state_round_trip(tmp_path: Path):
     """The optimizer state is written with torch.distributed.checkpoint (one process here) and
     read back exactly, param groups included."""
-    from exgrpo_cli.policy.distributed import DistInfo, load_optimizer, read_optimizer_tensors, save_optimizer
+    from exgrpo_cli.policy.distributed import load_optimizer, read_optimizer_tensors, save_optimizer
+    from exgrpo_cli.policy.sharding import DataParallel
 
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    save_optimizer(model, opt, tmp_path, DistInfo())
+    save_optimizer(model, opt, tmp_path, DataParallel())
     model2 = torch.nn.Linear(3, 2)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=0.5)
-    load_optimizer(model2, opt2, tmp_path, DistInfo())
+    load_optimizer(model2, opt2, tmp_path, DataParallel())
     s1, s2 = opt.state_dict(), opt2.state_dict()
     assert s2["param_groups"][0]["lr"] == 0.1
     for k in s1["state"]:

@@ -24,6 +24,7 @@ from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy import scoring
 from exgrpo_cli.policy.forward import SequenceBatch
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
 from exgrpo_cli.replay.schedule import DelayedStart
@@ -57,7 +58,7 @@ def test_the_update_packs_its_batches_on_the_dist_device(monkeypatch: pytest.Mon
     adv = group_advantages(batch.rewards, batch.group_index)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     with pytest.raises(Reached):
-        update.policy_update(model, opt, batch, adv, plan, pad_id=0, dist=D.DistInfo(device=META))
+        update.policy_update(model, opt, batch, adv, plan, pad_id=0, dist=DataParallel(device=META))
     assert seen == [META]
 
 
@@ -74,7 +75,7 @@ def test_candidate_scoring_packs_on_the_dist_device(monkeypatch: pytest.MonkeyPa
             pad_id=0,
             token_budget=64,
             max_rows=4,
-            dist=D.DistInfo(device=META),
+            dist=DataParallel(device=META),
         )
     assert seen == [META]
 
@@ -92,8 +93,8 @@ def test_the_trainer_budgets_micro_batches_for_the_dist_device() -> None:
         DelayedStart(0.0),
         0,
     )
-    cuda = D.DistInfo(device=torch.device("cuda", 0))
-    trainer = Trainer(cfg, state, None, None, None, None, choices(cfg), dist=cuda)  # type: ignore[arg-type]
+    cuda = DataParallel(device=torch.device("cuda", 0))
+    trainer = Trainer(cfg, state, None, None, None, None, choices(cfg), parallel=cuda)  # type: ignore[arg-type]
     assert trainer.device == torch.device("cuda", 0)
     assert (
         trainer.token_budget
@@ -103,7 +104,7 @@ def test_the_trainer_budgets_micro_batches_for_the_dist_device() -> None:
 
 
 def test_module_device_is_the_fsdp_mesh_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a DistInfo (the HF engine, library callers): an FSDP2 parameter in host memory
+    """Without a DataParallel (the HF engine, library callers): an FSDP2 parameter in host memory
     computes on its mesh's device; a plain parameter where it is."""
     plain = torch.nn.Linear(2, 2)
     assert D.module_device(plain) == torch.device("cpu") == D.local_dist(plain).device

@@ -21,8 +21,8 @@ from update_plans import toy_plan
 from exgrpo_cli.algo import group_advantages
 from exgrpo_cli.config import ModelConfig
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.policy.model import load_model, load_tokenizer
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
 from exgrpo_cli.train.divergence import (
     EngineDivergence,
@@ -57,18 +57,18 @@ def test_the_gap_counts_fresh_tokens_only_and_stops_past_the_limit() -> None:
     trainer = {0: [-1.1, -2.0, -2.6], 1: [-1.0, -1.0]}  # row 1 is replayed: its stored log-probs differ
     gaps = _gaps(trainer, batch)
     assert gaps.tokens == 3 and gaps.abs_sum == pytest.approx(0.5)  # type: ignore[attr-defined]
-    gap = check_engine_logprobs(_gaps(trainer, batch), limit=0.2, step=3, dist=DistInfo())  # type: ignore[arg-type]
+    gap = check_engine_logprobs(_gaps(trainer, batch), limit=0.2, step=3, dist=DataParallel())  # type: ignore[arg-type]
     assert gap == pytest.approx(0.5 / 3)
     with pytest.raises(EngineDivergence, match=r"step 3: .*0\.1667 nats per token.*3 fresh tokens") as err:
-        check_engine_logprobs(_gaps(trainer, batch), limit=0.1, step=3, dist=DistInfo())  # type: ignore[arg-type]
+        check_engine_logprobs(_gaps(trainer, batch), limit=0.1, step=3, dist=DataParallel())  # type: ignore[arg-type]
     message = str(err.value)
     for fallback in ("rollout.enforce_eager=true", "rollout.sleep_mode=false", "VLLM_USE_V2_MODEL_RUNNER=0"):
         assert fallback in message
     assert err.value.exit_code == 1
     nan = {0: [float("nan"), -2.0, -3.0]}
     with pytest.raises(EngineDivergence):
-        check_engine_logprobs(_gaps(nan, batch), limit=0.1, step=1, dist=DistInfo())  # type: ignore[arg-type]
-    assert engine_check(None, 1, DistInfo()) is None
+        check_engine_logprobs(_gaps(nan, batch), limit=0.1, step=1, dist=DataParallel())  # type: ignore[arg-type]
+    assert engine_check(None, 1, DataParallel()) is None
 
 
 def test_top_p_widens_the_limit_by_the_nucleus_renormalisation() -> None:
@@ -78,9 +78,9 @@ def test_top_p_widens_the_limit_by_the_nucleus_renormalisation() -> None:
     batch, _ = _batch([-1.0, -2.0, -3.0], [])
     trainer = {0: [-1.6, -2.6, -3.6]}
     assert nucleus_slack(1.0) == 0.0 and nucleus_slack(0.5) == pytest.approx(math.log(2))
-    healthy = engine_check(0.5, 2, DistInfo(), top_p=0.5)
+    healthy = engine_check(0.5, 2, DataParallel(), top_p=0.5)
     assert healthy is not None and healthy(_gaps(trainer, batch)) == pytest.approx(0.6)  # type: ignore[arg-type]
-    strict = engine_check(0.5, 2, DistInfo(), top_p=1.0)
+    strict = engine_check(0.5, 2, DataParallel(), top_p=1.0)
     assert strict is not None
     with pytest.raises(EngineDivergence):
         strict(_gaps(trainer, batch))  # type: ignore[arg-type]
@@ -100,7 +100,7 @@ def test_the_update_stops_before_its_first_optimizer_step(tiny_model: Path) -> N
     batch = build_mixed_batch([group])
     before = {k: v.clone() for k, v in model.state_dict().items()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    plan = toy_plan(updates=2, before_first_step=engine_check(0.5, 1, DistInfo()))
+    plan = toy_plan(updates=2, before_first_step=engine_check(0.5, 1, DataParallel()))
     with pytest.raises(EngineDivergence, match="step 1"):
         policy_update(
             model, opt, batch, group_advantages(batch.rewards, batch.group_index), plan, tok.pad_token_id

@@ -1,37 +1,20 @@
 """The update's per-token metrics are run-wide token averages, not means of per-rank ratios.
 
-Two ranks are simulated by two threads summing their dicts through a barrier (the stand-in for
-`all_reduce_dict(op="sum")`), so `loss_metrics` runs as under torchrun without a process group.
+Two ranks are simulated by two threads exchanging their dicts (tests/thread_ranks.py), so
+`loss_metrics` runs as under torchrun without a process group.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 
 import pytest
+from thread_ranks import run_ranks, thread_world
 
 from exgrpo_cli.algo.losses import LossStats
-from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.train import metrics
 from exgrpo_cli.train.update import UpdateResult
-
-
-class SumOverRanks:
-    """all_reduce_dict(op="sum") for W threads."""
-
-    def __init__(self, world: int) -> None:
-        self.slots: list[dict[str, float]] = [{} for _ in range(world)]
-        self.barrier = threading.Barrier(world, timeout=30)
-
-    def __call__(self, values: dict[str, float], dist: DistInfo, op: str = "mean") -> dict[str, float]:
-        assert op == "sum"
-        self.slots[dist.rank] = dict(values)
-        self.barrier.wait()
-        out = {k: float(sum(s[k] for s in self.slots)) for k in values}
-        self.barrier.wait()
-        return out
-
 
 # rank 0 replays nothing; rank 1 has three times the fresh tokens, and replays
 RANKS = [
@@ -45,17 +28,8 @@ RANKS = [
 
 
 def test_two_ranks_weigh_every_token_alike(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metrics, "all_reduce_dict", SumOverRanks(2))
-    out: list[dict[str, float]] = [{}, {}]
-
-    def work(rank: int) -> None:
-        out[rank] = metrics.loss_metrics(RANKS[rank], 1e-6, DistInfo(rank=rank, world_size=2))
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    thread_world(monkeypatch, 2)
+    out = run_ranks(2, lambda r: metrics.loss_metrics(RANKS[r], 1e-6, DataParallel(rank=r, world_size=2)))
     keys = ("loss/clip_fraction", "loss/importance_weight_mean", "loss/entropy", "rollout/logprob_diff_mean")
     assert [out[0][k] for k in keys] == [out[1][k] for k in keys]  # every rank holds the run's values
     m = out[0]

@@ -8,8 +8,8 @@ import torch
 from exgrpo_cli.algo import group_advantages
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy.distributed import DistInfo
 from exgrpo_cli.policy.forward import micro_batches, pack, synced_micro_batches
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, row_keys, split_groups, update_order
 from exgrpo_cli.replay.schedule import DelayedStart
 
@@ -74,7 +74,7 @@ def test_synced_micro_batches_cut_to_max_rows():
     top of the token budget: each budget chunk is cut into pieces of at most max_rows rows."""
     prompts, responses = [[1]] * 5, [[2, 3]] * 5
     rows = [4, 0, 3, 1, 2]  # the caller's indices, in any order
-    dist = DistInfo()
+    dist = DataParallel()
     whole = [sb.rows for sb, _ in synced_micro_batches(prompts, responses, rows, 100, 0, CPU, dist)]
     cut = [sb.rows for sb, _ in synced_micro_batches(prompts, responses, rows, 100, 0, CPU, dist, max_rows=2)]
     assert whole == [rows] and cut == [rows[:2], rows[2:4], rows[4:]]

@@ -7,25 +7,10 @@ import time
 from typing import Any
 
 import pytest
+from thread_ranks import thread_world
 
 from exgrpo_cli.errors import UsageError
-from exgrpo_cli.policy import distributed as D
-
-
-class Broadcast:
-    """broadcast_object for two threads: rank 0's object reaches rank 1."""
-
-    def __init__(self) -> None:
-        self.box: list[Any] = []
-        self.ready = threading.Event()
-
-    def __call__(self, obj: Any, dist: D.DistInfo, src: int = 0) -> Any:
-        if dist.rank == 0:
-            self.box.append(obj)
-            self.ready.set()
-            return obj
-        assert self.ready.wait(10)
-        return self.box[0]
+from exgrpo_cli.policy.sharding import DataParallel
 
 
 def _two_ranks(load: Any) -> list[Any]:
@@ -33,7 +18,7 @@ def _two_ranks(load: Any) -> list[Any]:
 
     def work(rank: int) -> None:
         try:
-            out[rank] = D.rank0_first(D.DistInfo(rank=rank, world_size=2), lambda: load(rank))
+            out[rank] = DataParallel(rank=rank, world_size=2).main_first(lambda: load(rank))
         except Exception as err:  # noqa: BLE001 - compared below
             out[rank] = err
 
@@ -46,7 +31,7 @@ def _two_ranks(load: Any) -> list[Any]:
 
 
 def test_rank0_loads_first_then_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(D, "broadcast_object", Broadcast())
+    thread_world(monkeypatch, 2)
     order: list[int] = []
 
     def load(rank: int) -> str:
@@ -59,7 +44,7 @@ def test_rank0_loads_first_then_the_others(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_rank0s_failure_is_every_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(D, "broadcast_object", Broadcast())
+    thread_world(monkeypatch, 2)
     tried: list[int] = []
 
     def load(rank: int) -> None:

@@ -16,8 +16,8 @@ from thread_ranks import Exchange, run_ranks
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.policy import sharding as S
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response
 from exgrpo_cli.replay.schedule import DelayedStart
@@ -79,12 +79,12 @@ def _trainer(rank: int, world: int, scorer: FlakyGrader) -> Trainer:
         None,
         Reward(scorer, 1.0),
         choices(cfg),
-        dist=DistInfo(rank=rank, world_size=world),
+        parallel=DataParallel(rank=rank, world_size=world),
     )  # type: ignore[arg-type]
 
 
 def test_each_group_is_graded_once_and_ranks_get_the_same_rewards(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+    monkeypatch.setattr(S, "all_gather_object", Exchange(2))
     # rank 1's grader times out on everything: without one grader per group the ranks would
     # disagree on the rewards of every group, and so on the buffer
     graders = [FlakyGrader(times_out=False), FlakyGrader(times_out=True)]
@@ -132,7 +132,7 @@ def test_digest_follows_the_shared_state() -> None:
 
 
 def test_diverged_ranks_fail_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+    monkeypatch.setattr(S, "all_gather_object", Exchange(2))
 
     def rank(r: int) -> None:
         t = _trainer(r, 2, FlakyGrader(False))
@@ -144,7 +144,7 @@ def test_diverged_ranks_fail_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
 
     with pytest.raises(RuntimeError, match="step 5: the ranks' replay buffers"):
         run_ranks(2, rank)
-    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+    monkeypatch.setattr(S, "all_gather_object", Exchange(2))
     run_ranks(2, lambda r: _trainer(r, 2, FlakyGrader(False)).check_ranks_agree(step=5))  # agree: no error
 
 
@@ -155,7 +155,7 @@ def test_stored_logprobs_are_gathered_from_the_rank_that_trained_them(
     same values, so they are all-gathered before the buffer update."""
     from exgrpo_cli.train.update import UpdateResult
 
-    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+    monkeypatch.setattr(S, "all_gather_object", Exchange(2))
 
     def rank(r: int) -> dict:
         groups = _groups()
@@ -183,7 +183,7 @@ def test_no_gather_when_the_buffer_stores_no_trainer_logprobs(monkeypatch: pytes
     def no_gather(*args: object) -> None:
         raise AssertionError("gathered log-probs nobody stores")
 
-    monkeypatch.setattr(D, "all_gather_object", no_gather)
+    monkeypatch.setattr(S, "all_gather_object", no_gather)
     groups = _groups()
     for g in groups:
         for k, resp in enumerate(g.responses):

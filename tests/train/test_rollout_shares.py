@@ -15,9 +15,8 @@ from thread_ranks import Exchange, run_ranks
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.distributed import DistInfo
-from exgrpo_cli.policy.sharding import Shards
+from exgrpo_cli.policy import sharding as S
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.experience import Experience
 from exgrpo_cli.replay.mixing import Group
@@ -84,7 +83,14 @@ def _trainer(rank: int, world: int, engine: Engine) -> Trainer:
     sampler = QuestionSampler(_questions(8), seed=0)
     state = RunState(None, None, sampler, ExperienceBuffer(4), DelayedStart(0.0), seed=0)  # type: ignore[arg-type]
     return Trainer(
-        cfg, state, Tok(), Template(), engine, None, choices(cfg), dist=DistInfo(rank=rank, world_size=world)
+        cfg,
+        state,
+        Tok(),
+        Template(),
+        engine,
+        None,
+        choices(cfg),
+        parallel=DataParallel(rank=rank, world_size=world),
     )  # type: ignore[arg-type]
 
 
@@ -101,7 +107,7 @@ def _rollout(rank: int, world: int, engine: Engine) -> list[Group]:
 
 
 def _on_two_ranks(monkeypatch: pytest.MonkeyPatch, seeded: bool) -> tuple[list[list[Group]], list[Engine]]:
-    monkeypatch.setattr(D, "all_gather_object", Exchange(2))
+    monkeypatch.setattr(S, "all_gather_object", Exchange(2))
     engines = [Engine(seeded), Engine(seeded)]
     return run_ranks(2, lambda r: _rollout(r, 2, engines[r])), engines
 
@@ -121,7 +127,7 @@ def test_every_group_gets_its_own_prompts_responses_from_the_rank_that_generated
     assert sorted(p[0] for e in engines for p in e.calls[0]) == [1000 + i for i in range(7)]
     assert engines[0].seeds != engines[1].seeds  # the ranks sample differently
     for i, g in enumerate(groups0):
-        owner = next(r for r in range(2) if i in Shards(DistInfo(rank=r, world_size=2)).mine(7))
+        owner = next(r for r in range(2) if i in DataParallel(rank=r, world_size=2).mine(7))
         fresh = K if i < 5 else K - 1
         # the prompt's own responses, in the engine's order (last first), from its owner's seed
         seed = engines[owner].seeds[0]

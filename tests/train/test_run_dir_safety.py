@@ -19,7 +19,7 @@ import torch
 
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.policy import checkpoint as ckpt
-from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.train import run_lock
 from exgrpo_cli.train.setup import ResumeRefused, check_resume_data, decide_resume
 
@@ -52,9 +52,9 @@ def test_resume_never_keeps_best_and_quarantined_checkpoints_without_overwrite(t
     """The old refusal counted step_* only: resume=never deleted best/ and corrupt-step_*."""
     root = _with_best_and_quarantined(tmp_path)
     with pytest.raises(ResumeRefused, match=r"best.*trainer\.overwrite=true|corrupt-step_1.*best"):
-        decide_resume(_cfg(tmp_path, resume="never"), DistInfo())
+        decide_resume(_cfg(tmp_path, resume="never"), DataParallel())
     assert (root / "best" / "BEST.json").is_file() and (root / "corrupt-step_1").is_dir()
-    assert decide_resume(_cfg(tmp_path, resume="never", overwrite=True), DistInfo())[0] is None
+    assert decide_resume(_cfg(tmp_path, resume="never", overwrite=True), DataParallel())[0] is None
     assert not root.exists()  # asked for: deleted
 
 
@@ -62,7 +62,7 @@ def test_resume_auto_with_only_best_refuses_and_names_it(tmp_path: Path) -> None
     """The old auto resume started fresh here, replacing best/ and emptying metrics.jsonl."""
     root = _with_best_and_quarantined(tmp_path)
     with pytest.raises(ResumeRefused, match=f"trainer.resume={root / 'best'}"):
-        decide_resume(_cfg(tmp_path), DistInfo())
+        decide_resume(_cfg(tmp_path), DataParallel())
     assert (root / "best").is_dir()
 
 
@@ -183,7 +183,7 @@ def _saved_optimizer(folder: Path, lr: float) -> tuple[torch.nn.Module, torch.op
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    save_optimizer(model, opt, folder, DistInfo())
+    save_optimizer(model, opt, folder, DataParallel())
     return model, opt
 
 
@@ -199,7 +199,7 @@ def test_resume_keeps_the_configs_hyper_parameters_and_no_crafted_flag(tmp_path:
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.5, weight_decay=0.0)  # the config's
     own = own_hyper(opt)
-    load_optimizer(model, opt, tmp_path, DistInfo())
+    load_optimizer(model, opt, tmp_path, DataParallel())
     notes = restore_hyper(opt, own)
     g = opt.param_groups[0]
     assert (g["lr"], g["weight_decay"], g["maximize"]) == (0.5, 0.0, False)
@@ -207,7 +207,7 @@ def test_resume_keeps_the_configs_hyper_parameters_and_no_crafted_flag(tmp_path:
     groups[0]["lr"] = "0.1; import os"
     (tmp_path / PARAM_GROUPS).write_text(json.dumps(groups))
     with pytest.raises(ValueError, match="not a number"):
-        load_optimizer(model, opt, tmp_path, DistInfo())
+        load_optimizer(model, opt, tmp_path, DataParallel())
 
 
 def _trainer_state(folder: Path, fingerprint: str, group_size: int) -> None:
@@ -289,7 +289,7 @@ def test_a_read_only_run_dir_is_one_line(tmp_path: Path) -> None:
         tmp_path.chmod(0o500)
         out = tmp_path / "run"
     with pytest.raises(run_lock.RunDirLocked, match="cannot write to the run dir"):
-        run_lock.lock_run_dir(out, DistInfo())
+        run_lock.lock_run_dir(out, DataParallel())
 
 
 def test_under_torchrun_the_refusal_says_which_process_holds_it(

@@ -16,8 +16,8 @@ import torch
 
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.errors import ExgrpoError, UsageError
-from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.distributed import DistInfo
+from exgrpo_cli.policy import sharding as S
+from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.train import run
 from exgrpo_cli.train.preempt import StopRequested
 
@@ -45,15 +45,15 @@ def test_more_updates_than_a_ranks_questions_are_refused() -> None:
     """4 questions over 2 ranks: 2 each, so at most 2 mini-batches per step; a third would be
     empty on every rank and the step would make 2 updates instead of 3."""
     with pytest.raises(UsageError, match=r"algo.updates_per_step=3 .*algo.questions_per_step=4") as err:
-        run._train(_cfg(4, 3), DistInfo(rank=0, world_size=2), StopRequested())
+        run._train(_cfg(4, 3), DataParallel(rank=0, world_size=2), StopRequested())
     assert err.value.exit_code == 2
-    run._refuse_before_start(_cfg(4, 2), DistInfo(rank=0, world_size=2))  # one question per update
-    run._refuse_before_start(_cfg(4, 3), DistInfo())  # one process: config validation's business
+    run._refuse_before_start(_cfg(4, 2), DataParallel(rank=0, world_size=2))  # one question per update
+    run._refuse_before_start(_cfg(4, 3), DataParallel())  # one process: config validation's business
 
 
 def test_questions_not_divisible_by_the_ranks_are_refused() -> None:
     with pytest.raises(UsageError, match="multiple of the 3 ranks"):
-        run._train(_cfg(4, 1), DistInfo(rank=0, world_size=3), StopRequested())
+        run._train(_cfg(4, 1), DataParallel(rank=0, world_size=3), StopRequested())
 
 
 class Broadcast:
@@ -64,7 +64,7 @@ class Broadcast:
         self.box: list[Any] = []
         self.ready = threading.Event()
 
-    def __call__(self, obj: Any, dist: DistInfo, src: int = 0) -> Any:
+    def __call__(self, obj: Any, dist: DataParallel, src: int = 0) -> Any:
         if dist.rank == 0:
             self.box.append(obj)
             self.ready.set()
@@ -78,7 +78,9 @@ def _start_on_two_ranks(tmp_path: Path) -> list[Any]:
 
     def work(rank: int) -> None:
         try:
-            out[rank] = run._start_logger(ExgrpoConfig(), DistInfo(rank=rank, world_size=2), tmp_path, None)
+            out[rank] = run._start_logger(
+                ExgrpoConfig(), DataParallel(rank=rank, world_size=2), tmp_path, None
+            )
         except BaseException as err:  # noqa: BLE001 - compared below
             out[rank] = err
 
@@ -100,7 +102,7 @@ def test_rank0s_logger_failure_is_every_ranks(
     def failing(*args: object, **kwargs: object) -> None:
         raise error
 
-    monkeypatch.setattr(D, "broadcast_object", Broadcast())
+    monkeypatch.setattr(S, "broadcast_object", Broadcast())
     monkeypatch.setattr(run, "MetricLogger", failing)
     r0, r1 = _start_on_two_ranks(tmp_path)
     assert r0 is error
@@ -109,7 +111,7 @@ def test_rank0s_logger_failure_is_every_ranks(
 
 
 def test_a_started_logger_lets_every_rank_go_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(D, "broadcast_object", Broadcast())
+    monkeypatch.setattr(S, "broadcast_object", Broadcast())
     monkeypatch.setattr(run, "MetricLogger", lambda *args, **kwargs: "rank 0's logger")
     r0, r1 = _start_on_two_ranks(tmp_path)
     assert r0 == "rank 0's logger" and isinstance(r1, run._NoLogger)
@@ -120,10 +122,10 @@ def test_offload_all_on_one_cpu_process_is_refused() -> None:
     cfg = _cfg(4, 1)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, offload="all"))
     with pytest.raises(UsageError, match="trainer.offload=all") as err:
-        run._train(cfg, DistInfo(), StopRequested())
+        run._train(cfg, DataParallel(), StopRequested())
     assert err.value.exit_code == 2
-    run._refuse_before_start(cfg, DistInfo(device=torch.device("cuda", 0)))  # one GPU: FSDP2 applies it
-    run._refuse_before_start(cfg, DistInfo(rank=0, world_size=2))  # gloo ranks: FSDP2 applies it
+    run._refuse_before_start(cfg, DataParallel(device=torch.device("cuda", 0)))  # one GPU: FSDP2 applies it
+    run._refuse_before_start(cfg, DataParallel(rank=0, world_size=2))  # gloo ranks: FSDP2 applies it
 
 
 def test_a_training_set_smaller_than_a_step_is_refused_before_the_model_loads(

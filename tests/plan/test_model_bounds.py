@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_cli.policy.model_bounds import ModelFolderRefused, check_model, check_model_folder
+from exgrpo_cli.plan.model_bounds import ModelFolderRefused, check_model, check_model_folder
 
 
 def test_a_config_with_50000_layers_is_refused_before_anything_loads(
@@ -28,7 +28,7 @@ def test_a_config_with_50000_layers_is_refused_before_anything_loads(
 
 
 def test_weights_larger_than_the_memory_are_refused(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
-    from exgrpo_cli.policy import model_bounds
+    from exgrpo_cli.plan import model_bounds
 
     monkeypatch.setattr(model_bounds, "_available_bytes", lambda: 1000)
     with pytest.raises(ModelFolderRefused, match="more than the .* GiB of memory available"):
