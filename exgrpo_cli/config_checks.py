@@ -87,34 +87,6 @@ def _validate_arch(a: ArchConfig) -> None:
     )
 
 
-def _check_offpolicy(cfg: ExgrpoConfig) -> None:
-    """replay.max_age, the warning band and algo.rollout_correction (docs/off-policy.md)."""
-    r, c = cfg.rollout, cfg.algo.rollout_correction
-    _check(cfg.replay.max_age >= 0, "replay.max_age", cfg.replay.max_age, ">= 0 (0: no cap)")
-    if r.warn_logprob_diff is not None:
-        _check(
-            r.warn_logprob_diff > 0, "rollout.warn_logprob_diff", r.warn_logprob_diff, "> 0, or null (off)"
-        )
-    window = r.logprob_diff_trend_window
-    _check(window >= 0, "rollout.logprob_diff_trend_window", window, ">= 0 (0: off)")
-    if c.mode is None:
-        return
-    _one_of("algo.rollout_correction.mode", c.mode, ("token_tis", "geo_mask"))
-    _check(c.cap >= 1, "algo.rollout_correction.cap", c.cap, ">= 1 (a cap below 1 shrinks every token)")
-    _check(0 < c.low < 1 < c.high, "algo.rollout_correction.low/high", (c.low, c.high), "0 < low < 1 < high")
-    # vLLM's log-probs under top-p are renormalised over the nucleus, the trainer's are over the
-    # whole vocabulary: every ratio would be off by up to -log(top_p), which the correction would
-    # "correct". Refused rather than renormalising the trainer's side (a top-p pass over the vocab
-    # per token in every forward).
-    _check(
-        r.top_p == 1.0,
-        "rollout.top_p",
-        r.top_p,
-        f"1 with algo.rollout_correction.mode={c.mode} (the engine's nucleus log-probs are not the "
-        "trainer's; set algo.rollout_correction.mode=null or rollout.top_p=1)",
-    )
-
-
 def _validate_lora(c: LoraConfig) -> None:
     """model.lora's ranges; its rank against the model's layers is checked when the architecture is
     known, still before the weights load (policy/lora.py `check_base`)."""
@@ -247,7 +219,35 @@ def check_replay(cfg: ExgrpoConfig, command: str) -> None:
         "(partly solved groups: a whole-K group retires its question)",
     )
     key("entropy_batch_size", p.entropy_batch_size >= 1, ">= 1")
-    _check_offpolicy(cfg)
+
+
+@section_check
+def check_offpolicy(cfg: ExgrpoConfig, command: str) -> None:
+    """replay.max_age, the warning band and algo.rollout_correction (docs/off-policy.md)."""
+    r, c = cfg.rollout, cfg.algo.rollout_correction
+    _check(cfg.replay.max_age >= 0, "replay.max_age", cfg.replay.max_age, ">= 0 (0: no cap)")
+    if r.warn_logprob_diff is not None:
+        _check(
+            r.warn_logprob_diff > 0, "rollout.warn_logprob_diff", r.warn_logprob_diff, "> 0, or null (off)"
+        )
+    window = r.logprob_diff_trend_window
+    _check(window >= 0, "rollout.logprob_diff_trend_window", window, ">= 0 (0: off)")
+    if c.mode is None:
+        return
+    _one_of("algo.rollout_correction.mode", c.mode, ("token_tis", "geo_mask"))
+    _check(c.cap >= 1, "algo.rollout_correction.cap", c.cap, ">= 1 (a cap below 1 shrinks every token)")
+    _check(0 < c.low < 1 < c.high, "algo.rollout_correction.low/high", (c.low, c.high), "0 < low < 1 < high")
+    # vLLM's log-probs under top-p are renormalised over the nucleus, the trainer's are over the
+    # whole vocabulary: every ratio would be off by up to -log(top_p), which the correction would
+    # "correct". Refused rather than renormalising the trainer's side (a top-p pass over the vocab
+    # per token in every forward).
+    _check(
+        r.top_p == 1.0,
+        "rollout.top_p",
+        r.top_p,
+        f"1 with algo.rollout_correction.mode={c.mode} (the engine's nucleus log-probs are not the "
+        "trainer's; set algo.rollout_correction.mode=null or rollout.top_p=1)",
+    )
 
 
 @section_check

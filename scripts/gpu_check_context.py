@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, Qwen2Config
 
-    from exgrpo_cli.policy.distributed import DistInfo
+    from exgrpo_cli.policy.sharding import DataParallel
 
 TINY = REPO / "exgrpo_cli" / "assets" / "tiny"  # the shipped tiny model: its tokenizer only
 PRESET_7B = REPO / "conf" / "model" / "qwen2.5-math-7b.yaml"
@@ -143,8 +143,8 @@ class Context:
             props = torch.cuda.get_device_properties(0)
             self.record(device=props.name, device_bytes=int(props.total_memory))
         self.meter = Meter(self.device)
-        self.dist: DistInfo | None = None  # what policy_update gets
-        self.wrap_dist: DistInfo | None = None  # what wrap_fsdp2 gets
+        self.dist: DataParallel | None = None  # what policy_update gets
+        self.wrap_dist: DataParallel | None = None  # what wrap_fsdp2 gets
 
     @property
     def device_bytes(self) -> int:
@@ -179,8 +179,9 @@ class Context:
 
     def distributed(self) -> None:
         """The one-rank process group the trainer's one-GPU run makes (NCCL); on a dry run a gloo
-        group, with a DistInfo that asks wrap_fsdp2 to shard (it shards one process on CUDA only)."""
-        from exgrpo_cli.policy.distributed import DistInfo, free_port, init_distributed
+        group, with a DataParallel that asks wrap_fsdp2 to shard (it shards one process on CUDA only)."""
+        from exgrpo_cli.policy.distributed import free_port, init_distributed
+        from exgrpo_cli.policy.sharding import DataParallel
 
         if not self.dry:
             self.dist = self.wrap_dist = init_distributed(device="cuda")
@@ -193,12 +194,12 @@ class Context:
             )
 
         @dataclass(frozen=True)
-        class OneRankGroup(DistInfo):
+        class OneRankGroup(DataParallel):
             @property
             def distributed(self) -> bool:
                 return True
 
-        self.dist = DistInfo()
+        self.dist = DataParallel()
         self.wrap_dist = OneRankGroup()
 
 

@@ -76,7 +76,7 @@ def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) ->
     host side is checked by `host_need` (no checkpoint is read: the model is built in place)."""
     from exgrpo_cli.plan.memory import AUTO_TOKEN_BUDGET, PlanInputs
     from exgrpo_cli.policy.placement import OFFLOAD_MODES
-    from exgrpo_cli.rollout import ENGINES
+    from exgrpo_cli.plan.engines import ENGINE_MEMORY
 
     seq = sizes.prompt_tokens + sizes.response_tokens
     return PlanInputs(
@@ -89,7 +89,7 @@ def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) ->
         checkpointing=True,
         token_budget=sizes.micro_batch_tokens or AUTO_TOKEN_BUDGET[device],
         seq_tokens=seq,
-        engine=ENGINES["hf"],
+        engine=ENGINE_MEMORY["hf"],
         vllm_share=0.0,
         vllm_sleep=False,
         vllm_max_len=seq,

