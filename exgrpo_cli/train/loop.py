@@ -1,7 +1,7 @@
 """One ExGRPO train step, in the order of the paper's algorithm box (docs/algorithm.md §2-5):
 
   select replay questions and their trajectory -> draw fresh questions -> generate rollouts ->
-  score -> delayed-start switch -> build the mixed batch -> advantages -> loss and optimizer
+  score -> delayed-start switch -> build the mixed batch -> advantages -> pi_old -> loss and optimizer
   step(s) -> update the buffer (with the trainer's pre-update log-probs) -> sync the rollout
   engine -> retire -> log.
 
@@ -46,7 +46,7 @@ from exgrpo_cli.train.metrics import accuracy_by_origin, loss_metrics, rollout_m
 from exgrpo_cli.train.offpolicy import MismatchWatch, offpolicy_metrics
 from exgrpo_cli.train.reward_step import grade_step
 from exgrpo_cli.train.state import RunState
-from exgrpo_cli.train.update import UpdatePlan, UpdateResult, policy_update, update_offpolicy
+from exgrpo_cli.train.update import UpdatePlan, UpdateResult, pi_old_logprobs, policy_update, update_offpolicy
 
 
 def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
@@ -133,7 +133,8 @@ class Trainer:
         batch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
         with t("update"), mem("update"):
-            result = self.update(batch, advantages, step)
+            old = self.pi_old(batch)
+            result = self.update(batch, advantages, step, old)
         if self.replay_enabled:
             with t("buffer"):
                 self.observe(groups, step, self.trainer_logprobs(groups, mine, result))
@@ -308,7 +309,15 @@ class Trainer:
         rng = step_rng(self.cfg.trainer.seed, step, 4)
         return update_order(self.parallel.mine(len(groups)), self.cfg.algo.updates_per_step, rng)
 
-    def update(self, batch: MixedBatch, advantages: torch.Tensor, step: int) -> UpdateResult:
+    def pi_old(self, batch: MixedBatch) -> dict[int, list[float]]:
+        """docs/algorithm.md §5: pi_old's log-probs of the rows the later mini-batches train on
+        (the first mini-batch's come with its own forward), before any optimizer step."""
+        st = self.state
+        return pi_old_logprobs(st.model, batch, self.update_plan(), self.pad_id, self.parallel)
+
+    def update(
+        self, batch: MixedBatch, advantages: torch.Tensor, step: int, old: dict[int, list[float]]
+    ) -> UpdateResult:
         """docs/algorithm.md §5: the policy-gradient step(s) on this rank's batch. The engine's
         log-probs are checked against the trainer's before the first optimizer step (may stop
         the run)."""
@@ -316,7 +325,7 @@ class Trainer:
         check = engine_check(r.max_logprob_diff, step, self.parallel, r.top_p)
         plan = replace(update_offpolicy(self.cfg, self.update_plan()), before_first_step=check)
         st = self.state
-        return policy_update(st.model, st.optimizer, batch, advantages, plan, self.pad_id, self.parallel)
+        return policy_update(st.model, st.optimizer, batch, advantages, plan, self.pad_id, self.parallel, old)
 
     def update_metrics(self, result: UpdateResult) -> dict[str, float]:
         """The update's `loss/` and `optim/` metrics, run-wide (train/metrics.py)."""

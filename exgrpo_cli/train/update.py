@@ -130,15 +130,16 @@ def policy_update(
     plan: UpdatePlan,
     pad_id: int,
     dist: DataParallel | None = None,
+    old: dict[int, list[float]] | None = None,
 ) -> UpdateResult:
+    """The policy-gradient step(s) on `batch`, one optimizer step per mini-batch. `old`: pi_old's
+    log-probs of the later mini-batches' rows (`pi_old_logprobs`; computed here when not given)."""
     # the batches are packed on the run's compute device (`dist.device`), which under FSDP2's CPU
     # offload is not where the parameters are
     dist = dist if dist is not None else local_dist(model)
-    num_groups = int(batch.group_index.max()) + 1
-    minibatches = [_rows_of(batch, gs) for gs in split_groups(num_groups, plan.updates)]
-    old: dict[int, list[float]] = {}
-    for rows in minibatches[1:]:
-        old.update(_old_logprobs(model, batch, rows, plan, pad_id, dist))
+    minibatches = _minibatches(batch, plan)
+    if old is None:
+        old = pi_old_logprobs(model, batch, plan, pad_id, dist)
     res = UpdateResult()
     res.trainer_logp.update(old)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -169,6 +170,25 @@ def policy_update(
     fresh = [i for i in res.trainer_logp if not bool(batch.replay_mask[i])]
     res.trainer_logp = {i: res.trainer_logp[i] for i in fresh}
     return res
+
+
+def _minibatches(batch: MixedBatch, plan: UpdatePlan) -> list[list[int]]:
+    """The rows of each of the step's `plan.updates` mini-batches, whole groups each."""
+    num_groups = int(batch.group_index.max()) + 1
+    return [_rows_of(batch, gs) for gs in split_groups(num_groups, plan.updates)]
+
+
+def pi_old_logprobs(
+    model: torch.nn.Module, batch: MixedBatch, plan: UpdatePlan, pad_id: int, dist: DataParallel
+) -> dict[int, list[float]]:
+    """pi_old (docs/algorithm.md §5): the log-probs, under the policy before the step's first
+    optimizer step, of the rows of every mini-batch but the first (row -> per-token list). The
+    first mini-batch needs none: its pi_old is the policy its own forward runs, whose log-probs
+    the update records. A no-grad pass; a collective under FSDP (every rank calls it)."""
+    old: dict[int, list[float]] = {}
+    for rows in _minibatches(batch, plan)[1:]:
+        old.update(_old_logprobs(model, batch, rows, plan, pad_id, dist))
+    return old
 
 
 def _accumulate(
