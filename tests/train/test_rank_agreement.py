@@ -12,18 +12,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from thread_ranks import Exchange, run_ranks
+from toy_trainer import toy_state, toy_trainer
 
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy import sharding as S
-from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response
-from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.reward.stage import Reward
 from exgrpo_cli.train.loop import Trainer
-from exgrpo_cli.train.setup import choices
 from exgrpo_cli.train.state import RunState
 
 
@@ -62,25 +59,8 @@ def _groups() -> list[Group]:
     return out
 
 
-def _state(buffer: ExperienceBuffer, switch: DelayedStart, position: int = 0) -> RunState:
-    sampler = QuestionSampler([Question(f"p{i}", "p", "1") for i in range(8)], seed=0)
-    sampler.draw(position)
-    return RunState(None, None, sampler, buffer, switch, seed=0)  # type: ignore[arg-type]
-
-
 def _trainer(rank: int, world: int, scorer: FlakyGrader) -> Trainer:
-    cfg = ExgrpoConfig()
-    state = _state(ExperienceBuffer(4), DelayedStart(0.0))
-    return Trainer(
-        cfg,
-        state,
-        Tok(),
-        None,
-        None,
-        Reward(scorer, 1.0),
-        choices(cfg),
-        parallel=DataParallel(rank=rank, world_size=world),
-    )  # type: ignore[arg-type]
+    return toy_trainer(ExgrpoConfig(), rank=rank, world=world, tokenizer=Tok(), scorer=Reward(scorer, 1.0))
 
 
 def test_each_group_is_graded_once_and_ranks_get_the_same_rewards(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,9 +96,9 @@ def test_digest_follows_the_shared_state() -> None:
         buf.observe_group("a", 2, [resp], step=1, collect=True)
         if extra_uid:
             buf.observe_group(extra_uid, 1, [resp], step=1, collect=True)
-        switch = DelayedStart(0.0)
-        switch.update(1, 0.5)
-        return _state(buf, switch, position)
+        st = toy_state(buf, started=True)
+        st.sampler.draw(position)
+        return st
 
     assert state().digest() == state().digest()
     assert state().digest() != state("b").digest()
@@ -202,7 +182,7 @@ def test_digest_covers_the_stored_logprobs() -> None:
         buf.observe_group(
             "a", 2, [(np.array([5, 6], np.int32), np.full(2, logp, np.float32))], step=1, collect=True
         )
-        return _state(buf, DelayedStart(0.0))
+        return toy_state(buf)
 
     assert state(-1.0).digest() == state(-1.0).digest()
     assert state(-1.0).digest() != state(-1.0 + 1e-6).digest()
