@@ -47,13 +47,15 @@ class FlakyGrader:
         return SimpleNamespace(rewards=rewards, timeouts=len(texts) if self.times_out else 0, errors=0)
 
 
-def _groups() -> list[Group]:
+def _groups(graded: bool = False) -> list[Group]:
+    """`graded`: with the rewards the grader would give (1 for responses 0 and 2)."""
     out = []
     for i in range(4):
         q = Question(uid=f"q{i}", question=f"q{i}", answer=str(10 + i))
         # responses 0 and 2 hold the gold answer: every group is half right
         responses = [
-            Response(ids=[5, 10 + i if k % 2 == 0 else 99], behavior_logp=[-1.0, -1.0]) for k in range(4)
+            Response([5, 10 + i if k % 2 == 0 else 99], [-1.0, -1.0], float(graded and k % 2 == 0))
+            for k in range(4)
         ]
         out.append(Group(q, [1, 2], responses))
     return out
@@ -138,10 +140,7 @@ def test_stored_logprobs_are_gathered_from_the_rank_that_trained_them(
     monkeypatch.setattr(S, "all_gather_object", Exchange(2))
 
     def rank(r: int) -> dict:
-        groups = _groups()
-        for g in groups:
-            for k, resp in enumerate(g.responses):
-                resp.reward = float(k % 2 == 0)
+        groups = _groups(graded=True)
         mine = [r, r + 2]  # groups r, r+W
         # this rank's batch rows: 4 responses per group, in order; log-prob marks (rank, row)
         result = UpdateResult(trainer_logp={row: [float(10 * r + row)] * 2 for row in range(8)})
@@ -164,10 +163,7 @@ def test_no_gather_when_the_buffer_stores_no_trainer_logprobs(monkeypatch: pytes
         raise AssertionError("gathered log-probs nobody stores")
 
     monkeypatch.setattr(S, "all_gather_object", no_gather)
-    groups = _groups()
-    for g in groups:
-        for k, resp in enumerate(g.responses):
-            resp.reward = float(k % 2 == 0)
+    groups = _groups(graded=True)
     result = UpdateResult(trainer_logp={row: [0.0] * 2 for row in range(8)})
     trainer = _trainer(0, 2, FlakyGrader(False))
     assert trainer.trainer_logprobs(groups, [0, 2], result) == {}  # the delayed start has not fired
