@@ -119,7 +119,7 @@ class Capture(torch.optim.Optimizer):
 def exgrpo_gradient(net: torch.nn.Module, dist: DataParallel, budget: int) -> list[torch.Tensor]:
     """This rank's share of the step through exgrpo's update (FSDP2 on several ranks)."""
     groups = step_groups()
-    mine = list(range(dist.rank, len(groups), dist.world_size))
+    mine = dist.mine(len(groups))
     batch: MixedBatch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
     adv = group_advantages(batch.rewards, batch.group_index)
     plan = toy_plan(

@@ -4,15 +4,15 @@ re-computation of each aggregation's formula, whatever the memory micro-batch bu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from algo import objective_worker as worker
+from algo.objective_worker import Capture
 from update_plans import toy_plan
 
 from exgrpo_cli.algo.advantages import group_advantages
@@ -36,17 +36,6 @@ WORKER = Path(__file__).resolve().parent / "objective_worker.py"
 
 L = 16  # max response tokens: the constant of both aggregations
 BETA, COEF = 0.1, 0.05
-
-
-class Capture(torch.optim.Optimizer):
-    """An optimizer whose step only records the gradients it was given."""
-
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
-        super().__init__(params, {})
-        self.grads: list[torch.Tensor] = []
-
-    def step(self, closure: object = None) -> None:  # type: ignore[override]
-        self.grads = [p.grad.detach().clone() for g in self.param_groups for p in g["params"]]
 
 
 def _model() -> torch.nn.Module:
@@ -108,18 +97,9 @@ def _ours(
     return opt.grads
 
 
-def _objective_worker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("objective_worker", WORKER)
-    assert spec is not None and spec.loader is not None
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
-    return worker
-
-
 @pytest.mark.parametrize("budget", [24, 4096])  # memory micro-batches of 1-2 rows, or all rows at once
 def test_official_on_one_rank_is_the_official_8_gpu_objective(budget: int) -> None:
     """One process trains on the whole step: its gradient is the 8 GPUs' averaged one, not 8x it."""
-    worker = _objective_worker()
     want = worker.official_gradient(worker.model())
     got = worker.exgrpo_gradient(worker.model(), DataParallel(), budget)
     for w, g in zip(want, got):
