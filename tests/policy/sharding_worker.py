@@ -2,7 +2,7 @@
 under torchrun (gloo, CPU): `python sharding_worker.py OUT_JSON`. Every rank works out its share of
 7 items, the shares are merged, scalars reduced and rank 0's value shared over gloo; rank 0
 writes what it got to OUT_JSON. What the ranks do with a wrong split or diverged digests is plain
-Python over the gathered objects, checked with threads for ranks in test_sharding.py."""
+Python over the gathered objects, checked in test_sharding.py (threads for ranks)."""
 
 from __future__ import annotations
 
