@@ -12,23 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 from algo import objective_worker as worker
-from algo.objective_worker import Capture
-from update_plans import toy_plan
 
 from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import (
-    Aggregation,
     AggregationSettings,
     UpdateShape,
     balanced_partition,
     drgrpo,
     official,
 )
-from exgrpo_cli.algo.losses import ExgrpoLoss
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
-from exgrpo_cli.train.update import policy_update
 
 from conftest import REPO, tiny_qwen2, torchrun, worker_env
 
@@ -80,23 +75,6 @@ def _grads(model: torch.nn.Module, loss: torch.Tensor) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
-def _ours(
-    model: torch.nn.Module, batch: MixedBatch, adv: torch.Tensor, aggregation: Aggregation, budget: int
-) -> list[torch.Tensor]:
-    plan = toy_plan(
-        loss=ExgrpoLoss(clip_eps=None, beta=BETA),
-        aggregation=aggregation,
-        entropy_coef=COEF,
-        max_response_tokens=L,
-        micro_batch_tokens=budget,
-        grad_clip=1e9,
-        skip_grad_norm_above=float("inf"),
-    )
-    opt = Capture(list(model.parameters()))
-    policy_update(model, opt, batch, adv, plan, pad_id=0)
-    return opt.grads
-
-
 @pytest.mark.parametrize("budget", [24, 4096])  # memory micro-batches of 1-2 rows, or all rows at once
 def test_official_on_one_rank_is_the_official_8_gpu_objective(budget: int) -> None:
     """One process trains on the whole step: its gradient is the 8 GPUs' averaged one, not 8x it."""
@@ -136,7 +114,7 @@ def test_drgrpo_gradient_matches_its_formula(budget: int) -> None:
         sum(t[0].sum() for t in terms) / (len(batch) * L) - COEF * sum(t[1].sum() for t in terms) / tokens
     )
     want = _grads(model, expected)
-    for w, g in zip(want, _ours(model, batch, adv, drgrpo, budget)):
+    for w, g in zip(want, worker.update_gradient(model, batch, adv, drgrpo, budget)):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
 
 
