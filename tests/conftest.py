@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -47,6 +49,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # long run starting when the other worker has nothing left to do
         slow_files = {item.path for item in items if "slow" in item.keywords}
         items.sort(key=lambda item: item.path not in slow_files)
+
+
+FAKE_VLLM = REPO / "tests" / "rollout" / "fake_vllm"
+
+
+@pytest.fixture
+def vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The vLLM stand-in (tests/rollout/fake_vllm) as `vllm`, its event log empty; a real vllm, if
+    imported, is put back afterwards. The launch and stand-in switches of the environment are unset."""
+    from exgrpo_cli.rollout.vllm_launch import MP_ENV
+
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(FAKE_VLLM))
+    for key in (MP_ENV, "RANK", "LOCAL_RANK", "WORLD_SIZE", "EXGRPO_STANDIN_STALE_SYNC"):
+        monkeypatch.delenv(key, raising=False)
+    import vllm as fake
+
+    assert Path(fake.__file__).is_relative_to(FAKE_VLLM)
+    fake.EVENTS.clear()
+    yield fake
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        del sys.modules[name]
 
 
 @pytest.fixture

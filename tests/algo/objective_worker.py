@@ -17,7 +17,7 @@ import torch
 from update_plans import toy_plan
 
 from exgrpo_cli.algo.advantages import group_advantages
-from exgrpo_cli.algo.aggregation import AggregationSettings, official
+from exgrpo_cli.algo.aggregation import Aggregation, AggregationSettings, official
 from exgrpo_cli.algo.losses import ExgrpoLoss
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy import distributed as D
@@ -119,12 +119,25 @@ class Capture(torch.optim.Optimizer):
 def exgrpo_gradient(net: torch.nn.Module, dist: DataParallel, budget: int) -> list[torch.Tensor]:
     """This rank's share of the step through exgrpo's update (FSDP2 on several ranks)."""
     groups = step_groups()
-    mine = list(range(dist.rank, len(groups), dist.world_size))
+    mine = dist.mine(len(groups))
     batch: MixedBatch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
     adv = group_advantages(batch.rewards, batch.group_index)
+    return update_gradient(net, batch, adv, official(SETTINGS), budget, dist)
+
+
+def update_gradient(
+    net: torch.nn.Module,
+    batch: MixedBatch,
+    adv: torch.Tensor,
+    aggregation: Aggregation,
+    budget: int,
+    dist: DataParallel | None = None,
+) -> list[torch.Tensor]:
+    """The gradient exgrpo's update hands the optimizer for `batch` under `aggregation`, in memory
+    micro-batches of `budget` tokens (also test_aggregation.py's, for each aggregation)."""
     plan = toy_plan(
         loss=ExgrpoLoss(clip_eps=None, beta=BETA),
-        aggregation=official(SETTINGS),
+        aggregation=aggregation,
         entropy_coef=COEF,
         max_response_tokens=L,
         micro_batch_tokens=budget,

@@ -4,31 +4,26 @@ re-computation of each aggregation's formula, whatever the memory micro-batch bu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
-from update_plans import toy_plan
+from algo import objective_worker as worker
 
 from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import (
-    Aggregation,
     AggregationSettings,
     UpdateShape,
     balanced_partition,
     drgrpo,
     official,
 )
-from exgrpo_cli.algo.losses import ExgrpoLoss
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
-from exgrpo_cli.train.update import policy_update
 
 from conftest import REPO, tiny_qwen2, torchrun, worker_env
 
@@ -36,17 +31,6 @@ WORKER = Path(__file__).resolve().parent / "objective_worker.py"
 
 L = 16  # max response tokens: the constant of both aggregations
 BETA, COEF = 0.1, 0.05
-
-
-class Capture(torch.optim.Optimizer):
-    """An optimizer whose step only records the gradients it was given."""
-
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
-        super().__init__(params, {})
-        self.grads: list[torch.Tensor] = []
-
-    def step(self, closure: object = None) -> None:  # type: ignore[override]
-        self.grads = [p.grad.detach().clone() for g in self.param_groups for p in g["params"]]
 
 
 def _model() -> torch.nn.Module:
@@ -91,35 +75,9 @@ def _grads(model: torch.nn.Module, loss: torch.Tensor) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
-def _ours(
-    model: torch.nn.Module, batch: MixedBatch, adv: torch.Tensor, aggregation: Aggregation, budget: int
-) -> list[torch.Tensor]:
-    plan = toy_plan(
-        loss=ExgrpoLoss(clip_eps=None, beta=BETA),
-        aggregation=aggregation,
-        entropy_coef=COEF,
-        max_response_tokens=L,
-        micro_batch_tokens=budget,
-        grad_clip=1e9,
-        skip_grad_norm_above=float("inf"),
-    )
-    opt = Capture(list(model.parameters()))
-    policy_update(model, opt, batch, adv, plan, pad_id=0)
-    return opt.grads
-
-
-def _objective_worker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("objective_worker", WORKER)
-    assert spec is not None and spec.loader is not None
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
-    return worker
-
-
 @pytest.mark.parametrize("budget", [24, 4096])  # memory micro-batches of 1-2 rows, or all rows at once
 def test_official_on_one_rank_is_the_official_8_gpu_objective(budget: int) -> None:
     """One process trains on the whole step: its gradient is the 8 GPUs' averaged one, not 8x it."""
-    worker = _objective_worker()
     want = worker.official_gradient(worker.model())
     got = worker.exgrpo_gradient(worker.model(), DataParallel(), budget)
     for w, g in zip(want, got):
@@ -156,7 +114,7 @@ def test_drgrpo_gradient_matches_its_formula(budget: int) -> None:
         sum(t[0].sum() for t in terms) / (len(batch) * L) - COEF * sum(t[1].sum() for t in terms) / tokens
     )
     want = _grads(model, expected)
-    for w, g in zip(want, _ours(model, batch, adv, drgrpo, budget)):
+    for w, g in zip(want, worker.update_gradient(model, batch, adv, drgrpo, budget)):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
 
 

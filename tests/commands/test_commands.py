@@ -18,7 +18,7 @@ import exgrpo_cli.commands.train as train_command
 from exgrpo_cli import commands
 from exgrpo_cli.commands.compose import with_overrides
 from exgrpo_cli.config import ConfigError, ExgrpoConfig, register_configs
-from exgrpo_cli.errors import ExgrpoError, SaidElsewhere, UsageError, exit_on_error
+from exgrpo_cli.errors import ExgrpoError, UsageError, exit_on_error
 from exgrpo_cli.paths import config_dir
 
 from conftest import REPO, cli_env, run_cli
@@ -265,15 +265,6 @@ def test_train_prints_the_summary_on_rank_0_only(
     summary = "exgrpo train done: loss/total=-0.2500  reward/accuracy=0.6667  val/accuracy=0.5000\n"
     assert out.out == (summary if rank in (None, "0") else "")
     assert out.err == ""
-
-
-def test_a_stop_said_elsewhere_exits_with_its_code_and_no_line(
-    default_cfg: DictConfig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    _fake(monkeypatch, "train", SaidElsewhere(2))
-    with pytest.raises(SystemExit) as exc:
-        commands.dispatch("train", default_cfg)
-    assert exc.value.code == 2 and capsys.readouterr() == ("", "")
 
 
 @pytest.mark.parametrize("rank", ["0", "1"])

@@ -1,8 +1,8 @@
 """One rank of the 2-rank check of policy/sharding.py, launched by tests/policy/test_sharding.py
 under torchrun (gloo, CPU): `python sharding_worker.py OUT_JSON`. Every rank works out its share of
-7 items, the shares are merged, scalars reduced, rank 0's value shared and the digests checked
-(first equal, then different), then an item claimed twice and an item nobody returns; rank 0
-writes what it got to OUT_JSON."""
+7 items, the shares are merged, scalars reduced and rank 0's value shared over gloo; rank 0
+writes what it got to OUT_JSON. What the ranks do with a wrong split or diverged digests is plain
+Python over the gathered objects, checked in test_sharding.py (threads for ranks)."""
 
 from __future__ import annotations
 
@@ -38,22 +38,6 @@ def main(out: str) -> None:
     dist.fill_from_main(tensor)
     report["filled"] = dist.gather(tensor.tolist())
     dist.barrier()
-    dist.check_agree(lambda: "same", step=1)
-    try:
-        dist.check_agree(lambda: f"rank {dist.rank}", step=2)
-        report["diverged"] = "not detected"
-    except RuntimeError as err:
-        report["diverged"] = str(err)
-    try:
-        dist.merge({0: dist.rank})  # both ranks claim item 0
-        report["claimed_twice"] = "not detected"
-    except RuntimeError as err:
-        report["claimed_twice"] = str(err)
-    try:
-        dist.merge({i: dist.rank for i in mine if i != 5}).in_order(7)  # nobody returns item 5
-        report["gap"] = "not detected"
-    except RuntimeError as err:
-        report["gap"] = str(err)
     if dist.is_main:
         with open(out, "w") as f:
             json.dump(report, f)

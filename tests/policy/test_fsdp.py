@@ -45,10 +45,6 @@ def test_single_rank_is_plain_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
     model = torch.nn.Linear(3, 2)
     assert D.wrap_fsdp2(model, dist, mixed_precision="bf16") is model
     assert not D.is_sharded(model)
-    assert dist.sum({"a": 1.0, "b": 2.0}) == {"a": 1.0, "b": 2.0}
-    assert dist.from_main({"x": 1}) == {"x": 1}
-    assert dist.gather("me") == ["me"]
-    dist.barrier()
     opt = torch.optim.AdamW(model.parameters())
     model(torch.ones(1, 3)).sum().backward()
     opt.step()

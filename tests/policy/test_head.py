@@ -10,9 +10,6 @@ head through hf_overrides and refused when the platform falls back to the model'
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -27,8 +24,6 @@ from exgrpo_cli.policy.head import FP32OutputHead, head_compute_dtype, use_fp32_
 from exgrpo_cli.policy.model import load_model
 
 from conftest import tiny_qwen2
-
-FAKE = Path(__file__).resolve().parents[1] / "rollout" / "fake_vllm"
 
 
 def _bf16_head_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -134,22 +129,6 @@ def test_load_model_applies_the_flag() -> None:
 
 
 # ------------------------------------------------------------------------------ the vLLM half
-@pytest.fixture
-def vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.syspath_prepend(str(FAKE))
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(key, raising=False)
-    import vllm as fake
-
-    assert Path(fake.__file__).is_relative_to(FAKE)
-    fake.EVENTS.clear()
-    yield fake
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        del sys.modules[name]
-
-
 class Tok:
     eos_token_id = 2
     pad_token_id = 0

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+from policy.test_metadata_guard import _trained
 
-from exgrpo_cli.policy.distributed import save_optimizer
 from exgrpo_cli.policy.metadata_guard import (
     MAX_MESSAGE,
     METADATA_FILE,
@@ -26,7 +26,6 @@ from exgrpo_cli.policy.metadata_guard import (
     read_metadata,
     refusal,
 )
-from exgrpo_cli.policy.sharding import DataParallel
 
 _DCP = b"torch.distributed.checkpoint.metadata"
 
@@ -42,12 +41,7 @@ def _global(module: bytes, name: bytes) -> bytes:
 
 
 def _real(folder: Path) -> bytes:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 3)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.ones(2, 4)).sum().backward()
-    opt.step()
-    save_optimizer(model, opt, folder, DataParallel())
+    _trained(folder)
     return (folder / METADATA_FILE).read_bytes()
 
 

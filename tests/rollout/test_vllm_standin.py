@@ -15,8 +15,6 @@ starts.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,25 +27,7 @@ from exgrpo_cli.rollout.base import Rollout, SamplingSpec
 from exgrpo_cli.rollout.vllm_engine import VLLMEngine
 from exgrpo_cli.rollout.vllm_launch import MP_ENV
 
-FAKE = Path(__file__).resolve().parent / "fake_vllm"
 SPEC = SamplingSpec(1.0, 1.0, 8, seed=3)
-
-
-@pytest.fixture
-def vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """The stand-in as `vllm` (a real vllm, if imported, is put back afterwards)."""
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.syspath_prepend(str(FAKE))
-    for key in (MP_ENV, "RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(key, raising=False)
-    import vllm as fake
-
-    assert Path(fake.__file__).is_relative_to(FAKE)
-    fake.EVENTS.clear()
-    yield fake
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        del sys.modules[name]
 
 
 def on_cuda(monkeypatch: pytest.MonkeyPatch, fake: ModuleType) -> None:

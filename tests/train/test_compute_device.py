@@ -14,24 +14,21 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from toy_trainer import toy_state
 from update_plans import toy_plan
 
 from exgrpo_cli.algo import group_advantages
 from exgrpo_cli.algo.logprobs import NLL
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy import scoring
 from exgrpo_cli.policy.forward import SequenceBatch
 from exgrpo_cli.policy.sharding import DataParallel
-from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
-from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.train import update
 from exgrpo_cli.train.loop import Trainer
 from exgrpo_cli.train.setup import choices
-from exgrpo_cli.train.state import RunState
 
 META = torch.device("meta")
 
@@ -85,14 +82,8 @@ def test_the_trainer_budgets_micro_batches_for_the_dist_device() -> None:
     where offloaded parameters sit."""
     cfg = ExgrpoConfig()
     assert cfg.algo.micro_batch_tokens == 0
-    state = RunState(
-        torch.nn.Linear(2, 2),
-        None,  # type: ignore[arg-type]
-        QuestionSampler([Question(f"p{i}", "p", "1") for i in range(8)], 0),
-        ExperienceBuffer(4),
-        DelayedStart(0.0),
-        0,
-    )
+    state = toy_state()
+    state.model = torch.nn.Linear(2, 2)
     cuda = DataParallel(device=torch.device("cuda", 0))
     trainer = Trainer(cfg, state, None, None, None, None, choices(cfg), parallel=cuda)  # type: ignore[arg-type]
     assert trainer.device == torch.device("cuda", 0)

@@ -4,12 +4,12 @@ full disk while a checkpoint is written loses nothing (issue #13 points 1 and 2)
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import shutil
 from pathlib import Path
 
 import pytest
+from policy.test_metadata_guard import _Touch
 
 from exgrpo_cli.policy import checkpoint as ckpt
 
@@ -80,16 +80,6 @@ def test_a_full_disk_while_checkpointing_stops_cleanly_and_the_rerun_resumes(
     log = (out / "train.log").read_text()
     assert "removed .tmp-step_4" in log and f"resumed from {root / 'step_2'}" in log
     assert not (root / ".tmp-step_4").exists() and ckpt.verify(root / "step_4") is None
-
-
-class _Touch:
-    """An attacker's pickle: unpickling it runs `touch <target>`."""
-
-    def __init__(self, target: Path) -> None:
-        self.target = target
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (os.system, (f"touch {self.target}",))
 
 
 def _poison_optimizer_metadata(folder: Path, marker: Path) -> None:

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
+from toy_trainer import toy_state, toy_trainer
 
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response
-from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.train.loop import Trainer
-from exgrpo_cli.train.setup import choices
-from exgrpo_cli.train.state import RunState
 
 
 def _trainer(cfg: ExgrpoConfig) -> Trainer:
-    switch = DelayedStart(0.0)
-    switch.update(1, 1.0)
-    sampler = QuestionSampler([Question(f"p{i}", "p", "1") for i in range(8)], 0)
-    state = RunState(None, None, sampler, ExperienceBuffer(cfg.rollout.n), switch, 0)  # type: ignore[arg-type]
-    return Trainer(cfg, state, None, None, None, None, choices(cfg))  # type: ignore[arg-type]
+    return toy_trainer(cfg, toy_state(ExperienceBuffer(cfg.rollout.n), started=True))
 
 
 def _group(uid: str, k: int, K: int = 4) -> Group:

@@ -2,32 +2,24 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 import pytest
-from thread_ranks import thread_world
+from thread_ranks import run_ranks, thread_world
 
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy.sharding import DataParallel
 
 
 def _two_ranks(load: Any) -> list[Any]:
-    out: list[Any] = [None, None]
-
-    def work(rank: int) -> None:
+    def rank(r: int) -> Any:
         try:
-            out[rank] = DataParallel(rank=rank, world_size=2).main_first(lambda: load(rank))
+            return DataParallel(rank=r, world_size=2).main_first(lambda: load(r))
         except Exception as err:  # noqa: BLE001 - compared below
-            out[rank] = err
+            return err
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in (1, 0)]  # rank 1 starts first
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    return out
+    return run_ranks(2, rank)
 
 
 def test_rank0_loads_first_then_the_others(monkeypatch: pytest.MonkeyPatch) -> None:

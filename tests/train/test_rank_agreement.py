@@ -12,18 +12,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from thread_ranks import Exchange, run_ranks
+from toy_trainer import toy_state, toy_trainer
 
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy import sharding as S
-from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response
-from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.reward.stage import Reward
 from exgrpo_cli.train.loop import Trainer
-from exgrpo_cli.train.setup import choices
 from exgrpo_cli.train.state import RunState
 
 
@@ -50,37 +47,22 @@ class FlakyGrader:
         return SimpleNamespace(rewards=rewards, timeouts=len(texts) if self.times_out else 0, errors=0)
 
 
-def _groups() -> list[Group]:
+def _groups(graded: bool = False) -> list[Group]:
+    """`graded`: with the rewards the grader would give (1 for responses 0 and 2)."""
     out = []
     for i in range(4):
         q = Question(uid=f"q{i}", question=f"q{i}", answer=str(10 + i))
         # responses 0 and 2 hold the gold answer: every group is half right
         responses = [
-            Response(ids=[5, 10 + i if k % 2 == 0 else 99], behavior_logp=[-1.0, -1.0]) for k in range(4)
+            Response([5, 10 + i if k % 2 == 0 else 99], [-1.0, -1.0], float(graded and k % 2 == 0))
+            for k in range(4)
         ]
         out.append(Group(q, [1, 2], responses))
     return out
 
 
-def _state(buffer: ExperienceBuffer, switch: DelayedStart, position: int = 0) -> RunState:
-    sampler = QuestionSampler([Question(f"p{i}", "p", "1") for i in range(8)], seed=0)
-    sampler.draw(position)
-    return RunState(None, None, sampler, buffer, switch, seed=0)  # type: ignore[arg-type]
-
-
 def _trainer(rank: int, world: int, scorer: FlakyGrader) -> Trainer:
-    cfg = ExgrpoConfig()
-    state = _state(ExperienceBuffer(4), DelayedStart(0.0))
-    return Trainer(
-        cfg,
-        state,
-        Tok(),
-        None,
-        None,
-        Reward(scorer, 1.0),
-        choices(cfg),
-        parallel=DataParallel(rank=rank, world_size=world),
-    )  # type: ignore[arg-type]
+    return toy_trainer(ExgrpoConfig(), rank=rank, world=world, tokenizer=Tok(), scorer=Reward(scorer, 1.0))
 
 
 def test_each_group_is_graded_once_and_ranks_get_the_same_rewards(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,9 +98,9 @@ def test_digest_follows_the_shared_state() -> None:
         buf.observe_group("a", 2, [resp], step=1, collect=True)
         if extra_uid:
             buf.observe_group(extra_uid, 1, [resp], step=1, collect=True)
-        switch = DelayedStart(0.0)
-        switch.update(1, 0.5)
-        return _state(buf, switch, position)
+        st = toy_state(buf, started=True)
+        st.sampler.draw(position)
+        return st
 
     assert state().digest() == state().digest()
     assert state().digest() != state("b").digest()
@@ -158,10 +140,7 @@ def test_stored_logprobs_are_gathered_from_the_rank_that_trained_them(
     monkeypatch.setattr(S, "all_gather_object", Exchange(2))
 
     def rank(r: int) -> dict:
-        groups = _groups()
-        for g in groups:
-            for k, resp in enumerate(g.responses):
-                resp.reward = float(k % 2 == 0)
+        groups = _groups(graded=True)
         mine = [r, r + 2]  # groups r, r+W
         # this rank's batch rows: 4 responses per group, in order; log-prob marks (rank, row)
         result = UpdateResult(trainer_logp={row: [float(10 * r + row)] * 2 for row in range(8)})
@@ -184,10 +163,7 @@ def test_no_gather_when_the_buffer_stores_no_trainer_logprobs(monkeypatch: pytes
         raise AssertionError("gathered log-probs nobody stores")
 
     monkeypatch.setattr(S, "all_gather_object", no_gather)
-    groups = _groups()
-    for g in groups:
-        for k, resp in enumerate(g.responses):
-            resp.reward = float(k % 2 == 0)
+    groups = _groups(graded=True)
     result = UpdateResult(trainer_logp={row: [0.0] * 2 for row in range(8)})
     trainer = _trainer(0, 2, FlakyGrader(False))
     assert trainer.trainer_logprobs(groups, [0, 2], result) == {}  # the delayed start has not fired
@@ -202,7 +178,7 @@ def test_digest_covers_the_stored_logprobs() -> None:
         buf.observe_group(
             "a", 2, [(np.array([5, 6], np.int32), np.full(2, logp, np.float32))], step=1, collect=True
         )
-        return _state(buf, DelayedStart(0.0))
+        return toy_state(buf)
 
     assert state(-1.0).digest() == state(-1.0).digest()
     assert state(-1.0).digest() != state(-1.0 + 1e-6).digest()

@@ -8,16 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from toy_trainer import toy_state, toy_trainer
 
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response
-from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.train.loop import Trainer
-from exgrpo_cli.train.setup import choices
-from exgrpo_cli.train.state import RunState
 
 from conftest import SMALL_RUN, run_cli
 
@@ -26,11 +22,7 @@ def _trainer(into: str) -> Trainer:
     cfg = ExgrpoConfig()
     cfg.rollout.n = 4
     cfg.replay.readmit_retired_fraction, cfg.replay.readmit_every, cfg.replay.readmit_into = 0.5, 2, into
-    switch = DelayedStart(0.0)
-    switch.update(1, 1.0)
-    sampler = QuestionSampler([Question(f"p{i}", "p", "1") for i in range(8)], 0)
-    state = RunState(None, None, sampler, ExperienceBuffer(4), switch, 0)  # type: ignore[arg-type]
-    t = Trainer(cfg, state, None, None, None, None, choices(cfg))  # type: ignore[arg-type]
+    t = toy_trainer(cfg, toy_state(started=True))
     solved = [
         Group(Question(f"p{i}", "p", "1"), [1], [Response([1], [-1.0], reward=1.0)] * 4) for i in range(4)
     ]

@@ -11,20 +11,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from thread_ranks import Exchange, run_ranks
+from toy_trainer import toy_state, toy_trainer
 
 from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy import sharding as S
 from exgrpo_cli.policy.sharding import DataParallel
-from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.experience import Experience
 from exgrpo_cli.replay.mixing import Group
-from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec
 from exgrpo_cli.train.loop import Trainer
-from exgrpo_cli.train.setup import choices
-from exgrpo_cli.train.state import RunState
 
 K = 4  # rollout.n
 STEP = 7
@@ -80,18 +76,8 @@ def _questions(n: int) -> list[Question]:
 def _trainer(rank: int, world: int, engine: Engine) -> Trainer:
     cfg = ExgrpoConfig()
     cfg.rollout.n = K
-    sampler = QuestionSampler(_questions(8), seed=0)
-    state = RunState(None, None, sampler, ExperienceBuffer(4), DelayedStart(0.0), seed=0)  # type: ignore[arg-type]
-    return Trainer(
-        cfg,
-        state,
-        Tok(),
-        Template(),
-        engine,
-        None,
-        choices(cfg),
-        parallel=DataParallel(rank=rank, world_size=world),
-    )  # type: ignore[arg-type]
+    state = toy_state(questions=_questions(8))
+    return toy_trainer(cfg, state, rank, world, tokenizer=Tok(), template=Template(), engine=engine)
 
 
 def _replayed() -> list[tuple[Question, Experience]]:

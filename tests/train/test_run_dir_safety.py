@@ -11,24 +11,17 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from train.test_checkpoint import _write
 
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.train import run_lock
 from exgrpo_cli.train.setup import ResumeRefused, check_resume_data, decide_resume
-
-
-def _write(payload: str) -> Callable[[Path], None]:
-    def write(tmp: Path) -> None:
-        (tmp / "payload.txt").write_text(payload)
-
-    return write
 
 
 def _cfg(out: Path, **trainer: object) -> ExgrpoConfig:

@@ -1,22 +1,21 @@
 """Start-up of a multi-rank run: refusals before any collective, and failures every rank shares.
 
-The ranks are simulated by threads exchanging objects (the stand-in for `broadcast_object`), so the
+The ranks are simulated by threads exchanging objects (tests/thread_ranks.py), so the
 code runs as under torchrun without a process group.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from thread_ranks import run_ranks, thread_world
 
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.errors import ExgrpoError, UsageError
-from exgrpo_cli.policy import sharding as S
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.train import run
 from exgrpo_cli.train.preempt import StopRequested
@@ -56,40 +55,16 @@ def test_questions_not_divisible_by_the_ranks_are_refused() -> None:
         run._train(_cfg(4, 1), DataParallel(rank=0, world_size=3), StopRequested())
 
 
-class Broadcast:
-    """broadcast_object for two threads: rank 0's object reaches rank 1 (which gives up after a
-    few seconds, where a real rank would wait until trainer.dist_timeout_s)."""
+def _start_on_two_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
+    thread_world(monkeypatch, 2)
 
-    def __init__(self) -> None:
-        self.box: list[Any] = []
-        self.ready = threading.Event()
-
-    def __call__(self, obj: Any, dist: DataParallel, src: int = 0) -> Any:
-        if dist.rank == 0:
-            self.box.append(obj)
-            self.ready.set()
-            return obj
-        assert self.ready.wait(5), "rank 1 waits for a broadcast rank 0 never makes"
-        return self.box[0]
-
-
-def _start_on_two_ranks(tmp_path: Path) -> list[Any]:
-    out: list[Any] = [None, None]
-
-    def work(rank: int) -> None:
+    def rank(r: int) -> Any:
         try:
-            out[rank] = run._start_logger(
-                ExgrpoConfig(), DataParallel(rank=rank, world_size=2), tmp_path, None
-            )
+            return run._start_logger(ExgrpoConfig(), DataParallel(rank=r, world_size=2), tmp_path, None)
         except BaseException as err:  # noqa: BLE001 - compared below
-            out[rank] = err
+            return err
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in (1, 0)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    return out
+    return run_ranks(2, rank)
 
 
 @pytest.mark.parametrize("error", [OSError("disk full"), UsageError("logger.wandb.mode=online: no login")])
@@ -102,18 +77,16 @@ def test_rank0s_logger_failure_is_every_ranks(
     def failing(*args: object, **kwargs: object) -> None:
         raise error
 
-    monkeypatch.setattr(S, "broadcast_object", Broadcast())
     monkeypatch.setattr(run, "MetricLogger", failing)
-    r0, r1 = _start_on_two_ranks(tmp_path)
+    r0, r1 = _start_on_two_ranks(monkeypatch, tmp_path)
     assert r0 is error
     assert isinstance(r1, ExgrpoError) and str(error) in str(r1)
     assert isinstance(r1, UsageError) == isinstance(error, UsageError)
 
 
 def test_a_started_logger_lets_every_rank_go_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(S, "broadcast_object", Broadcast())
     monkeypatch.setattr(run, "MetricLogger", lambda *args, **kwargs: "rank 0's logger")
-    r0, r1 = _start_on_two_ranks(tmp_path)
+    r0, r1 = _start_on_two_ranks(monkeypatch, tmp_path)
     assert r0 == "rank 0's logger" and isinstance(r1, run._NoLogger)
 
 

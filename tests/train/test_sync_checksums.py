@@ -8,8 +8,6 @@ where sleep mode is off (the `rollout.sleep_mode=false` fallback's situation): i
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -19,28 +17,11 @@ import torch
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD, bits_checksum
-from exgrpo_cli.rollout.vllm_launch import MP_ENV
 from exgrpo_cli.train.divergence import EngineDivergence, check_synced_weights, checksum_names
 
-from conftest import REPO, run_cli
+from conftest import FAKE_VLLM, REPO, run_cli
 
-FAKE_VLLM = REPO / "tests" / "rollout" / "fake_vllm"
 STALE = "EXGRPO_STANDIN_STALE_SYNC"
-
-
-@pytest.fixture
-def vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """The stand-in as `vllm` (a real vllm, if imported, is put back afterwards)."""
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.syspath_prepend(str(FAKE_VLLM))
-    for key in (MP_ENV, "RANK", "LOCAL_RANK", "WORLD_SIZE", STALE):
-        monkeypatch.delenv(key, raising=False)
-    import vllm as fake
-
-    yield fake
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        del sys.modules[name]
 
 
 def test_the_checksum_is_exact_and_independent_of_sharding() -> None:

@@ -11,17 +11,14 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+from toy_trainer import toy_state, toy_trainer
 
 from exgrpo_cli.algo.losses import POLICY_LOSSES, ExgrpoLoss, LossInputs
 from exgrpo_cli.config import AlgoConfig, ExgrpoConfig, ReplayConfig
-from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.buffer import ExperienceBuffer
-from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.replay.selection import QUESTION_SELECTION, BucketedQuestions
 from exgrpo_cli.train.loop import Trainer
-from exgrpo_cli.train.setup import choices
-from exgrpo_cli.train.state import RunState
 from exgrpo_cli.variants import check_variants
 
 
@@ -46,17 +43,12 @@ def _skip_first(buffer: BucketedQuestions, n: int, *, skip: int, rng: np.random.
 
 
 def _trainer(cfg: ExgrpoConfig, started: bool) -> Trainer:
-    switch = DelayedStart(0.0)
-    if started:
-        switch.update(1, 1.0)
-    sampler = QuestionSampler([Question(f"q{i}", "p", "1") for i in range(8)], 0)
     buffer = ExperienceBuffer(cfg.rollout.n)
     for i in range(6):  # one stored response each, all in the k=1 bucket
         resp = (np.array([i + 1], np.int32), np.zeros(1, np.float32))
         buffer.observe_group(f"q{i}", 1, [resp], step=1, collect=True)
     buffer.end_step()
-    state = RunState(None, None, sampler, buffer, switch, 0)  # type: ignore[arg-type]
-    return Trainer(cfg, state, None, None, None, None, choices(cfg))  # type: ignore[arg-type]
+    return toy_trainer(cfg, toy_state(buffer, started, [Question(f"q{i}", "p", "1") for i in range(8)]))
 
 
 def test_a_loss_with_its_own_setting_is_one_registration(monkeypatch: pytest.MonkeyPatch) -> None:
