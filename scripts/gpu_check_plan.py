@@ -74,9 +74,9 @@ def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) ->
     """The plan's inputs for the update of `sizes` on one device: fp32 master weights, bf16
     compute under FSDP2 (on CUDA), gradient checkpointing, the HF engine, no replay scoring. The
     host side is checked by `host_need` (no checkpoint is read: the model is built in place)."""
+    from exgrpo_cli.plan.engines import ENGINE_MEMORY
     from exgrpo_cli.plan.memory import AUTO_TOKEN_BUDGET, PlanInputs
     from exgrpo_cli.policy.placement import OFFLOAD_MODES
-    from exgrpo_cli.plan.engines import ENGINE_MEMORY
 
     seq = sizes.prompt_tokens + sizes.response_tokens
     return PlanInputs(

@@ -23,8 +23,8 @@ pytest.importorskip("peft")
 from rollout.test_vllm_engine import COUNTS, PROMPTS, Tok, build_model, mean_abs_diff  # noqa: E402
 
 from exgrpo_cli.config import ExgrpoConfig, LoraConfig  # noqa: E402
-from exgrpo_cli.policy.sharding import DataParallel  # noqa: E402
 from exgrpo_cli.policy.lora import apply_lora  # noqa: E402
+from exgrpo_cli.policy.sharding import DataParallel  # noqa: E402
 from exgrpo_cli.rollout.base import SamplingSpec  # noqa: E402
 from exgrpo_cli.rollout.vllm_engine import VLLMEngine  # noqa: E402
 from exgrpo_cli.train.divergence import EngineDivergence, check_synced_weights  # noqa: E402
