@@ -59,6 +59,7 @@ def _responses(out: Path) -> list[str]:
     return [r["response"] for r in rows]
 
 
+@pytest.mark.long  # ~28 s: make test-long
 def test_base_plus_adapter_scores_as_the_merged_model(adapted: tuple[Path, Path], tmp_path: Path) -> None:
     checkpoint, merged = adapted
     with_adapter = _eval(tmp_path / "a", "model.path=builtin:tiny", f"eval.adapter={checkpoint}")

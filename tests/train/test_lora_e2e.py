@@ -94,6 +94,7 @@ def test_the_checkpoint_holds_the_adapter_and_only_its_optimizer_state(reference
     assert all(rows[s]["rollout/logprob_diff_mean"] < 1e-3 for s in (2, 3, 4)), rows[4]
 
 
+@pytest.mark.long  # ~28 s: make test-long
 def test_sigkill_then_resume_equals_the_uninterrupted_run(reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen(
