@@ -224,7 +224,8 @@ class VLLMEngine:
             )
         llm_kwargs = {**engine_kwargs(m.lora.rank, r.lora_sync), **llm_kwargs}
         if m.fp32_head:  # the trainer's side is policy/head.py: both sides or neither
-            llm_kwargs = {**llm_kwargs, "hf_overrides": {"head_dtype": "float32"}}
+            overrides = {**llm_kwargs.get("hf_overrides", {}), "head_dtype": "float32"}  # a caller's kept
+            llm_kwargs = {**llm_kwargs, "hf_overrides": overrides}
         engine = cls(
             path,
             eos_token_ids(tokenizer, model, path),

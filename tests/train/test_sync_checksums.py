@@ -13,6 +13,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from train.test_divergence import ARGS  # the same short vLLM stand-in run
 
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.base import SamplingSpec
@@ -87,19 +88,6 @@ def test_an_engine_without_its_own_copy_is_not_compared() -> None:
 
     model = torch.nn.Linear(2, 2)
     assert check_synced_weights(HFLike(), model, step=1, dist=DataParallel()) == 0
-
-
-ARGS = [
-    "rollout=vllm",
-    "trainer.steps=2",
-    "trainer.threads=1",
-    "algo.questions_per_step=2",
-    "rollout.n=2",
-    "model.max_response_tokens=12",
-    "trainer.val_questions=2",
-    "trainer.val_samples=1",
-    "logger.console=false",
-]
 
 
 @pytest.mark.slow
