@@ -9,19 +9,8 @@ tests/plan/test_engines.py checks that they list the same engines and agree on w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from exgrpo_cli.plan.memory import EngineTerms, hf_rollout_terms, vllm_terms
-
-
-@dataclass(frozen=True)
-class EngineMemory:
-    """One engine as the plan sees it (plan.memory.EngineModel)."""
-
-    label: str  # its name in the plan's table and notes
-    needs_trainer_model: bool  # the trainer's own module generates: no weights or KV cache of its own
-    memory: EngineTerms  # its own terms, problems and notes
-
+from exgrpo_cli.plan.memory import hf_rollout_terms, vllm_terms
+from exgrpo_cli.plan.settings import EngineMemory
 
 # `rollout.engine`: name -> its memory model
 ENGINE_MEMORY: dict[str, EngineMemory] = {

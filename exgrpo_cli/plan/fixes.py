@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from exgrpo_cli.plan.arch import Arch
-from exgrpo_cli.plan.memory import Plan, PlanInputs, plan_memory, with_changes
+from exgrpo_cli.plan.memory import Plan, PlanInputs, plan_memory
 from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 VLLM_SHARES = (0.4, 0.3, 0.2)  # smaller vLLM shares tried (a smaller KV cache: slower rollouts)
@@ -100,7 +100,7 @@ def runtime_fixes(
     candidates: list[tuple[int, int, dict[int, int]]] = []
     for combo in itertools.product(*[range(-1, len(opts)) for opts in options]):
         chosen = {k: i for k, i in enumerate(combo) if i >= 0}
-        if chosen and plan_memory(arch, with_changes(x, **_changes(options, chosen))).fits:
+        if chosen and plan_memory(arch, replace(x, **_changes(options, chosen))).fits:
             cost = sum(options[k][i].cost for k, i in chosen.items())
             candidates.append((len(chosen), cost, chosen))
     fixes: list[Fix] = []
@@ -109,9 +109,7 @@ def runtime_fixes(
         if any(all(k in chosen and chosen[k] >= i for k, i in done.items()) for done in listed):
             continue
         overrides = tuple(options[k][i].override for k, i in chosen.items())
-        plan = (
-            verify(overrides) if verify else plan_memory(arch, with_changes(x, **_changes(options, chosen)))
-        )
+        plan = verify(overrides) if verify else plan_memory(arch, replace(x, **_changes(options, chosen)))
         if plan is None or not plan.fits:
             continue
         listed.append(chosen)
@@ -156,7 +154,7 @@ def _fix_on(
     verify: Callable[[tuple[str, ...]], Plan | None] | None,
 ) -> Fix | None:
     sequences = -(-x.rollout_sequences * x.ranks // n)
-    wider = with_changes(x, ranks=n, rollout_sequences=sequences)
+    wider = replace(x, ranks=n, rollout_sequences=sequences)
     devices = (f"trainer.plan_devices={n}x{gib_each:g}",) if gib_each else ()
     note = f"{n} devices of this size (torchrun --nproc_per_node={n}, or more nodes)"
     plan = plan_memory(arch, wider)
@@ -199,7 +197,7 @@ def lora_fixes(
     if x.lora_rank:
         return []
     for rank in LORA_RANKS:
-        adapted = with_changes(x, lora_rank=rank)
+        adapted = replace(x, lora_rank=rank)
         plan = plan_memory(arch, adapted)
         found = [Fix((), plan)] if plan.fits else runtime_fixes(arch, adapted, None, limit=1)
         for fix in found:

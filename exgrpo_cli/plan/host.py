@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exgrpo_cli.plan.arch import Arch
+from exgrpo_cli.plan.settings import PlanInputs
 from exgrpo_cli.policy.placement import Offload
 
 GiB = 2**30
@@ -146,30 +147,22 @@ def offload_terms(arch: Arch, ranks: int, weight_bytes: int, mode: Offload) -> l
     return []
 
 
-def plan_host(
-    arch: Arch,
-    *,
-    ranks: int,
-    ranks_per_node: int,
-    weight_bytes: int,
-    vllm_bytes: int,
-    offload: Offload,
-    level1_backups: bool,
-    node_bytes: int,
-) -> HostPlan:
-    """Host memory per node of a GPU run of `ranks` ranks, `ranks_per_node` to a node."""
-    per_node = max(1, min(ranks_per_node or ranks, ranks))
-    terms = offload_terms(arch, ranks, weight_bytes, offload)
-    if level1_backups:
+def plan_host(arch: Arch, x: PlanInputs) -> HostPlan:
+    """Host memory per node of a GPU run of `x.ranks` ranks, `x.ranks_per_node` to a node."""
+    per_node = max(1, min(x.ranks_per_node or x.ranks, x.ranks))
+    terms = offload_terms(arch, x.ranks, x.weight_bytes, x.offload)
+    if x.level1_backups:
         terms.append(
             HostTerm(
-                "vLLM level-1 sleep backups (pinned)", level1_backup_bytes(arch, vllm_bytes), steady_only=True
+                "vLLM level-1 sleep backups (pinned)",
+                level1_backup_bytes(arch, x.vllm_bytes),
+                steady_only=True,
             )
         )
     terms += [
         HostTerm("process (assumed)", PROCESS_BYTES),
         HostTerm(
-            "rank 0's checkpoint read (start-up)", 0, once=arch.params * weight_bytes, startup_only=True
+            "rank 0's checkpoint read (start-up)", 0, once=arch.params * x.weight_bytes, startup_only=True
         ),
     ]
-    return HostPlan(tuple(terms), per_node, _ceil_div(ranks, per_node), node_bytes)
+    return HostPlan(tuple(terms), per_node, _ceil_div(x.ranks, per_node), x.node_bytes)

@@ -12,11 +12,9 @@ plan's notes); the trainer refuses target modules that match nothing in the mode
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from exgrpo_cli.config_checks import vllm_max_lora_rank
 from exgrpo_cli.plan.arch import Arch
-from exgrpo_cli.policy.placement import Offload
+from exgrpo_cli.plan.settings import PlanInputs, Term
 
 # peft's shortcut for every linear layer but the output head
 ALL_LINEAR = "all-linear"
@@ -106,36 +104,11 @@ def vllm_lora_buffer_bytes(arch: Arch, rank: int, targets: tuple[str, ...], dtyp
 
 
 # ------------------------------------------------------------------ the plan's rows with LoRA
-Phases = tuple[int, int, int, int]  # bytes at rollout, backward, bwd end, step (memory.PHASES)
-Rows = list[tuple[str, Phases]]
-
-
-class LoraInputs(Protocol):
-    """What these rows read of memory.PlanInputs (a frozen dataclass: read-only here too)."""
-
-    @property
-    def ranks(self) -> int: ...
-    @property
-    def weight_bytes(self) -> int: ...
-    @property
-    def offload(self) -> Offload: ...
-    @property
-    def lora_rank(self) -> int: ...
-    @property
-    def lora_targets(self) -> tuple[str, ...]: ...
-    @property
-    def fsdp(self) -> bool: ...
-    @property
-    def compute_bytes(self) -> int: ...
-    @property
-    def reduce_bytes(self) -> int: ...
-
-
 def _shard(n: int, ranks: int) -> int:
     return -(-n // ranks)
 
 
-def state_rows(arch: Arch, x: LoraInputs) -> Rows:
+def state_rows(arch: Arch, x: PlanInputs) -> list[Term]:
     """The trainer's state with LoRA, sharded over N ranks by FSDP2 like the full model's:
     frozen base       c P/N at every moment (compute dtype, no gradient, no optimizer state;
                       on the host with offload=all). The issue's design; on CUDA the trainer must
@@ -156,15 +129,15 @@ def state_rows(arch: Arch, x: LoraInputs) -> Rows:
     part = " shard" if x.fsdp else ""
     compute = "bf16" if x.compute_bytes != x.weight_bytes else dtype.get(x.compute_bytes, "")
     return [
-        (f"frozen base ({compute}{part})", (base,) * 4),
-        (f"adapter weights ({dtype.get(x.weight_bytes, '')}{part})", (weights,) * 4),
-        ("adapter gradients", (0, weights, weights, weights)),
-        ("adapter AdamW moments", (moments,) * 4),
-        ("AdamW step temporaries", (0, 0, 0, step)),
+        Term(f"frozen base ({compute}{part})", (base,) * 4),
+        Term(f"adapter weights ({dtype.get(x.weight_bytes, '')}{part})", (weights,) * 4),
+        Term("adapter gradients", (0, weights, weights, weights)),
+        Term("adapter AdamW moments", (moments,) * 4),
+        Term("AdamW step temporaries", (0, 0, 0, step)),
     ]
 
 
-def gathered_rows(arch: Arch, x: LoraInputs, hf_rollout: bool) -> Rows:
+def gathered_rows(arch: Arch, x: PlanInputs) -> list[Term]:
     """FSDP2's gathers with LoRA: the root (c P_r, with its adapter when lm_head is targeted) and
     two layers in flight (2 c (P_l + A_l)) as without; the gradient reduce-scatters carry only the
     adapter's gradients: A_l (c + r) a layer, A_r (c + r + r/N) for the root."""
@@ -174,46 +147,47 @@ def gathered_rows(arch: Arch, x: LoraInputs, hf_rollout: bool) -> Rows:
     a_l = layer_adapter_params(arch, x.lora_rank, x.lora_targets)
     a_r = root_adapter_params(arch, x.lora_rank, x.lora_targets)
     root, layer = c * (arch.root_params + a_r), 2 * c * (arch.layer_params + a_l)
+    hf_rollout = x.engine.needs_trainer_model
     return [
-        ("root unit gathered", (root if hf_rollout else 0, root, root, 0)),
-        ("layers in flight (2)", (layer if hf_rollout else 0, layer, 0, 0)),
-        ("layer gradient reduce", (0, a_l * (c + r), 0, 0)),
-        ("root gradient reduce", (0, 0, a_r * (c + r) + _shard(r * a_r, x.ranks), 0)),
+        Term("root unit gathered", (root if hf_rollout else 0, root, root, 0)),
+        Term("layers in flight (2)", (layer if hf_rollout else 0, layer, 0, 0)),
+        Term("layer gradient reduce", (0, a_l * (c + r), 0, 0)),
+        Term("root gradient reduce", (0, 0, a_r * (c + r) + _shard(r * a_r, x.ranks), 0)),
     ]
 
 
-def head_gradient_params(arch: Arch, x: LoraInputs) -> int:
+def head_gradient_params(arch: Arch, x: PlanInputs) -> int:
     """The output head's weight gradient: none for a frozen head, its adapter's with lm_head targeted."""
     return root_adapter_params(arch, x.lora_rank, x.lora_targets)
 
 
-def activation_row(arch: Arch, x: LoraInputs, checkpointing: bool, tokens: int) -> tuple[str, Phases]:
+def activation_row(arch: Arch, x: PlanInputs) -> Term:
     per_token = adapter_activation_bytes_per_token(
-        arch, x.lora_rank, x.lora_targets, x.compute_bytes, checkpointing
+        arch, x.lora_rank, x.lora_targets, x.compute_bytes, x.checkpointing
     )
-    return "adapter activations (at most)", (0, tokens * per_token, 0, 0)
+    return Term("adapter activations (at most)", (0, x.micro_batch_tokens * per_token, 0, 0))
 
 
-def vllm_buffers(arch: Arch, x: LoraInputs, sync: str, dtype_bytes: int) -> int:
+def vllm_buffers(arch: Arch, x: PlanInputs) -> int:
     """vLLM's LoRA buffers: with the adapter sync only (merged weights need none)."""
-    if sync != "adapter":
+    if x.lora_sync != "adapter":
         return 0
-    return vllm_lora_buffer_bytes(arch, x.lora_rank, x.lora_targets, dtype_bytes)
+    return vllm_lora_buffer_bytes(arch, x.lora_rank, x.lora_targets, x.vllm_bytes)
 
 
-def sync_bytes(arch: Arch, x: LoraInputs, sync: str, dtype_bytes: int) -> int:
+def sync_bytes(arch: Arch, x: PlanInputs) -> int:
     """The trainer's extra memory while it syncs vLLM (rollout/vllm_lora.py), under FSDP:
     adapter  the base, one gathered weight at a time in vLLM's dtype (at start-up and after a
              sleep that dropped it; each step's adapter is far smaller)
     merged   every step, the same for a plain weight, and for an adapted one its gathered base
              (vLLM's dtype), the fp32 product B A and sum, and the cast: (2 d + 8) x its size."""
-    plain = dtype_bytes * arch.largest_param
-    if sync != "merged":
+    plain = x.vllm_bytes * arch.largest_param
+    if x.lora_sync != "merged":
         return plain
-    return max(plain, (2 * dtype_bytes + 8) * largest_adapted_weight(arch, x.lora_targets))
+    return max(plain, (2 * x.vllm_bytes + 8) * largest_adapted_weight(arch, x.lora_targets))
 
 
-def host_state_bytes(arch: Arch, x: LoraInputs) -> int:
+def host_state_bytes(arch: Arch, x: PlanInputs) -> int:
     """Offloaded state per rank on the host with LoRA: with offload=all the frozen base (c P/N) and
     the adapter's weights, gradients and moments (4 w A/N); with offload=optimizer its two fp32
     moments (8 A/N)."""

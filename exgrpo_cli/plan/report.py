@@ -19,7 +19,6 @@ from exgrpo_cli.plan.host import level1_backup_bytes
 from exgrpo_cli.plan.inputs import Devices, inputs_from_config
 from exgrpo_cli.plan.lora import adapter_params, uncounted
 from exgrpo_cli.plan.memory import (
-    MARGIN,
     PHASES,
     RUNTIME_BYTES,
     VLLM_CUDA_GRAPH_BYTES,
@@ -29,6 +28,7 @@ from exgrpo_cli.plan.memory import (
     PlanInputs,
     plan_memory,
 )
+from exgrpo_cli.plan.settings import MARGIN
 
 DTYPE = {4: "fp32", 2: "bf16"}
 ATTENTION = {"flash": "flash-attention-2", "sdpa": "sdpa attention", "eager": "eager attention"}
