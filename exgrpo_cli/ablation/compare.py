@@ -17,12 +17,11 @@ and each variant's own gain (final minus step-0 validation accuracy) against zer
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from exgrpo_cli.ablation.summary import NAN, RunResult, fmt, mean_std
+from exgrpo_cli.ablation.summary import NAN, RunResult, fmt, mean_std, write_table
 
 Z_RULE = 2.0  # |difference| >= 2 standard errors counts as a difference
 
@@ -150,30 +149,25 @@ COLUMNS = (
 
 
 def write_csv(rows: list[Comparison], path: Path) -> None:
-    def num(x: float) -> float | str:
-        return "" if math.isnan(x) else x
-
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(COLUMNS)
-        for c in rows:
-            w.writerow(
-                [
-                    c.variant,
-                    c.reference,
-                    num(c.final.value),
-                    num(c.final.se),
-                    c.final.verdict,
-                    num(c.at_rollouts),
-                    num(c.equal_rollouts.value),
-                    num(c.equal_rollouts.se),
-                    c.equal_rollouts.verdict,
-                    num(c.gain.value),
-                    num(c.gain.se),
-                    num(c.reference_gain.value),
-                    num(c.reference_gain.se),
-                ]
-            )
+    fields = [
+        (
+            c.variant,
+            c.reference,
+            c.final.value,
+            c.final.se,
+            c.final.verdict,
+            c.at_rollouts,
+            c.equal_rollouts.value,
+            c.equal_rollouts.se,
+            c.equal_rollouts.verdict,
+            c.gain.value,
+            c.gain.se,
+            c.reference_gain.value,
+            c.reference_gain.se,
+        )
+        for c in rows
+    ]
+    write_table(path, COLUMNS, fields)
 
 
 def to_markdown(rows: list[Comparison]) -> str:

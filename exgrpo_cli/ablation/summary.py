@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,7 +141,7 @@ def mean_curve(runs: list[RunResult]) -> tuple[list[float], list[float], list[fl
 
 # ----------------------------------------------------------------------------- writers
 
-CSV_COLUMNS = (
+CSV_COLUMNS = (  # a Row's fields, in their order
     "variant",
     "runs",
     "final_mean",
@@ -163,28 +163,16 @@ def _csv_value(x: str | int | float) -> str | int | float:
     return x
 
 
-def write_csv(rows: list[Row], path: Path) -> None:
+def write_table(path: Path, columns: tuple[str, ...], rows: list[tuple[str | int | float, ...]]) -> None:
+    """A CSV file of `columns` and one line per row (a NaN an empty cell, a bool 0 or 1)."""
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(CSV_COLUMNS)
-        for r in rows:
-            w.writerow(
-                [
-                    _csv_value(x)
-                    for x in (
-                        r.variant,
-                        r.runs,
-                        r.final_mean,
-                        r.final_std,
-                        r.best_mean,
-                        r.best_std,
-                        r.rollouts_mean,
-                        r.wall_mean,
-                        r.delta_final,
-                        r.baseline,
-                    )
-                ]
-            )
+        w.writerow(columns)
+        w.writerows([_csv_value(x) for x in row] for row in rows)
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    write_table(path, CSV_COLUMNS, [astuple(r) for r in rows])
 
 
 def fmt(x: float, spec: str = ".3f", signed: bool = False) -> str:
