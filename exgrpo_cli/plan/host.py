@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exgrpo_cli.plan.arch import Arch
-from exgrpo_cli.plan.settings import PlanInputs
+from exgrpo_cli.plan.settings import PlanInputs, ceil_div
 from exgrpo_cli.policy.placement import Offload
 
 GiB = 2**30
@@ -51,10 +51,6 @@ NODE_GPUS = 8  # ranks per node assumed for trainer.plan_devices (trainer.plan_r
 def pow2(n: int) -> int:
     """What torch's caching host allocator reserves for a pinned block of `n` bytes."""
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def hf_tensors(arch: Arch) -> list[int]:
@@ -83,7 +79,7 @@ def cuda_segments(sizes: list[int]) -> list[int]:
     """The CUDA caching allocator's segments (bytes) holding tensors of `sizes` bytes allocated
     one after another: a large tensor's own segment rounded up to 2 MiB; 1-10 MiB tensors packed
     into 20 MiB segments, small ones into 2 MiB segments (first fit, in order)."""
-    segments = [_ceil_div(s, ROUND_LARGE) * ROUND_LARGE for s in sizes if s > MID_ALLOC]
+    segments = [ceil_div(s, ROUND_LARGE) * ROUND_LARGE for s in sizes if s > MID_ALLOC]
     for lo, hi, seg in ((SMALL_ALLOC, MID_ALLOC, MID_SEGMENT), (0, SMALL_ALLOC, SMALL_SEGMENT)):
         free = 0
         for s in (s for s in sizes if lo < s <= hi):
@@ -135,7 +131,7 @@ class HostPlan:
 
 def offload_terms(arch: Arch, ranks: int, weight_bytes: int, mode: Offload) -> list[HostTerm]:
     """The offloaded state of one rank (see the module's docstring)."""
-    shards = [_ceil_div(n, ranks) for n in hf_tensors(arch)]
+    shards = [ceil_div(n, ranks) for n in hf_tensors(arch)]
     if mode.params_on_host:
         pinned = 2 * sum(pow2(weight_bytes * n) for n in shards)
         return [
@@ -165,4 +161,4 @@ def plan_host(arch: Arch, x: PlanInputs) -> HostPlan:
             "rank 0's checkpoint read (start-up)", 0, once=arch.params * x.weight_bytes, startup_only=True
         ),
     ]
-    return HostPlan(tuple(terms), per_node, _ceil_div(x.ranks, per_node), x.node_bytes)
+    return HostPlan(tuple(terms), per_node, ceil_div(x.ranks, per_node), x.node_bytes)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from exgrpo_cli.config_checks import vllm_max_lora_rank
 from exgrpo_cli.plan.arch import Arch
-from exgrpo_cli.plan.settings import PlanInputs, Term
+from exgrpo_cli.plan.settings import PlanInputs, Term, ceil_div
 
 # peft's shortcut for every linear layer but the output head
 ALL_LINEAR = "all-linear"
@@ -104,10 +104,6 @@ def vllm_lora_buffer_bytes(arch: Arch, rank: int, targets: tuple[str, ...], dtyp
 
 
 # ------------------------------------------------------------------ the plan's rows with LoRA
-def _shard(n: int, ranks: int) -> int:
-    return -(-n // ranks)
-
-
 def state_rows(arch: Arch, x: PlanInputs) -> list[Term]:
     """The trainer's state with LoRA, sharded over N ranks by FSDP2 like the full model's:
     frozen base       c P/N at every moment (compute dtype, no gradient, no optimizer state;
@@ -119,11 +115,11 @@ def state_rows(arch: Arch, x: PlanInputs) -> list[Term]:
                       largest adapter tensor's shard), placed as trainer.offload says."""
     mode = x.offload
     a = adapter_params(arch, x.lora_rank, x.lora_targets)
-    base = 0 if mode.params_on_host else x.compute_bytes * _shard(arch.params, x.ranks)
-    shard = x.weight_bytes * _shard(a, x.ranks)
+    base = 0 if mode.params_on_host else x.compute_bytes * ceil_div(arch.params, x.ranks)
+    shard = x.weight_bytes * ceil_div(a, x.ranks)
     weights = 0 if mode.params_on_host else shard
     moments = 0 if mode.moments_on_host else 2 * shard
-    host_adamw = 16 * _shard(largest_adapter_param(arch, x.lora_rank, x.lora_targets), x.ranks)
+    host_adamw = 16 * ceil_div(largest_adapter_param(arch, x.lora_rank, x.lora_targets), x.ranks)
     step = host_adamw if mode.host_adamw else (0 if mode.moments_on_host else shard)
     dtype = {4: "fp32", 2: "16-bit"}
     part = " shard" if x.fsdp else ""
@@ -152,7 +148,7 @@ def gathered_rows(arch: Arch, x: PlanInputs) -> list[Term]:
         Term("root unit gathered", (root if hf_rollout else 0, root, root, 0)),
         Term("layers in flight (2)", (layer if hf_rollout else 0, layer, 0, 0)),
         Term("layer gradient reduce", (0, a_l * (c + r), 0, 0)),
-        Term("root gradient reduce", (0, 0, a_r * (c + r) + _shard(r * a_r, x.ranks), 0)),
+        Term("root gradient reduce", (0, 0, a_r * (c + r) + ceil_div(r * a_r, x.ranks), 0)),
     ]
 
 
@@ -192,7 +188,7 @@ def host_state_bytes(arch: Arch, x: PlanInputs) -> int:
     the adapter's weights, gradients and moments (4 w A/N); with offload=optimizer its two fp32
     moments (8 A/N)."""
     mode = x.offload
-    a = _shard(adapter_params(arch, x.lora_rank, x.lora_targets), x.ranks)
+    a = ceil_div(adapter_params(arch, x.lora_rank, x.lora_targets), x.ranks)
     if mode.params_on_host:
-        return x.compute_bytes * _shard(arch.params, x.ranks) + 4 * x.weight_bytes * a
+        return x.compute_bytes * ceil_div(arch.params, x.ranks) + 4 * x.weight_bytes * a
     return 8 * a if mode.moments_on_host else 0

@@ -37,7 +37,7 @@ import exgrpo_cli.plan.lora as lora
 from exgrpo_cli.plan.activations import activation_bytes_per_token, kv_bytes_per_token, logit_chunk_bytes
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.host import HostPlan, plan_host
-from exgrpo_cli.plan.settings import PlanInputs, Term
+from exgrpo_cli.plan.settings import PlanInputs, Term, ceil_div
 
 GiB = 2**30
 PHASES = ("rollout", "backward", "bwd end", "step")
@@ -96,10 +96,6 @@ def _phases(
     return (rollout, backward, bwd_end, step)
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def state_terms(arch: Arch, x: PlanInputs) -> list[Term]:
     """The trainer's state, sharded over the N ranks by FSDP2 (N = 1 without it):
       weights        w P/N at every moment (on the host with offload=all)
@@ -115,14 +111,14 @@ def state_terms(arch: Arch, x: PlanInputs) -> list[Term]:
     With LoRA: lora.state_rows (a frozen base; the adapter's weights, gradients and moments)."""
     if x.lora_rank:
         return lora.state_rows(arch, x)
-    shard = x.weight_bytes * _ceil_div(arch.params, x.ranks)
+    shard = x.weight_bytes * ceil_div(arch.params, x.ranks)
     mode = x.offload
     on_device = not mode.moments_on_host
     weights = shard if not mode.params_on_host else 0
     moments = 2 * shard if on_device else 0
     dtype = {4: "fp32", 2: "16-bit"}.get(x.weight_bytes, "")
     part = " shard" if x.fsdp else ""
-    host_adamw = 16 * _ceil_div(arch.largest_param, x.ranks) if mode.host_adamw else 0
+    host_adamw = 16 * ceil_div(arch.largest_param, x.ranks) if mode.host_adamw else 0
     return [
         Term(f"weights ({dtype}{part})", _phases(*[weights] * 4)),
         Term(f"gradients ({dtype}{part})", _phases(0, weights, weights, weights)),
@@ -154,7 +150,7 @@ def gathered_terms(arch: Arch, x: PlanInputs) -> list[Term]:
         Term("root unit gathered", _phases(root_rollout, c * root, c * root)),
         Term("layers in flight (2)", _phases(2 * c * layer if hf else 0, 2 * c * layer)),
         Term("layer gradient reduce", _phases(backward=layer * (c + r))),
-        Term("root gradient reduce", _phases(bwd_end=root * (c + r) + _ceil_div(r * root, x.ranks))),
+        Term("root gradient reduce", _phases(bwd_end=root * (c + r) + ceil_div(r * root, x.ranks))),
     ]
 
 
@@ -294,7 +290,7 @@ def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
     # two fp32 moments with offload=optimizer (policy/offload.HostAdamW, one pinned buffer)
     mode = x.offload
     per_param = 4 * x.weight_bytes if mode.params_on_host else 2 * 4 if mode.moments_on_host else 0
-    host = per_param * _ceil_div(arch.params, x.ranks)
+    host = per_param * ceil_div(arch.params, x.ranks)
     if x.lora_rank:
         host = lora.host_state_bytes(arch, x)
     kept = tuple(t for t in terms if any(t.bytes))

@@ -17,6 +17,11 @@ from exgrpo_cli.policy.placement import Offload
 MARGIN = 0.10  # share of a device's memory the plan leaves free (fragmentation, estimates' error)
 
 
+def ceil_div(a: int, b: int) -> int:
+    """a / b rounded up (a count sharded over b ranks: FSDP2 pads the last shard)."""
+    return -(-a // b)
+
+
 @dataclass(frozen=True)
 class Term:
     name: str
