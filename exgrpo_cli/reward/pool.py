@@ -7,7 +7,7 @@ Why processes: math-verify's timeouts use `signal.alarm`, which only works in a 
 thread, and some sympy work ignores signals anyway (long C-level big-number arithmetic). So each
 worker (`verify.worker_main`) runs math-verify in its own main thread, and the parent, which only
 waits on pipes and so may run in any thread, enforces a hard deadline: a worker that has not
-answered an item `timeout_s + slack_s` after it got it is terminated (then killed), the item
+answered an item `timeout_s + SLACK_S` after it got it is terminated (then killed), the item
 counts as a timeout, and a fresh worker takes its place. A worker that dies mid-item (killed,
 segfault, out of memory) is replaced and the item counts as an error. Workers are started with
 the "spawn" context, so they share nothing with a parent that runs torch threads; being spawned,
@@ -36,6 +36,8 @@ from exgrpo_cli.reward.verify import worker_main
 log = logging.getLogger(__name__)
 
 MAX_FAILED_STARTS = 3  # consecutive workers dying before "ready": the environment is broken
+SLACK_S = 1.0  # an item's hard deadline: its timeout_s plus this
+STARTUP_TIMEOUT_S = 120.0  # a worker not ready by then failed to start
 _MAX_WAIT_S = 1.0  # re-check state at least this often while a call is in progress
 
 
@@ -103,19 +105,11 @@ class VerifyPool:
     Calls from several threads are serialised. Processes start at construction (in the
     background: the first `run` waits for them, about a second on a quiet machine)."""
 
-    def __init__(
-        self,
-        workers: int = 1,
-        memory_limit_mb: int | None = 2048,
-        slack_s: float = 1.0,
-        startup_timeout_s: float = 120.0,
-    ) -> None:
+    def __init__(self, workers: int = 1, memory_limit_mb: int | None = 2048) -> None:
         if workers < 1:
             raise ValueError(f"reward workers must be >= 1, got {workers}")
         self._ctx = mp.get_context("spawn")
         self._memory_limit_mb = memory_limit_mb
-        self._slack_s = slack_s
-        self._startup_timeout_s = startup_timeout_s
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._failed_starts = 0
@@ -193,12 +187,12 @@ class VerifyPool:
                 self._replace(k)
                 continue
             w.seq, w.index = seq, index
-            w.deadline = time.monotonic() + call.timeout_s + self._slack_s
+            w.deadline = time.monotonic() + call.timeout_s + SLACK_S
 
     def _wait(self, call: _Call) -> None:
         now = time.monotonic()
         deadlines = [
-            w.deadline if w.ready else w.started + self._startup_timeout_s
+            w.deadline if w.ready else w.started + STARTUP_TIMEOUT_S
             for w in self._workers
             if w.seq is not None or not w.ready
         ]
@@ -265,5 +259,5 @@ class VerifyPool:
                 call.finish(w.index, "timeout", False)
                 w.seq = None
                 self._replace(k)
-            elif not w.ready and now >= w.started + self._startup_timeout_s:
-                self._failed_start(k, f"not ready after {self._startup_timeout_s:.0f}s")
+            elif not w.ready and now >= w.started + STARTUP_TIMEOUT_S:
+                self._failed_start(k, f"not ready after {STARTUP_TIMEOUT_S:.0f}s")

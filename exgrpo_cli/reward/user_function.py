@@ -44,7 +44,6 @@ from exgrpo_cli.reward.verify import _limit_memory
 
 log = logging.getLogger(__name__)
 
-ALIASES = ("completions", "prompts", "answers")  # the names we pass besides the data's columns
 _START_TIMEOUT_S = 120.0
 
 
