@@ -12,6 +12,8 @@ from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from exgrpo_cli.inspection.report import STATS
+
 BAR_WIDTH = 30
 
 
@@ -95,8 +97,7 @@ def distribution_table(title: str, dist: dict[str, Any], digits: int = 3) -> Gro
     if not dist["count"]:
         stats = "(empty)"
     else:
-        keys = ("mean", "min", "p10", "median", "p90", "max")
-        stats = "  ".join(f"{k} {_fmt(dist[k], digits)}" for k in keys)
+        stats = "  ".join(f"{k} {_fmt(dist[k], digits)}" for k in STATS)
     head = Text.assemble((title, "italic"), "\n", (stats, "dim"))
     t = Table(show_header=False, box=None, padding=(0, 1))
     t.add_column(justify="right", no_wrap=True)

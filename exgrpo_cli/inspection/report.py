@@ -18,6 +18,8 @@ import numpy as np
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.persistence import META_LEN, META_STEP
 
+STATS = ("mean", "min", "p10", "median", "p90", "max")  # a distribution's numbers besides its count
+
 
 class TargetError(ValueError):
     """The path given to inspect-buffer is not a run dir or a checkpoint dir."""
@@ -80,16 +82,7 @@ def distribution(values: np.ndarray, bins: int = 10, integer: bool = False) -> d
     """count, mean, min, p10, median, p90, max and a histogram of `values` (None when empty)."""
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0:
-        return {
-            "count": 0,
-            "mean": None,
-            "min": None,
-            "p10": None,
-            "median": None,
-            "p90": None,
-            "max": None,
-            "histogram": histogram(v),
-        }
+        return {"count": 0, **dict.fromkeys(STATS), "histogram": histogram(v)}
     p10, p50, p90 = np.percentile(v, [10, 50, 90])
     return {
         "count": int(v.size),
