@@ -10,34 +10,18 @@ per-sample accuracy (avg@n) and `val/pass@n` the share of questions solved at le
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from exgrpo_cli.data.templates import Template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.reward.extract import AnswerRule
-from exgrpo_cli.reward.scorer import ScoreResult
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 
 if TYPE_CHECKING:
     from exgrpo_cli.policy.sharding import DataParallel
-
-
-class Scorer(Protocol):
-    """What `sample_and_grade` needs of a scorer (`RewardScorer`, the run's `Reward`): a
-    `ScoreResult` per call. `rules` is None unless the caller gives `rule_for_prompt` (then: the
-    scorer's own rule); `questions` are the samples' data rows (a reward function reads them)."""
-
-    def score(
-        self,
-        responses: Sequence[str],
-        answers: Sequence[str],
-        kinds: Sequence[str] | None = None,
-        *,
-        rules: Sequence[AnswerRule] | None = None,
-        questions: Sequence[Question] | None = None,
-    ) -> ScoreResult: ...
+    from exgrpo_cli.reward.stage import Backend
 
 
 @dataclass
@@ -68,7 +52,7 @@ def sample_and_grade(
     tokenizer: Any,  # a Hugging Face tokenizer
     template: Template,
     questions: list[Question],
-    scorer: Scorer,
+    scorer: Backend,
     *,
     n: int,
     spec: SamplingSpec,
@@ -160,7 +144,7 @@ def _grade(
     idx: list[int],
     texts: dict[int, list[str]],
     questions: list[Question],
-    scorer: Scorer,
+    scorer: Backend,
     n: int,
     kinds: list[str] | None,
     rules: list[AnswerRule],

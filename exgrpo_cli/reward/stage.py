@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 
 class Backend(Protocol):
+    """What scores responses (`RewardScorer`, a kind's backend, the run's `Reward`): a `ScoreResult`
+    per call. `rules` is None unless the caller gives `rule_for_prompt` to validation (then: the
+    scorer's own rule); `questions` are the samples' data rows (a reward function reads them)."""
+
     def score(
         self,
         responses: Sequence[str],
