@@ -27,7 +27,7 @@ import logging
 import os
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -133,19 +133,8 @@ def arch_from_config_json(d: dict[str, Any], source: str) -> Arch:
 
 
 def arch_from_preset(a: ArchConfig, source: str) -> Arch:
-    return Arch(
-        hidden_size=a.hidden_size,
-        intermediate_size=a.intermediate_size,
-        num_layers=a.num_hidden_layers,
-        num_heads=a.num_attention_heads,
-        num_kv_heads=a.num_key_value_heads,
-        vocab_size=a.vocab_size,
-        tied_embeddings=bool(a.tie_word_embeddings),
-        max_positions=a.max_position_embeddings,
-        head_dim=a.head_dim,
-        attention_bias=bool(a.attention_bias),
-        source=source,
-    )
+    """An `Arch` from model.arch, whose names are config.json's (a tie it does not carry: untied)."""
+    return arch_from_config_json({**asdict(a), "tie_word_embeddings": bool(a.tie_word_embeddings)}, source)
 
 
 def preset_arch(model: ModelConfig) -> Arch | None:
