@@ -250,10 +250,6 @@ class FunctionReward:
         else:
             result.rewards = [0.0 if r is None else r for r in payload]
             result.unscored = sum(r is None for r in payload)
-        for key, value in (
-            ("timeouts", result.timeouts),
-            ("errors", result.errors),
-            ("unscored", result.unscored),
-        ):
-            self._totals[f"reward/{key}"] += value
+        for key in ("timeouts", "errors", "unscored"):
+            self._totals[f"reward/{key}"] += getattr(result, key)
         return result
