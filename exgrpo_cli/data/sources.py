@@ -130,16 +130,6 @@ def parse_row(
     )
 
 
-def row_to_question(
-    row: dict[str, Any], idx: int, cfg: DataConfig, prefix: str, answer_required: bool = True
-) -> tuple[Question | None, str]:
-    """(question, "") or (None, why): `parse_row` for callers that need no kind."""
-    q = parse_row(row, idx, cfg, prefix, answer_required)
-    if isinstance(q, BadRow):
-        return None, q.reason if "__error__" in row else f"row {idx}: {q.reason}"
-    return q, ""
-
-
 def questions_from_rows(
     rows: Iterable[tuple[str, dict[str, Any] | BadRow]],
     cfg: DataConfig,

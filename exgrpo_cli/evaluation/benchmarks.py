@@ -28,7 +28,7 @@ from exgrpo_cli.config import DataConfig, ExgrpoConfig
 from exgrpo_cli.data import synthetic
 from exgrpo_cli.data.bad_rows import DataError
 from exgrpo_cli.data.rows import read_rows
-from exgrpo_cli.data.sources import dig, row_to_question
+from exgrpo_cli.data.sources import dig, parse_row
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
 
@@ -293,12 +293,8 @@ def group_rows(
     uids: set[str] = set()
     skipped = 0
     for i, row in enumerate(rows):
-        q, _ = (
-            row_to_question(row, i, data_cfg, prefix, answer_required)
-            if isinstance(row, dict)
-            else (None, "")
-        )
-        if q is None:
+        q = parse_row(row, i, data_cfg, prefix, answer_required) if isinstance(row, dict) else None
+        if not isinstance(q, Question):
             skipped += 1
             continue
         key = (q.messages or q.question, q.answer)

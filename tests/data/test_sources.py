@@ -18,11 +18,12 @@ from exgrpo_cli.data.bad_rows import (
     NOT_OBJECT,
     TOO_LONG,
     WRONG_TYPE,
+    BadRow,
     DataError,
     skipped_rows_lines,
 )
 from exgrpo_cli.data.rows import read_rows
-from exgrpo_cli.data.sources import MAX_FIELD_CHARS, load_questions, row_to_question
+from exgrpo_cli.data.sources import MAX_FIELD_CHARS, load_questions, parse_row
 
 
 def _line(obj: object) -> bytes:
@@ -139,15 +140,13 @@ def test_read_rows_marks_undecodable_lines_instead_of_raising(tmp_path: Path) ->
         "__error__": "line 3: invalid UTF-8 (byte 0xc3 at column 13)",
         "__kind__": INVALID_UTF8,
     }
-    assert row_to_question(rows[1], 1, DataConfig(), "x") == (
-        None,
-        "line 3: invalid UTF-8 (byte 0xc3 at column 13)",
+    assert parse_row(rows[1], 1, DataConfig(), "x") == BadRow(
+        INVALID_UTF8, "line 3: invalid UTF-8 (byte 0xc3 at column 13)"
     )
-    q, why = row_to_question({"prompt": "hi", "ground_truth": ["7"]}, 4, DataConfig(), "x")
-    assert why == "" and q is not None and (q.uid, q.answer) == ("x-4", "7")
-    assert row_to_question({"prompt": 3, "ground_truth": "7"}, 4, DataConfig(), "x") == (
-        None,
-        "row 4: question (prompt) is a number, not a string or chat list",
+    q = parse_row({"prompt": "hi", "ground_truth": ["7"]}, 4, DataConfig(), "x")
+    assert not isinstance(q, BadRow) and (q.uid, q.answer) == ("x-4", "7")
+    assert parse_row({"prompt": 3, "ground_truth": "7"}, 4, DataConfig(), "x") == BadRow(
+        WRONG_TYPE, "question (prompt) is a number, not a string or chat list"
     )
 
 
