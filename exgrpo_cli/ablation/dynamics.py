@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from exgrpo_cli.ablation.summary import mean_std
+from exgrpo_cli.ablation.summary import finite_number, mean_std
 
 
 @dataclass(frozen=True)
@@ -38,15 +38,10 @@ PANELS = (
 )
 
 
-def _finite(v: object) -> float | None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    return float(v) if ok else None  # type: ignore[arg-type]
-
-
 def series(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> tuple[str, list[tuple[int, float]]]:
     """(key used, [(step, value)]) of the first key in `keys` the run logged a finite value of."""
     for key in keys:
-        pts = [(int(r["step"]), v) for r in rows if (v := _finite(r.get(key))) is not None]
+        pts = [(int(r["step"]), v) for r in rows if (v := finite_number(r.get(key))) is not None]
         if pts:
             return key, pts
     return "", []

@@ -61,7 +61,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def _number(v: object) -> float | None:
+def finite_number(v: object) -> float | None:
+    """A metric's value as a float; None for a missing, boolean, non-numeric or non-finite one."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
@@ -70,8 +71,8 @@ def run_result(rows: list[dict[str, Any]], wall_s: float = NAN, seed: int | None
     seen = 0.0
     curve: list[tuple[int, float, float]] = []
     for row in rows:
-        seen += _number(row.get("rollout/responses")) or 0.0
-        acc = _number(row.get("val/accuracy"))
+        seen += finite_number(row.get("rollout/responses")) or 0.0
+        acc = finite_number(row.get("val/accuracy"))
         if acc is not None:
             curve.append((int(row["step"]), seen, acc))
     if not curve:
