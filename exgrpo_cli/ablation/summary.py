@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,7 +165,7 @@ def _csv_value(x: str | int | float) -> str | int | float:
     return x
 
 
-def write_table(path: Path, columns: tuple[str, ...], rows: list[tuple[str | int | float, ...]]) -> None:
+def write_table(path: Path, columns: tuple[str, ...], rows: Sequence[tuple[str | int | float, ...]]) -> None:
     """A CSV file of `columns` and one line per row (a NaN an empty cell, a bool 0 or 1)."""
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
