@@ -28,7 +28,6 @@ import math
 import multiprocessing as mp
 import numbers
 import os
-import signal
 import sys
 import time
 import traceback
@@ -40,7 +39,7 @@ from typing import Any
 from exgrpo_cli.config import ConfigError
 from exgrpo_cli.data.types import Question, answer_only_questions
 from exgrpo_cli.reward.scorer import ScoreResult
-from exgrpo_cli.reward.verify import _limit_memory
+from exgrpo_cli.reward.verify import worker_setup
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +115,7 @@ def check_output(out: Any, n: int) -> list[float | None]:
 def worker_main(conn: Connection, spec: str, memory_limit_mb: int | None) -> None:
     """A reward-function process: load `spec`, say ("ready",) or ("failed", why), then answer each
     (seq, completions, kwargs) with (seq, "ok", rewards) or (seq, "error", traceback)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    _limit_memory(memory_limit_mb)
+    worker_setup(memory_limit_mb)
     try:
         fn = load_function(spec)
         conn.send(("ready",))

@@ -101,7 +101,11 @@ class Verifier:
         return "ok", False
 
 
-def _limit_memory(memory_limit_mb: int | None) -> None:
+def worker_setup(memory_limit_mb: int | None) -> None:
+    """The start of a worker process (this module's and reward/user_function.py's): Ctrl-C is the
+    parent's business (it stops us), one OpenMP thread, and the address-space limit if any."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     if not memory_limit_mb:
         return
     try:
@@ -118,9 +122,7 @@ def _limit_memory(memory_limit_mb: int | None) -> None:
 
 def worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
     """Entry point of a verification process (see the module docstring for the protocol)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business; it stops us
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    _limit_memory(memory_limit_mb)
+    worker_setup(memory_limit_mb)
     for name in ("math_verify", "latex2sympy2_extended"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     verifier = Verifier()
