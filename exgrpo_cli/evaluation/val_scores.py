@@ -30,14 +30,10 @@ def source_of(q: Question) -> str | None:
     return None if source is None else str(source)
 
 
-def has_sources(questions: Sequence[Question]) -> bool:
-    return any(source_of(q) is not None for q in questions)
-
-
 def source_scores(questions: Sequence[Question], correct: Sequence[Sequence[float]]) -> dict[str, float]:
     """`val/accuracy/<source>` (the mean reward of the source's samples) for each source, and the
     two unweighted means over sources; {} when no question names a source (nothing to split)."""
-    if not has_sources(questions):
+    if all(source_of(q) is None for q in questions):
         return {}
     by_source: dict[str, list[float]] = {}
     for q, row in zip(questions, correct):
