@@ -14,9 +14,8 @@ import torch
 
 pytest.importorskip("vllm")
 
-from rollout.test_vllm_engine import COUNTS, PROMPTS, Tok, build_model  # noqa: E402
+from rollout.test_vllm_engine import COUNTS, PROMPTS, Tok, build_model, engine_config  # noqa: E402
 
-from exgrpo_cli.config import ExgrpoConfig  # noqa: E402
 from exgrpo_cli.policy.forward import forward_logprobs, pack  # noqa: E402
 from exgrpo_cli.policy.head import use_fp32_head  # noqa: E402
 from exgrpo_cli.rollout.base import SamplingSpec  # noqa: E402
@@ -29,9 +28,8 @@ def _gap(folder: Path, fp32_head: bool) -> tuple[torch.dtype, float]:
     model = build_model().bfloat16()
     if fp32_head:
         use_fp32_head(model)
-    cfg = ExgrpoConfig()
-    cfg.model.path, cfg.model.max_prompt_tokens, cfg.model.max_response_tokens = str(folder), 64, 24
-    cfg.model.dtype, cfg.model.fp32_head, cfg.eval.max_new_tokens = "bfloat16", fp32_head, 0
+    cfg = engine_config(folder)
+    cfg.model.dtype, cfg.model.fp32_head = "bfloat16", fp32_head
     engine = VLLMEngine.from_config(cfg, Tok(), model=model, block_size=32)
     try:
         head_dtype = engine.llm.llm_engine.model_config.head_dtype
