@@ -21,6 +21,8 @@ from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.vllm_weights import named_tensors
 
+from conftest import tiny_qwen2
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -28,20 +30,9 @@ STEPS, ROWS_PER_RANK, SEQ, LR = 2, 4, 24, 1e-3
 
 
 def build() -> PreTrainedModel:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)  # the same initial weights on every rank, as FSDP requires
-    return Qwen2ForCausalLM(cfg).float()
+    # tied embeddings; drawn after torch.manual_seed(0): the same initial weights on every rank,
+    # as FSDP requires
+    return tiny_qwen2(vocab=512, hidden=128, layers=2, heads=4, kv_heads=2, positions=128)
 
 
 def mean_token_nll(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from policy.gloo_ranks import run_gloo_ranks
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.sharding import DataParallel
 
-from conftest import worker_env
+from conftest import REPO, worker_env
 
 WORKER = Path(__file__).resolve().parent / "fsdp_worker.py"
 
@@ -22,7 +22,7 @@ WORKER = Path(__file__).resolve().parent / "fsdp_worker.py"
 @pytest.mark.slow
 def test_fsdp2_two_ranks_match_single_process(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    run_gloo_ranks(str(WORKER), str(out))
+    run_gloo_ranks(str(WORKER), str(out), env=worker_env(REPO / "tests"))
     report = json.loads(out.read_text())
     assert report["world_size"] == 2
     assert max(report["grad_diff"]) < 1e-5
@@ -60,7 +60,9 @@ def test_rank0_reads_the_weights_and_a_two_rank_optimizer_resumes_on_one(tmp_pat
     """Under torchrun rank 0 alone reads the model files (rank 1 opens none) and every rank ends
     with rank 0's weights; the optimizer state written sharded by two ranks loads, exactly, into a
     one-process run (torch.distributed.checkpoint reshards it)."""
-    run_gloo_ranks(str(WORKER.parent / "load_worker.py"), str(tmp_path), env=worker_env(WORKER.parent))
+    run_gloo_ranks(
+        str(WORKER.parent / "load_worker.py"), str(tmp_path), env=worker_env(WORKER.parent, REPO / "tests")
+    )
     report = json.loads((tmp_path / "report.json").read_text())
     assert abs(report["loss"] - report["reference"]) < 1e-5
 
