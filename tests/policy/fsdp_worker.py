@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.offload import gather_full as full  # a DTensor shard's full tensor, else the tensor
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.vllm_weights import named_tensors
 
@@ -40,10 +41,6 @@ def mean_token_nll(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
     # over ranks of the per-rank means is the mean over the concatenated batch
     logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
-
-
-def full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def gathered_weights(model: torch.nn.Module, dist: DataParallel) -> dict[str, torch.Tensor]:
