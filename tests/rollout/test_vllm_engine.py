@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -119,8 +120,7 @@ def test_sync_makes_rollouts_follow_the_new_weights(folder: Path) -> None:
     cfg = engine_config(folder)
     # with the trainer's model: vLLM starts from dummy weights and is synced from `model` at once
     # block_size 32 (the CPU default is 128): the two long prompts then fill cached prefix blocks
-    engine = VLLMEngine.from_config(cfg, Tok(), model=model, block_size=32)
-    try:
+    with closing(VLLMEngine.from_config(cfg, Tok(), model=model, block_size=32)) as engine:
         assert engine.in_process
         spec = SamplingSpec(temperature=1.0, top_p=1.0, max_new_tokens=24, seed=123)
         first = engine.generate(PROMPTS, COUNTS, spec)
@@ -171,16 +171,15 @@ def test_sync_makes_rollouts_follow_the_new_weights(folder: Path) -> None:
         assert diff_fresh < 1e-3, diff_fresh
         assert diff_stale > 100 * max(diff_fresh, 1e-5), (diff_stale, diff_fresh)
         assert seconds > 0
-    finally:
-        engine.close()
 
 
 @pytest.mark.slow
 def test_sync_through_a_file_with_the_engine_in_another_process(folder: Path) -> None:
     """VLLM_ENABLE_V1_MULTIPROCESSING=1: tensors cannot cross the RPC, a safetensors file does."""
     model = build_model()
-    engine = VLLMEngine(str(folder), [EOS], dtype="float32", max_model_len=CTX, in_process=False)
-    try:
+    with closing(
+        VLLMEngine(str(folder), [EOS], dtype="float32", max_model_len=CTX, in_process=False)
+    ) as engine:
         assert not engine.in_process
         with torch.no_grad():
             for p in model.parameters():
@@ -191,5 +190,3 @@ def test_sync_through_a_file_with_the_engine_in_another_process(folder: Path) ->
         fresh = mean_abs_diff(model, engine.generate(PROMPTS, COUNTS, spec))
         print(f"\nmultiprocess: before sync {stale:.2e}, after sync {fresh:.2e}")
         assert fresh < 1e-3 and stale > 100 * max(fresh, 1e-5), (stale, fresh)
-    finally:
-        engine.close()

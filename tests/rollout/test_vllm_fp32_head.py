@@ -7,6 +7,7 @@ nats/token mean and 5.3e-2 -> 1.0e-2 max; a GPU's bf16 kernels are what the flag
 from __future__ import annotations
 
 import os
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -30,12 +31,9 @@ def _gap(folder: Path, fp32_head: bool) -> tuple[torch.dtype, float]:
         use_fp32_head(model)
     cfg = engine_config(folder)
     cfg.model.dtype, cfg.model.fp32_head = "bfloat16", fp32_head
-    engine = VLLMEngine.from_config(cfg, Tok(), model=model, block_size=32)
-    try:
+    with closing(VLLMEngine.from_config(cfg, Tok(), model=model, block_size=32)) as engine:
         head_dtype = engine.llm.llm_engine.model_config.head_dtype
         outs = engine.generate(PROMPTS * 4, COUNTS * 4, SamplingSpec(1.0, 1.0, 24, seed=3))
-    finally:
-        engine.close()
     prompts = [(PROMPTS * 4)[r.prompt_index] for r in outs]
     batch = pack(prompts, [r.response_ids for r in outs], list(range(len(outs))), 0, torch.device("cpu"))
     with torch.no_grad():
