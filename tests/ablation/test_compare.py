@@ -6,10 +6,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
 from io import StringIO
 from pathlib import Path
 
 import pytest
+from ablation.test_summary import summarize_cli
 
 from exgrpo_cli.ablation import compare as cp
 from exgrpo_cli.ablation import sweep as sw
@@ -171,51 +173,30 @@ def test_summarize_dir_writes_comparisons_and_dynamics(pair_sweep: Path):
 
 @pytest.mark.slow  # CLI subprocesses
 def test_summarize_cli_compare_to_wins_over_the_plan_and_is_checked(pair_sweep: Path, tmp_path: Path):
-    res = run_cli(
-        [
-            "ablate",
-            f"ablation.summarize={pair_sweep}",
-            "+ablation.compare_to.on=ex",
-            f"hydra.run.dir={tmp_path / 'h'}",
-        ]
-    )
+    res = summarize_cli(pair_sweep, "+ablation.compare_to.on=ex", tmp_path / "h")
     assert res.returncode == 0, res.stderr
     with open(pair_sweep / "comparisons.csv", newline="") as fh:
         got = {(r["variant"], r["reference"]) for r in csv.DictReader(fh)}
     assert got == {("on", "ex"), ("ex", "on")}
-    bad = run_cli(
-        [
-            "ablate",
-            f"ablation.summarize={pair_sweep}",
-            "+ablation.compare_to.ex=nope",
-            f"hydra.run.dir={tmp_path / 'h2'}",
-        ]
-    )
+    bad = summarize_cli(pair_sweep, "+ablation.compare_to.ex=nope", tmp_path / "h2")
     assert bad.returncode == 2 and "ablation.compare_to.ex='nope'" in bad.stderr
 
 
 @pytest.mark.slow  # CLI subprocesses
 def test_stability_presets_plan_their_runs(tmp_path: Path):
-    res = run_cli(["ablate", "ablation=stability", "ablation.dry_run=true", f"hydra.run.dir={tmp_path}"])
+    def dry_run(*overrides: str) -> subprocess.CompletedProcess:
+        return run_cli(["ablate", *overrides, "ablation.dry_run=true", f"hydra.run.dir={tmp_path}"])
+
+    res = dry_run("ablation=stability")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
     assert len(lines) == 30  # 3 learning rates x 2 methods x 5 seeds
     ex = [ln for ln in lines if "/ExGRPO-lr3e-4/seed4" in ln]
     assert len(ex) == 1 and "replay.ratio=0.5 algo.lr=3e-4 trainer.seed=4" in ex[0]
     assert "data.synthetic.max_digits=3" in ex[0] and "replay.start_threshold=0" in ex[0]
-    fresh = run_cli(
-        [
-            "ablate",
-            "ablation=stability",
-            "ablation.dry_run=true",
-            "trainer.seed=100",
-            f"hydra.run.dir={tmp_path}",
-        ]
-    )
+    fresh = dry_run("ablation=stability", "trainer.seed=100")
     assert "trainer.seed=104 " in fresh.stdout and "trainer.seed=4 " not in fresh.stdout
-    quick = run_cli(
-        ["ablate", "ablation=stability-quick", "ablation.dry_run=true", f"hydra.run.dir={tmp_path}"]
-    )
+    quick = dry_run("ablation=stability-quick")
     assert quick.returncode == 0 and len(quick.stdout.strip().splitlines()) == 4
 
 

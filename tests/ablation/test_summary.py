@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,11 @@ def _metrics(run: Path, vals: dict[int, float], responses: dict[int, float], ext
             row["val/accuracy"] = vals[step]
         rows.append(json.dumps(row))
     (run / "metrics.jsonl").write_text("\n".join(rows) + "\n" + extra)
+
+
+def summarize_cli(sweep: Path, override: str, hydra_dir: Path) -> subprocess.CompletedProcess:
+    """`exgrpo ablate ablation.summarize=<sweep> <override>`, Hydra's own files in `hydra_dir`."""
+    return run_cli(["ablate", f"ablation.summarize={sweep}", override, f"hydra.run.dir={hydra_dir}"])
 
 
 def _finished(run: Path, variant: str, seed: int, wall: float | None) -> None:
@@ -145,26 +151,12 @@ def test_summarize_dir_writes_table_csv_markdown_and_plot(sweep_dir: Path):
 
 
 def test_summarize_through_the_cli_with_another_baseline(sweep_dir: Path, tmp_path: Path):
-    res = run_cli(
-        [
-            "ablate",
-            f"ablation.summarize={sweep_dir}",
-            "ablation.baseline=w/o B",
-            f"hydra.run.dir={tmp_path / 'h'}",
-        ]
-    )
+    res = summarize_cli(sweep_dir, "ablation.baseline=w/o B", tmp_path / "h")
     assert res.returncode == 0, res.stderr
     with open(sweep_dir / "summary.csv", newline="") as fh:
         rows = {r["variant"]: r for r in csv.DictReader(fh)}
     assert rows["A"]["delta_final"] == "0.4375" and rows["w/o B"]["baseline"] == "1"
-    bad = run_cli(
-        [
-            "ablate",
-            f"ablation.summarize={sweep_dir}",
-            "ablation.baseline=C",
-            f"hydra.run.dir={tmp_path / 'h2'}",
-        ]
-    )
+    bad = summarize_cli(sweep_dir, "ablation.baseline=C", tmp_path / "h2")
     assert bad.returncode == 2 and "ablation.baseline" in bad.stderr
 
 

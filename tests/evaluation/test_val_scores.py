@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from evaluation.test_validate import CharTokenizer
 
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
@@ -63,15 +64,6 @@ def test_the_training_validation_logs_the_per_source_scores() -> None:
         def release(self, keep_weights: bool = False) -> None:
             pass
 
-    class Tok:
-        eos_token_id = pad_token_id = 0
-
-        def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
-            return {"input_ids": [ord(c) for c in text]}
-
-        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-            return "".join(chr(i) for i in ids)
-
     class Scorer:  # "aime" questions wrong, the others right
         def score(
             self, responses: Any, answers: Any, kinds: Any = None, *, rules: Any = None, questions: Any = None
@@ -88,7 +80,7 @@ def test_the_training_validation_logs_the_per_source_scores() -> None:
     trainer = SimpleNamespace(
         cfg=cfg,
         engine=Engine(),
-        tokenizer=Tok(),
+        tokenizer=CharTokenizer(),
         template=TEMPLATES["plain"],
         scorer=Scorer(),
         parallel=DataParallel(),

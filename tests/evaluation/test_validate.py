@@ -39,7 +39,13 @@ class EchoEngine:
         ]
 
 
-class LastSampleRight:
+class RecordingScorer:
+    """Grades `\\boxed{<answer>}` right (EchoEngine's last sample) and records the answer rules it
+    was given."""
+
+    def __init__(self) -> None:
+        self.rules = None
+
     def score(
         self,
         responses: list[str],
@@ -48,26 +54,27 @@ class LastSampleRight:
         rules: list[Any] | None = None,
         questions: Any = None,  # the samples' data rows (a reward function's columns)
     ) -> ScoreResult:
-        assert rules is None, "training's validation passes no answer rules"
+        self.rules = rules
         rewards = [1.0 if r == f"\\boxed{{{a}}}" else 0.0 for r, a in zip(responses, answers)]
         return ScoreResult(rewards, [None] * len(responses))
 
 
 def test_sample_and_grade_old_and_new_outputs():
     qs = [Question(f"q{i}", f"question {i}", "2") for i in range(5)]
-    engine = EchoEngine()
+    engine, scorer = EchoEngine(), RecordingScorer()
     ticks = []
     res = sample_and_grade(
         engine,
         CharTokenizer(),
         TEMPLATES["plain"],
         qs,
-        LastSampleRight(),
+        scorer,
         n=3,
         spec=SamplingSpec(0.6, 1.0, 8, seed=10),
         chunk=6,
         progress=ticks.append,
     )
+    assert scorer.rules is None  # training's validation passes no answer rules
     assert engine.calls == [(2, 10), (2, 12), (1, 14)]  # two prompts of 3 samples per call of 6
     assert ticks == [2, 4, 5]
     assert res.responses[0] == ["\\boxed{0}", "\\boxed{1}", "\\boxed{2}"]
@@ -96,7 +103,7 @@ def test_rank_zero_progress_counts_every_rank_s_chunks(monkeypatch: Any) -> None
             CharTokenizer(),
             TEMPLATES["plain"],
             [Question(f"q{i}", f"question {i}", "2") for i in range(5)],
-            LastSampleRight(),
+            RecordingScorer(),
             n=3,
             spec=SamplingSpec(0.6, 1.0, 8, seed=10),
             chunk=6,
@@ -120,22 +127,6 @@ class ChatTokenizer(CharTokenizer):
     ) -> str:
         lines = [f"{m['role']}: {m['content']}" for m in messages]
         return "\n".join(lines) + ("\n<think>\n" if self.opens_think else "\nassistant:")
-
-
-class RecordingScorer:
-    def __init__(self) -> None:
-        self.rules = None
-
-    def score(
-        self,
-        responses: list[str],
-        answers: list[str],
-        kinds: list[str] | None = None,
-        rules: list[Any] | None = None,
-        questions: Any = None,  # the samples' data rows (a reward function's columns)
-    ) -> ScoreResult:
-        self.rules = rules
-        return ScoreResult([0.0] * len(responses), [None] * len(responses))
 
 
 def test_sample_and_grade_official_prompt_and_rule():

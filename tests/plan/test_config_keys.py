@@ -16,18 +16,15 @@ def test_plan_devices_parse(value: str, parsed: tuple[int, float]) -> None:
     assert parse_plan_devices(value) == parsed
 
 
-@pytest.mark.parametrize("value", ["8", "0x80", "8x0", "x80", "8x80GB", "eight"])
-def test_bad_plan_devices_are_refused(value: str) -> None:
+@pytest.mark.parametrize(
+    ("dry_run", "value", "error"),
+    [(True, v, "trainer.plan_devices") for v in ["8", "0x80", "8x0", "x80", "8x80GB", "eight"]]
+    + [(False, "8x80", "only with trainer.dry_run=true")],  # a good value, without a dry run
+)
+def test_bad_plan_devices_are_refused(dry_run: bool, value: str, error: str) -> None:
     cfg = ExgrpoConfig()
-    cfg.trainer.dry_run, cfg.trainer.plan_devices = True, value
-    with pytest.raises(ConfigError, match="trainer.plan_devices"):
-        validate(cfg)
-
-
-def test_plan_devices_only_with_a_dry_run() -> None:
-    cfg = ExgrpoConfig()
-    cfg.trainer.plan_devices = "8x80"
-    with pytest.raises(ConfigError, match="only with trainer.dry_run=true"):
+    cfg.trainer.dry_run, cfg.trainer.plan_devices = dry_run, value
+    with pytest.raises(ConfigError, match=error):
         validate(cfg)
 
 

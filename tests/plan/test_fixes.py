@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from plan.test_memory import X
 
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.plan.arch import Arch
-from exgrpo_cli.plan.engines import ENGINE_MEMORY
 from exgrpo_cli.plan.fixes import knobs, more_devices, runtime_fixes
 from exgrpo_cli.plan.inputs import Devices, inputs_from_config, planned_devices
 from exgrpo_cli.plan.memory import GiB, PlanInputs, plan_memory
@@ -17,22 +17,16 @@ from exgrpo_cli.plan.report import PlanDoesNotFit, check_memory, format_plan
 from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 QWEN7 = Arch(3584, 18944, 28, 28, 4, 152064, False, 131072, attention_bias=True, source="test")
-ONE_GPU = PlanInputs(
+# test_memory's inputs (flash attention, checkpointing, vLLM at half the memory, no offload) on one
+# 80 GiB GPU, at the paper's sizes
+ONE_GPU = dataclasses.replace(
+    X,
     ranks=1,
-    device="cuda",
     device_bytes=80 * GiB,
-    weight_bytes=4,
-    mixed_bytes=2,
-    offload=OFFLOAD_MODES["none"],
-    checkpointing=True,
     token_budget=16384,
     seq_tokens=9216,
-    engine=ENGINE_MEMORY["vllm"],
-    vllm_share=0.5,
-    vllm_sleep=False,
     vllm_max_len=9216,
     rollout_sequences=1024,
-    attention="flash",
 )
 
 

@@ -18,8 +18,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.policy.offload import gather_full as full  # a DTensor shard's full tensor, else the tensor
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.vllm_weights import named_tensors
+
+from conftest import tiny_qwen2
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -28,20 +31,9 @@ STEPS, ROWS_PER_RANK, SEQ, LR = 2, 4, 24, 1e-3
 
 
 def build() -> PreTrainedModel:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)  # the same initial weights on every rank, as FSDP requires
-    return Qwen2ForCausalLM(cfg).float()
+    # tied embeddings; drawn after torch.manual_seed(0): the same initial weights on every rank,
+    # as FSDP requires
+    return tiny_qwen2(vocab=512, hidden=128, layers=2, heads=4, kv_heads=2, positions=128)
 
 
 def mean_token_nll(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
@@ -49,10 +41,6 @@ def mean_token_nll(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
     # over ranks of the per-rank means is the mean over the concatenated batch
     logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
-
-
-def full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def gathered_weights(model: torch.nn.Module, dist: DataParallel) -> dict[str, torch.Tensor]:

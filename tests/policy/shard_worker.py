@@ -23,6 +23,7 @@ import torch
 
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.offload import HostAdamW
+from exgrpo_cli.policy.offload import gather_full as full  # a DTensor shard's full tensor, else the tensor
 from exgrpo_cli.policy.sharding import DataParallel
 
 LR, STEPS = 1e-2, 3
@@ -31,10 +32,6 @@ LR, STEPS = 1e-2, 3
 def build() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
-
-
-def full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def sharded(dist: DataParallel) -> torch.nn.Module:

@@ -5,28 +5,24 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from policy.gloo_ranks import run_gloo_ranks
 
 from exgrpo_cli.policy import distributed as D
 from exgrpo_cli.policy.sharding import DataParallel
 
-from conftest import torchrun, worker_env
+from conftest import REPO, worker_env
 
 WORKER = Path(__file__).resolve().parent / "fsdp_worker.py"
 
 
 @pytest.mark.slow
 def test_fsdp2_two_ranks_match_single_process(tmp_path: Path) -> None:
-    if not torch.distributed.is_available():
-        pytest.skip("torch built without torch.distributed")
     out = tmp_path / "report.json"
-    cmd = torchrun(str(WORKER), str(out))
-    proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_gloo_ranks(str(WORKER), str(out), env=worker_env(REPO / "tests"))
     report = json.loads(out.read_text())
     assert report["world_size"] == 2
     assert max(report["grad_diff"]) < 1e-5
@@ -64,11 +60,9 @@ def test_rank0_reads_the_weights_and_a_two_rank_optimizer_resumes_on_one(tmp_pat
     """Under torchrun rank 0 alone reads the model files (rank 1 opens none) and every rank ends
     with rank 0's weights; the optimizer state written sharded by two ranks loads, exactly, into a
     one-process run (torch.distributed.checkpoint reshards it)."""
-    if not torch.distributed.is_available():
-        pytest.skip("torch built without torch.distributed")
-    cmd = torchrun(str(WORKER.parent / "load_worker.py"), str(tmp_path))
-    proc = subprocess.run(cmd, env=worker_env(WORKER.parent), capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_gloo_ranks(
+        str(WORKER.parent / "load_worker.py"), str(tmp_path), env=worker_env(WORKER.parent, REPO / "tests")
+    )
     report = json.loads((tmp_path / "report.json").read_text())
     assert abs(report["loss"] - report["reference"]) < 1e-5
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-import torch
+from policy.gloo_ranks import run_gloo_ranks
 
-from conftest import torchrun, worker_env
+from conftest import worker_env
 
 WORKER = Path(__file__).resolve().parent / "shard_worker.py"
 # every test starts torchrun ranks: 11-27 s each measured on the shared 2-core machine
@@ -17,14 +16,10 @@ pytestmark = pytest.mark.slow
 
 
 def _run(mode: str, ranks: int, tmp_path: Path) -> dict:
-    if not torch.distributed.is_available():
-        pytest.skip("torch built without torch.distributed")
     out = tmp_path / "report.json"
     env = worker_env()
     env["PYTHONFAULTHANDLER"] = "1"  # a rank that aborts prints every thread's Python stack
-    cmd = torchrun(str(WORKER), mode, str(out), nproc=ranks)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_gloo_ranks(str(WORKER), mode, str(out), env=env, nproc=ranks)
     report: dict = json.loads(out.read_text())
     assert report["world_size"] == ranks
     return report

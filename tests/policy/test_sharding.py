@@ -6,18 +6,15 @@ use: rewards and log-probs keyed by group), and two real gloo ranks (sharding_wo
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
+from policy.gloo_ranks import run_gloo_ranks
 from thread_ranks import Exchange, run_ranks
 
 from exgrpo_cli.policy import sharding as S
 from exgrpo_cli.policy.sharding import DataParallel
-
-from conftest import torchrun, worker_env
 
 WORKER = Path(__file__).resolve().parent / "sharding_worker.py"
 
@@ -117,13 +114,8 @@ def test_diverged_digests_stop_every_rank(monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.slow
 def test_two_gloo_ranks(tmp_path: Path) -> None:
-    if not torch.distributed.is_available():
-        pytest.skip("torch built without torch.distributed")
     out = tmp_path / "report.json"
-    proc = subprocess.run(
-        torchrun(str(WORKER), str(out)), env=worker_env(), capture_output=True, text=True, timeout=180
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_gloo_ranks(str(WORKER), str(out))
     r = json.loads(out.read_text())
     assert r["world_size"] == 2
     assert r["mine"] == [[0, 2, 4, 6], [1, 3, 5]] and r["rounds"] == 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -93,13 +94,9 @@ def test_worker_scores_counts_failures_and_survives_them(
     module: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     qs = [Question(str(i), "q", "1", columns={"level": i}) for i in range(3)]
-    fr = FunctionReward(f"{module}:echo_level", timeout_s=10)
-    try:
+    with closing(FunctionReward(f"{module}:echo_level", timeout_s=10)) as fr:
         assert fr.score(["a", "b", "c"], ["1"] * 3, questions=qs).rewards == [0.0, 1.0, 2.0]
-    finally:
-        fr.close()
-    fr = FunctionReward(f"{module}:flaky", timeout_s=10)
-    try:
+    with closing(FunctionReward(f"{module}:flaky", timeout_s=10)) as fr:
         bad = fr.score(["ok", "boom"], ["1", "1"])
         assert bad.rewards == [0.0, 0.0] and bad.errors == 2
         assert "ZeroDivisionError: boom in a completion" in fr.first_error
@@ -107,20 +104,12 @@ def test_worker_scores_counts_failures_and_survives_them(
         assert caplog.text.count("Traceback") == 1  # the first traceback, once
         assert fr.score(["ok"], ["1"]).rewards == [1.0]  # the worker lives on
         assert fr.metrics()["reward/errors"] == 3
-    finally:
-        fr.close()
-    fr = FunctionReward(f"{module}:slow", timeout_s=1.5)
-    try:
+    with closing(FunctionReward(f"{module}:slow", timeout_s=1.5)) as fr:
         t0 = time.monotonic()
         late = fr.score(["slow", "x"], ["1", "1"])
         assert late.timeouts == 2 and late.rewards == [0.0, 0.0]
         assert time.monotonic() - t0 < 10
         assert fr.score(["fast"], ["1"]).rewards == [0.5]  # a fresh worker took its place
-    finally:
-        fr.close()
-    fr = FunctionReward(f"{module}:maybe", timeout_s=10)
-    try:
+    with closing(FunctionReward(f"{module}:maybe", timeout_s=10)) as fr:
         res = fr.score(["skip", "x"], ["1", "1"])
         assert res.rewards == [0.0, 1.0] and res.unscored == 1 and res.errors == 0
-    finally:
-        fr.close()

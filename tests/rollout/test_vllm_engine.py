@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -80,8 +81,29 @@ class Tok:
     eos_token_id = EOS
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def engine_config(folder: Path) -> ExgrpoConfig:
+    """The engine's settings for the model in `folder`: 64 prompt and 24 response tokens, no eval."""
+    cfg = ExgrpoConfig()
+    cfg.model.path, cfg.model.max_prompt_tokens, cfg.model.max_response_tokens = str(folder), 64, 24
+    cfg.eval.max_new_tokens = 0
+    return cfg
+
+
+def train_a_little(model: PreTrainedModel, lr: float, seed: int) -> None:
+    """The trainer moves on: three AdamW steps on random text (only what requires grad moves: a
+    LoRA model's adapter, peft froze the base)."""
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    data = torch.randint(3, VOCAB, (4, 32), generator=torch.Generator().manual_seed(seed))
+    for _ in range(3):
+        opt.zero_grad()
+        model(input_ids=data, labels=data).loss.backward()
+        opt.step()
+    model.eval()
+
+
+@pytest.fixture(scope="module", name="folder")
+def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("qwen2-random")
     build_model().save_pretrained(out)
     return out
@@ -95,13 +117,10 @@ def _env() -> None:
 
 def test_sync_makes_rollouts_follow_the_new_weights(folder: Path) -> None:
     model = build_model()
-    cfg = ExgrpoConfig()
-    cfg.model.path, cfg.model.max_prompt_tokens, cfg.model.max_response_tokens = str(folder), 64, 24
-    cfg.eval.max_new_tokens = 0
+    cfg = engine_config(folder)
     # with the trainer's model: vLLM starts from dummy weights and is synced from `model` at once
     # block_size 32 (the CPU default is 128): the two long prompts then fill cached prefix blocks
-    engine = VLLMEngine.from_config(cfg, Tok(), model=model, block_size=32)
-    try:
+    with closing(VLLMEngine.from_config(cfg, Tok(), model=model, block_size=32)) as engine:
         assert engine.in_process
         spec = SamplingSpec(temperature=1.0, top_p=1.0, max_new_tokens=24, seed=123)
         first = engine.generate(PROMPTS, COUNTS, spec)
@@ -137,15 +156,7 @@ def test_sync_makes_rollouts_follow_the_new_weights(folder: Path) -> None:
         diff_tempered = mean_abs_diff(model, hot, 0.6)
         assert diff_tempered < 1e-3, diff_tempered
 
-        # the trainer moves on: a few AdamW steps on some other text
-        model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        data = torch.randint(3, VOCAB, (4, 32), generator=torch.Generator().manual_seed(9))
-        for _ in range(3):
-            opt.zero_grad()
-            model(input_ids=data, labels=data).loss.backward()
-            opt.step()
-        model.eval()
+        train_a_little(model, lr=3e-3, seed=9)
 
         stale = engine.generate(PROMPTS, COUNTS, spec)  # not synced yet: the old policy
         assert [r.response_ids for r in stale] == [r.response_ids for r in first]
@@ -160,16 +171,15 @@ def test_sync_makes_rollouts_follow_the_new_weights(folder: Path) -> None:
         assert diff_fresh < 1e-3, diff_fresh
         assert diff_stale > 100 * max(diff_fresh, 1e-5), (diff_stale, diff_fresh)
         assert seconds > 0
-    finally:
-        engine.close()
 
 
 @pytest.mark.slow
 def test_sync_through_a_file_with_the_engine_in_another_process(folder: Path) -> None:
     """VLLM_ENABLE_V1_MULTIPROCESSING=1: tensors cannot cross the RPC, a safetensors file does."""
     model = build_model()
-    engine = VLLMEngine(str(folder), [EOS], dtype="float32", max_model_len=CTX, in_process=False)
-    try:
+    with closing(
+        VLLMEngine(str(folder), [EOS], dtype="float32", max_model_len=CTX, in_process=False)
+    ) as engine:
         assert not engine.in_process
         with torch.no_grad():
             for p in model.parameters():
@@ -180,5 +190,3 @@ def test_sync_through_a_file_with_the_engine_in_another_process(folder: Path) ->
         fresh = mean_abs_diff(model, engine.generate(PROMPTS, COUNTS, spec))
         print(f"\nmultiprocess: before sync {stale:.2e}, after sync {fresh:.2e}")
         assert fresh < 1e-3 and stale > 100 * max(fresh, 1e-5), (stale, fresh)
-    finally:
-        engine.close()

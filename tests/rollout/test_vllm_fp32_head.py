@@ -7,6 +7,7 @@ nats/token mean and 5.3e-2 -> 1.0e-2 max; a GPU's bf16 kernels are what the flag
 from __future__ import annotations
 
 import os
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,8 @@ import torch
 
 pytest.importorskip("vllm")
 
-from rollout.test_vllm_engine import COUNTS, PROMPTS, Tok, build_model  # noqa: E402
+from rollout.test_vllm_engine import COUNTS, PROMPTS, Tok, build_model, engine_config  # noqa: E402
 
-from exgrpo_cli.config import ExgrpoConfig  # noqa: E402
 from exgrpo_cli.policy.forward import forward_logprobs, pack  # noqa: E402
 from exgrpo_cli.policy.head import use_fp32_head  # noqa: E402
 from exgrpo_cli.rollout.base import SamplingSpec  # noqa: E402
@@ -29,15 +29,11 @@ def _gap(folder: Path, fp32_head: bool) -> tuple[torch.dtype, float]:
     model = build_model().bfloat16()
     if fp32_head:
         use_fp32_head(model)
-    cfg = ExgrpoConfig()
-    cfg.model.path, cfg.model.max_prompt_tokens, cfg.model.max_response_tokens = str(folder), 64, 24
-    cfg.model.dtype, cfg.model.fp32_head, cfg.eval.max_new_tokens = "bfloat16", fp32_head, 0
-    engine = VLLMEngine.from_config(cfg, Tok(), model=model, block_size=32)
-    try:
+    cfg = engine_config(folder)
+    cfg.model.dtype, cfg.model.fp32_head = "bfloat16", fp32_head
+    with closing(VLLMEngine.from_config(cfg, Tok(), model=model, block_size=32)) as engine:
         head_dtype = engine.llm.llm_engine.model_config.head_dtype
         outs = engine.generate(PROMPTS * 4, COUNTS * 4, SamplingSpec(1.0, 1.0, 24, seed=3))
-    finally:
-        engine.close()
     prompts = [(PROMPTS * 4)[r.prompt_index] for r in outs]
     batch = pack(prompts, [r.response_ids for r in outs], list(range(len(outs))), 0, torch.device("cpu"))
     with torch.no_grad():

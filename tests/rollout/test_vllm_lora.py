@@ -9,9 +9,8 @@ the weight-sync checksum check compares what the sync sent.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,17 @@ import torch
 pytest.importorskip("vllm")
 pytest.importorskip("peft")
 
-from rollout.test_vllm_engine import COUNTS, PROMPTS, Tok, build_model, mean_abs_diff  # noqa: E402
+from rollout import test_vllm_engine  # noqa: E402
+from rollout.test_vllm_engine import (  # noqa: E402
+    COUNTS,
+    PROMPTS,
+    Tok,
+    build_model,
+    engine_config,
+    mean_abs_diff,
+    train_a_little,
+)
+from rollout.test_vllm_train import train_on_vllm  # noqa: E402
 
 from exgrpo_cli.config import ExgrpoConfig, LoraConfig  # noqa: E402
 from exgrpo_cli.policy.lora import apply_lora  # noqa: E402
@@ -29,33 +38,9 @@ from exgrpo_cli.rollout.base import SamplingSpec  # noqa: E402
 from exgrpo_cli.rollout.vllm_engine import VLLMEngine  # noqa: E402
 from exgrpo_cli.train.divergence import EngineDivergence, check_synced_weights  # noqa: E402
 
-from conftest import run_cli
-
 pytestmark = pytest.mark.vllm
-# test_vllm_train.py's small run, at an lr that moves the adapter visibly in 3 steps
-TRAIN_ARGS = [
-    "algo.questions_per_step=4",
-    "rollout.n=4",
-    "trainer.val_questions=4",
-    "trainer.val_samples=1",
-    "trainer.threads=1",
-    "logger.wandb.mode=disabled",
-    "logger.console=false",
-    "algo.lr=1e-3",
-]
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("qwen2-random")
-    build_model().save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _env() -> None:
-    torch.set_num_threads(1)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# the engine tests' module-scoped fixtures, here too: the random model's folder, one thread
+model_folder, _env = test_vllm_engine.model_folder, test_vllm_engine._env
 
 
 def lora_model(rank: int, folder: Path) -> torch.nn.Module:
@@ -63,26 +48,12 @@ def lora_model(rank: int, folder: Path) -> torch.nn.Module:
     trainer does it (policy/lora.apply_lora), trained a little so that B is not zero and base and
     base + adapter sample differently."""
     model = apply_lora(build_model(), LoraConfig(rank=rank, alpha=16.0), str(folder))
-    train_adapter(model, seed=0)
-    return model.eval()
-
-
-def train_adapter(model: torch.nn.Module, seed: int) -> None:
-    """A few AdamW steps on random text: only the adapter moves (peft froze the base)."""
-    model.train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-2)
-    data = torch.randint(3, 512, (4, 32), generator=torch.Generator().manual_seed(seed))
-    for _ in range(3):
-        opt.zero_grad()
-        model(input_ids=data, labels=data).loss.backward()
-        opt.step()
-    model.eval()
+    train_a_little(model, lr=2e-2, seed=0)
+    return model
 
 
 def lora_config(folder: Path, rank: int, sync: str) -> ExgrpoConfig:
-    cfg = ExgrpoConfig()
-    cfg.model.path, cfg.model.max_prompt_tokens, cfg.model.max_response_tokens = str(folder), 64, 24
-    cfg.eval.max_new_tokens = 0
+    cfg = engine_config(folder)
     cfg.model.lora.rank, cfg.rollout.lora_sync = rank, sync
     return cfg
 
@@ -91,8 +62,7 @@ def lora_config(folder: Path, rank: int, sync: str) -> ExgrpoConfig:
 def test_vllm_samples_from_base_plus_adapter_and_follows_its_syncs(folder: Path, sync: str) -> None:
     model = lora_model(4, folder)  # not a rank vLLM takes: its buffers are sized for 8
     base = build_model().eval()
-    engine = VLLMEngine.from_config(lora_config(folder, 4, sync), Tok(), model=model)
-    try:
+    with closing(VLLMEngine.from_config(lora_config(folder, 4, sync), Tok(), model=model)) as engine:
         assert engine.lora is not None and engine.lora.mode == sync
         spec = SamplingSpec(temperature=1.0, top_p=1.0, max_new_tokens=24, seed=123)
         first = engine.generate(PROMPTS, COUNTS, spec)
@@ -103,7 +73,7 @@ def test_vllm_samples_from_base_plus_adapter_and_follows_its_syncs(folder: Path,
         tempered = mean_abs_diff(model, hot, 0.6)
         assert tempered < 1e-3, tempered
 
-        train_adapter(model, seed=1)
+        train_a_little(model, lr=2e-2, seed=1)
         stale = mean_abs_diff(model, engine.generate(PROMPTS, COUNTS, spec))
         seconds = [engine.sync_weights(model)]
         fresh = mean_abs_diff(model, engine.generate(PROMPTS, COUNTS, spec))
@@ -115,15 +85,12 @@ def test_vllm_samples_from_base_plus_adapter_and_follows_its_syncs(folder: Path,
             f"before sync {stale:.1e}, after {fresh:.1e}; vs the base alone {without:.2f}; "
             f"sync median {statistics.median(seconds) * 1e3:.1f} ms"
         )
-    finally:
-        engine.close()
 
 
 def test_the_checksum_check_compares_the_merged_weights(folder: Path) -> None:
     """With the merged sync the checked tensors are W + BA: a sync the engine did not take shows."""
     model = lora_model(8, folder)
-    engine = VLLMEngine.from_config(lora_config(folder, 8, "merged"), Tok(), model=model)
-    try:
+    with closing(VLLMEngine.from_config(lora_config(folder, 8, "merged"), Tok(), model=model)) as engine:
         sent: dict[str, tuple[int, int, str]] = {}
         assert engine.lora is not None
         names = ["model.layers.0.self_attn.o_proj.weight", "model.layers.1.mlp.down_proj.weight"]
@@ -133,11 +100,9 @@ def test_the_checksum_check_compares_the_merged_weights(folder: Path) -> None:
         # engine that holds them as synced, then for one that kept the old adapter's merge
         engine.weight_checksums = lambda wanted: {n: sent[n] for n in wanted}  # type: ignore[method-assign]
         assert check_synced_weights(engine, model, step=1, dist=DataParallel()) == 2
-        train_adapter(model, seed=2)
+        train_a_little(model, lr=2e-2, seed=2)
         with pytest.raises(EngineDivergence, match="differ from the trainer's"):
             check_synced_weights(engine, model, step=2, dist=DataParallel())
-    finally:
-        engine.close()
 
 
 @pytest.mark.slow  # two vLLM training runs of 3 steps (~1-2 min each on 2 cores)
@@ -148,12 +113,8 @@ def test_train_with_a_lora_adapter_on_vllm_keeps_the_engine_in_sync(
     """The issue's `exgrpo train rollout=vllm model.lora.rank=8 trainer.steps=3`: the divergence
     check runs at every step (rollout.max_logprob_diff, on by default) and the gap stays at fp32
     rounding, so every sync reached the engine; each sync at one of the two temperatures."""
-    out = tmp_path / "run"
-    args = ["train", "rollout=vllm", "model.lora.rank=8", "trainer.steps=3", f"rollout.lora_sync={sync}"]
-    args.append(f"rollout.temperature={temperature}")
-    res = run_cli([*args, *TRAIN_ARGS, f"hydra.run.dir={out}"], timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    args = ["model.lora.rank=8", "trainer.steps=3", f"rollout.lora_sync={sync}"]
+    rows = train_on_vllm(tmp_path / "run", *args, f"rollout.temperature={temperature}")
     assert sorted(rows) == [0, 1, 2, 3]
     for step in (1, 2, 3):
         assert rows[step]["rollout/logprob_diff_mean"] < 1e-3, (step, rows[step])
@@ -166,10 +127,8 @@ def test_two_ranks_sync_the_sharded_adapter_into_their_engines(tiny_model: Path,
     """FSDP2 shards the adapter with the base: each rank gathers the adapter (adapter sync) in
     lockstep and loads it into its own engine; the divergence check holds on both ranks' tokens."""
     out = tmp_path / "run"
-    args = ["train", "rollout=vllm", "model.lora.rank=8", "rollout.lora_sync=adapter", "trainer.nproc=2"]
-    res = run_cli([*args, "trainer.steps=2", *TRAIN_ARGS, f"hydra.run.dir={out}"], timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    args = ["model.lora.rank=8", "rollout.lora_sync=adapter", "trainer.nproc=2", "trainer.steps=2"]
+    rows = train_on_vllm(out, *args)
     assert "FSDP2 over 2 ranks" in (out / "train.log").read_text()
     for step in (1, 2):
         assert rows[step]["rollout/logprob_diff_mean"] < 1e-3, (step, rows[step])

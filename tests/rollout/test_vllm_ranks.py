@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from rollout.test_vllm_standin import WAKE_AND_GENERATE, WAKE_AND_SYNC, calls
 
 from conftest import REPO, torchrun, worker_env
 
@@ -39,17 +40,6 @@ def run_ranks(tmp_path: Path, mode: str, tp: int) -> list[dict[str, Any]]:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-
-
-def calls(events: list[dict[str, Any]]) -> list[str]:
-    out: list[str] = []
-    for e in events:
-        name = e["call"]
-        if name in ("sleep", "wake_up"):
-            name += f"({e.get('level') or ','.join(e['tags'])})"
-        if name != "load" or out[-1] != "load":
-            out.append(name)
-    return out
 
 
 @pytest.mark.slow
@@ -72,21 +62,11 @@ def test_each_rank_starts_its_own_engine(tmp_path: Path) -> None:
             "reset_prefix_cache",
             "generate",
             "sleep(2)",  # released for the update
-            "empty_cache",
-            "wake_up(weights)",
-            "load",
-            "reset_prefix_cache",
-            "empty_cache",
-            "wake_up(kv_cache)",
-            "generate",
+            *WAKE_AND_SYNC,
+            *WAKE_AND_GENERATE,
             "sleep(2)",  # released with no sync after it: the next generate syncs by itself
-            "empty_cache",
-            "wake_up(weights)",
-            "load",
-            "reset_prefix_cache",
-            "empty_cache",
-            "wake_up(kv_cache)",
-            "generate",
+            *WAKE_AND_SYNC,
+            *WAKE_AND_GENERATE,
             "shutdown",
             "destroy_model_parallel",  # not the process group: it is the trainer's
         ]

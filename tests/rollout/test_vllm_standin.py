@@ -36,10 +36,10 @@ def on_cuda(monkeypatch: pytest.MonkeyPatch, fake: ModuleType) -> None:
     monkeypatch.setattr(vllm_engine, "_free_cuda_cache", lambda: fake.EVENTS.append({"call": "empty_cache"}))
 
 
-def calls(fake: ModuleType, start: int = 0) -> list[str]:
-    """The calls since `start`, tensors loaded summed up as "load"."""
+def calls(events: list[dict[str, Any]]) -> list[str]:
+    """The calls the stand-in recorded, tensors loaded summed up as "load"."""
     out: list[str] = []
-    for e in fake.EVENTS[start:]:
+    for e in events:
         name = e["call"]
         if name == "sleep":
             name = f"sleep({e['level']})"
@@ -48,6 +48,11 @@ def calls(fake: ModuleType, start: int = 0) -> list[str]:
         if name != "load" or not out or out[-1] != "load":
             out.append(name)
     return out
+
+
+# a wake for a sync (the weights only), and one for a generate (the KV cache): torch's cache first
+WAKE_AND_SYNC = ["empty_cache", "wake_up(weights)", "load", "reset_prefix_cache"]
+WAKE_AND_GENERATE = ["empty_cache", "wake_up(kv_cache)", "generate"]
 
 
 def llm_kwargs(fake: ModuleType) -> dict[str, Any]:
@@ -73,7 +78,7 @@ def test_one_process_builds_todays_engine(vllm: ModuleType) -> None:
     engine.release()  # no sleep mode on a CPU: nothing to release
     engine.generate([[5, 6]], [2], SPEC)
     engine.close()
-    assert calls(vllm) == [
+    assert calls(vllm.EVENTS) == [
         "LLM",
         "generate",
         "shutdown",
@@ -87,7 +92,7 @@ def test_cuda_engine_uses_cuda_graphs_and_starts_on_an_emptied_cache(
 ) -> None:
     on_cuda(monkeypatch, vllm)
     VLLMEngine("some/model", [2], sleep_mode=True, gpu_memory_utilization=0.4)
-    assert calls(vllm) == ["empty_cache", "LLM"]
+    assert calls(vllm.EVENTS) == ["empty_cache", "LLM"]
     kw = llm_kwargs(vllm)
     assert kw["enforce_eager"] is False and kw["enable_sleep_mode"] is True
     assert kw["gpu_memory_utilization"] == 0.4 and "kv_cache_memory_bytes" not in kw
@@ -106,40 +111,25 @@ def test_sleep_and_wake_order(vllm: ModuleType, monkeypatch: pytest.MonkeyPatch)
     start = len(vllm.EVENTS)
     engine.release()  # after generating: weights and KV cache dropped (level 2)
     engine.release()  # idempotent
-    assert calls(vllm, start) == ["sleep(2)"]
+    assert calls(vllm.EVENTS[start:]) == ["sleep(2)"]
     start = len(vllm.EVENTS)
     engine.sync_weights(model)  # wakes the weights only: the KV cache stays free for the trainer
-    assert calls(vllm, start) == ["empty_cache", "wake_up(weights)", "load", "reset_prefix_cache"]
+    assert calls(vllm.EVENTS[start:]) == WAKE_AND_SYNC
     start = len(vllm.EVENTS)
     engine.generate([[5, 6]], [2], SPEC)  # the KV cache comes back for generation only
-    assert calls(vllm, start) == ["empty_cache", "wake_up(kv_cache)", "generate"]
+    assert calls(vllm.EVENTS[start:]) == WAKE_AND_GENERATE
 
     # released with no sync before the next generate (e.g. after validation): generate syncs
     # the dropped weights from the module the last sync read, then wakes the KV cache
     engine.release()
     start = len(vllm.EVENTS)
     engine.generate([[5, 6]], [2], SPEC)
-    assert calls(vllm, start) == [
-        "empty_cache",
-        "wake_up(weights)",
-        "load",
-        "reset_prefix_cache",
-        "empty_cache",
-        "wake_up(kv_cache)",
-        "generate",
-    ]
+    assert calls(vllm.EVENTS[start:]) == [*WAKE_AND_SYNC, *WAKE_AND_GENERATE]
     start = len(vllm.EVENTS)
     engine.release()
     engine.sync_weights(model)  # weights awake, KV cache asleep ...
     engine.release()  # ... a release still drops the weights
-    assert calls(vllm, start) == [
-        "sleep(2)",
-        "empty_cache",
-        "wake_up(weights)",
-        "load",
-        "reset_prefix_cache",
-        "sleep(2)",
-    ]
+    assert calls(vllm.EVENTS[start:]) == ["sleep(2)", *WAKE_AND_SYNC, "sleep(2)"]
     engine.sync_weights(dict(model.state_dict()))  # from a dict: nothing to sync again from
     engine.release()
     with pytest.raises(RuntimeError, match="sync_weights"):
@@ -149,14 +139,7 @@ def test_sleep_and_wake_order(vllm: ModuleType, monkeypatch: pytest.MonkeyPatch)
     start = len(vllm.EVENTS)
     engine.sleep(level=1)  # weights kept in host memory: generate wakes both, weights first
     engine.generate([[5, 6]], [2], SPEC)
-    assert calls(vllm, start) == [
-        "sleep(1)",
-        "empty_cache",
-        "wake_up(weights)",
-        "empty_cache",
-        "wake_up(kv_cache)",
-        "generate",
-    ]
+    assert calls(vllm.EVENTS[start:]) == ["sleep(1)", "empty_cache", "wake_up(weights)", *WAKE_AND_GENERATE]
 
 
 def test_validation_after_the_sync_keeps_the_weights(
@@ -176,17 +159,8 @@ def test_validation_after_the_sync_keeps_the_weights(
     engine.generate([[5, 6]], [2], SPEC)  # validation
     engine.release(keep_weights=True)
     engine.generate([[5, 6]], [2], SPEC)  # the next step's rollout
-    assert calls(vllm, start) == [
-        "empty_cache",
-        "wake_up(kv_cache)",
-        "generate",
-        "sleep(1)",
-        "empty_cache",
-        "wake_up(weights)",
-        "empty_cache",
-        "wake_up(kv_cache)",
-        "generate",
-    ]
+    kept = ["sleep(1)", "empty_cache", "wake_up(weights)"]  # the weights woken, nothing loaded again
+    assert calls(vllm.EVENTS[start:]) == [*WAKE_AND_GENERATE, *kept, *WAKE_AND_GENERATE]
 
 
 def test_sync_casts_each_tensor_to_the_engine_dtype_one_at_a_time(vllm: ModuleType) -> None:

