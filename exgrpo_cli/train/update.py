@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -49,10 +48,7 @@ from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows,
 from exgrpo_cli.policy.offload import clip_grad_norm
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
-from exgrpo_cli.train.offpolicy import OffPolicySums, correction_of, offpolicy_sums
-
-if TYPE_CHECKING:
-    from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.train.offpolicy import OffPolicySums, offpolicy_sums
 
 
 @dataclass(frozen=True)
@@ -79,13 +75,6 @@ class UpdatePlan:
     rollout_correction: RolloutCorrection | None = None
     # the policy shaping's beta, for the f(w)-by-age figures only (None: f(w) = w); never the loss's
     replay_beta: float | None = None
-
-
-def update_offpolicy(cfg: ExgrpoConfig, plan: UpdatePlan) -> UpdatePlan:
-    """`plan` with the off-policy settings: `algo.rollout_correction` and the beta of the
-    f(w)-by-age figures (the loss reads its own settings from the config: algo/losses.py)."""
-    beta = cfg.replay.beta if cfg.replay.shaping else None
-    return replace(plan, rollout_correction=correction_of(cfg), replay_beta=beta)
 
 
 @dataclass
