@@ -101,16 +101,6 @@ def _rows_of(batch: MixedBatch, groups: list[int]) -> list[int]:
     return [i for i, g in enumerate(batch.group_index.tolist()) if g in wanted]
 
 
-def _row_keys(batch: MixedBatch, rows: list[int]) -> list[tuple[int, int]]:
-    """(the row's group among the step's groups, its place in the group): a rank-free identity."""
-    index = batch.group_index.tolist()
-    first: dict[int, int] = {}
-    for i, g in enumerate(index):
-        first.setdefault(g, i)
-    step = batch.step_groups or list(range(max(index, default=-1) + 1))
-    return [(step[index[i]], i - first[index[i]]) for i in rows]
-
-
 def policy_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -199,7 +189,7 @@ def _accumulate(
         sequence_lengths=[len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows],
         rows_mean=rows_mean,
         max_response_tokens=plan.max_response_tokens,
-        row_keys=_row_keys(batch, rows),
+        row_keys=[batch.row_keys[i] for i in rows],
     )
     norms = plan.aggregation(shape, dist.gather)
     position = {row: k for k, row in enumerate(rows)}
