@@ -157,6 +157,7 @@ def _minibatches(batch: MixedBatch, plan: UpdatePlan) -> list[list[int]]:
     return [_rows_of(batch, gs) for gs in split_groups(num_groups, plan.updates)]
 
 
+@torch.no_grad()
 def pi_old_logprobs(
     model: torch.nn.Module, batch: MixedBatch, plan: UpdatePlan, pad_id: int, dist: DataParallel
 ) -> dict[int, list[float]]:
@@ -166,7 +167,15 @@ def pi_old_logprobs(
     the update records. A no-grad pass; a collective under FSDP (every rank calls it)."""
     old: dict[int, list[float]] = {}
     for rows in _minibatches(batch, plan)[1:]:
-        old.update(_old_logprobs(model, batch, rows, plan, pad_id, dist))
+        passes = synced_micro_batches(
+            batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, dist.device, dist
+        )
+        for sb, idle in passes:
+            logp, _ = forward_logprobs(model, sb, temperature=plan.temperature)
+            if idle:
+                continue
+            for i, row in zip(sb.rows, logp.tolist()):
+                old[i] = row[: len(batch.response_ids[i])]
     return old
 
 
@@ -264,27 +273,3 @@ def _engine_logprobs(batch: MixedBatch, sb: SequenceBatch, device: torch.device)
     if missing:  # an engine that gave no log-probs: nothing to correct against, and no silent 1
         raise ValueError(f"algo.rollout_correction needs the engine's log-probs; rows {missing} have none")
     return pad_rows([v if v is not None else [] for v in rows], sb).to(device)
-
-
-@torch.no_grad()
-def _old_logprobs(
-    model: torch.nn.Module,
-    batch: MixedBatch,
-    rows: list[int],
-    plan: UpdatePlan,
-    pad_id: int,
-    dist: DataParallel,
-) -> dict[int, list[float]]:
-    """pi_old's log-probs of `rows` (row -> per-token list), before any update of the step."""
-    device = dist.device
-    out: dict[int, list[float]] = {}
-    passes = synced_micro_batches(
-        batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, device, dist
-    )
-    for sb, idle in passes:
-        logp, _ = forward_logprobs(model, sb, temperature=plan.temperature)
-        if idle:
-            continue
-        for i, row in zip(sb.rows, logp.tolist()):
-            out[i] = row[: len(batch.response_ids[i])]
-    return out
