@@ -87,13 +87,12 @@ class Trainer:
     # on its share of the groups, every rank gets every share's rollouts and rewards), and
     # `check_ranks_agree` verifies the shared state every step
     parallel: DataParallel = field(default_factory=DataParallel)
-    questions: dict[str, Question] = field(default_factory=dict)  # uid -> question, for replay prompts
+    questions: dict[str, Question] = field(init=False)  # uid -> question, for replay prompts
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
     watch: MismatchWatch = field(init=False)  # the warning band below rollout.max_logprob_diff
 
     def __post_init__(self) -> None:
-        if not self.questions:
-            self.questions = {q.uid: q for q in self.state.sampler.questions}
+        self.questions = {q.uid: q for q in self.state.sampler.questions}
         self.watch = MismatchWatch.of(self.cfg.rollout)
 
     @property
