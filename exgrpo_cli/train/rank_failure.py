@@ -51,14 +51,6 @@ def step_in_flight(out: Path, steps: int) -> str:
     return f"during step {last + 1}"
 
 
-def newest_verified(ckpt_root: Path) -> Path | None:
-    """The checkpoint `trainer.resume=auto` would take: the first resume candidate that verifies."""
-    for folder in ckpt.resume_candidates(ckpt_root):
-        if ckpt.verify(folder) is None:
-            return folder
-    return None
-
-
 def resume_command(cfg: ExgrpoConfig) -> str:
     """The command line that resumes this run: its overrides, its run dir pinned."""
     hc = hydra_config()
@@ -78,7 +70,8 @@ def rank_log(out: Path, rank: int) -> Path:
 
 def dead_rank_line(cfg: ExgrpoConfig, rank: int, pid: int, exitcode: int, world: int) -> str:
     out = Path(cfg.trainer.output_dir)
-    found = newest_verified(out / "checkpoints")
+    # the checkpoint trainer.resume=auto would take: the first resume candidate that verifies
+    found = next((p for p in ckpt.resume_candidates(out / "checkpoints") if ckpt.verify(p) is None), None)
     where = str(found) if found is not None else "none (a rerun starts from step 0)"
     return (
         f"rank {rank} of {world} (pid {pid}) {_what(exitcode)} "
