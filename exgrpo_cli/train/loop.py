@@ -93,7 +93,8 @@ class Trainer:
 
     def __post_init__(self) -> None:
         self.questions = {q.uid: q for q in self.state.sampler.questions}
-        self.watch = MismatchWatch.of(self.cfg.rollout)
+        r = self.cfg.rollout
+        self.watch = MismatchWatch(r.warn_logprob_diff, r.logprob_diff_trend_window, r.top_p)
 
     @property
     def replay_enabled(self) -> bool:
