@@ -224,14 +224,11 @@ def check_replay(cfg: ExgrpoConfig, command: str) -> None:
 @section_check
 def check_offpolicy(cfg: ExgrpoConfig, command: str) -> None:
     """replay.max_age, the warning band and algo.rollout_correction (docs/off-policy.md)."""
-    r, c = cfg.rollout, cfg.algo.rollout_correction
+    r, c, key = cfg.rollout, cfg.algo.rollout_correction, _keys("rollout", cfg.rollout)
     _check(cfg.replay.max_age >= 0, "replay.max_age", cfg.replay.max_age, ">= 0 (0: no cap)")
     if r.warn_logprob_diff is not None:
-        _check(
-            r.warn_logprob_diff > 0, "rollout.warn_logprob_diff", r.warn_logprob_diff, "> 0, or null (off)"
-        )
-    window = r.logprob_diff_trend_window
-    _check(window >= 0, "rollout.logprob_diff_trend_window", window, ">= 0 (0: off)")
+        key("warn_logprob_diff", r.warn_logprob_diff > 0, "> 0, or null (off)")
+    key("logprob_diff_trend_window", r.logprob_diff_trend_window >= 0, ">= 0 (0: off)")
     if c.mode is None:
         return
     _one_of("algo.rollout_correction.mode", c.mode, ("token_tis", "geo_mask"))
@@ -241,10 +238,9 @@ def check_offpolicy(cfg: ExgrpoConfig, command: str) -> None:
     # whole vocabulary: every ratio would be off by up to -log(top_p), which the correction would
     # "correct". Refused rather than renormalising the trainer's side (a top-p pass over the vocab
     # per token in every forward).
-    _check(
+    key(
+        "top_p",
         r.top_p == 1.0,
-        "rollout.top_p",
-        r.top_p,
         f"1 with algo.rollout_correction.mode={c.mode} (the engine's nucleus log-probs are not the "
         "trainer's; set algo.rollout_correction.mode=null or rollout.top_p=1)",
     )

@@ -14,7 +14,6 @@ from typing import Any
 from exgrpo_cli import schema_keys
 from exgrpo_cli.paths import config_dir
 
-TABLE_RULE = "|---|---|---|---|"
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
 INTRO = """# Configuration reference

@@ -38,10 +38,9 @@ def check_variants(cfg: ExgrpoConfig, command: str) -> None:
         from exgrpo_cli.evaluation.benchmarks import SUITES
 
         pick(SUITES, "eval.suite", cfg.eval.suite)
-        _check_reward(cfg)
-    if command == "train":
+    else:
         _check_training_variants(cfg)
-        _check_reward(cfg)
+    _check_reward(cfg)
 
 
 def _check_reward(cfg: ExgrpoConfig) -> None:

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from exgrpo_cli.algo.offpolicy import TokenSums
+
 # exp() of a log-ratio beyond this overflows float32 to inf and then poisons the sum with nan;
 # ratios this large carry no usable gradient anyway, so they are capped (as verl does).
 MAX_LOG_RATIO = 20.0
@@ -34,7 +36,7 @@ def policy_shaping(ratio: Tensor, beta: float) -> Tensor:
 
 
 @dataclass
-class LossStats:
+class LossStats(TokenSums):
     """Token sums behind the `loss/` metrics of one (micro-)batch; add them up across chunks."""
 
     on_policy_loss: float = 0.0  # summed token loss of fresh rows / normalizer
@@ -43,11 +45,6 @@ class LossStats:
     replay_tokens: int = 0
     clipped_tokens: int = 0  # fresh tokens where the clipped branch was taken
     replay_ratio_sum: float = 0.0  # sum of w over replayed tokens
-
-    def __iadd__(self, other: LossStats) -> LossStats:
-        for k in self.__dataclass_fields__:
-            setattr(self, k, getattr(self, k) + getattr(other, k))
-        return self
 
 
 def exgrpo_token_losses(

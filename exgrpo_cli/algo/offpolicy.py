@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Self
 
 import numpy as np
 
@@ -38,18 +39,23 @@ AGE_BANDS: tuple[tuple[str, int, int | None], ...] = (
 
 
 @dataclass
-class GapSums:
+class TokenSums:
+    """Token sums that add up field by field (`+=`): GapSums, LossStats, CorrectionStats."""
+
+    def __iadd__(self, other: Self) -> Self:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+
+@dataclass
+class GapSums(TokenSums):
     """Token sums behind the three figures of one source; add them up over rows and ranks."""
 
     abs_sum: float = 0.0  # sum of |d|
     k3_sum: float = 0.0  # sum of r - 1 - log r
     outside: float = 0.0  # tokens with r outside RATIO_BAND
     tokens: float = 0.0
-
-    def __iadd__(self, other: GapSums) -> GapSums:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-        return self
 
     def as_dict(self, prefix: str) -> dict[str, float]:
         return {f"{prefix}{f.name}": float(getattr(self, f.name)) for f in fields(self)}

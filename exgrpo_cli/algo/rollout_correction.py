@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from exgrpo_cli.algo.offpolicy import MAX_LOG_RATIO
+from exgrpo_cli.algo.offpolicy import MAX_LOG_RATIO, TokenSums
 
 MODES = ("token_tis", "geo_mask")
 
@@ -45,18 +45,12 @@ class RolloutCorrection:
 
 
 @dataclass
-class CorrectionStats:
+class CorrectionStats(TokenSums):
     """Token sums behind `loss/correction_*`: the fresh tokens' weights and how many were cut."""
 
     weight_sum: float = 0.0
     cut: float = 0.0  # fresh tokens capped (token_tis) or dropped (geo_mask)
     tokens: float = 0.0
-
-    def __iadd__(self, other: CorrectionStats) -> CorrectionStats:
-        self.weight_sum += other.weight_sum
-        self.cut += other.cut
-        self.tokens += other.tokens
-        return self
 
 
 def correction_weights(

@@ -16,6 +16,7 @@ from exgrpo_cli.commands.compose import hydra_choices, to_typed, with_preset_nam
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.config_checks import validate
 from exgrpo_cli.errors import exit_on_error
+from exgrpo_cli.paths import hydra_config
 
 __all__ = ["dispatch", "hydra_choices", "to_typed", "with_preset_name"]
 
@@ -36,12 +37,8 @@ def _command(command: str) -> Callable[[ExgrpoConfig], None]:
 
 def _model_chosen() -> bool:
     """Whether the command line chose the model preset (model=... or experiment=..., which does)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        task = list(HydraConfig.get().overrides.task)
-    except ValueError:
-        return False
+    hc = hydra_config()
+    task = list(hc.overrides.task) if hc is not None else []
     return any(o.lstrip("+").split("=", 1)[0] in ("model", "experiment") for o in task)
 
 

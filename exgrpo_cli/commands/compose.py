@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.paths import hydra_config
 
 
 def to_typed(cfg: DictConfig | ListConfig) -> ExgrpoConfig:
@@ -26,12 +27,8 @@ def to_typed(cfg: DictConfig | ListConfig) -> ExgrpoConfig:
 
 def hydra_choices() -> dict[str, str]:
     """The presets Hydra composed the running command with (empty outside `@hydra.main`)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return {k: str(v) for k, v in HydraConfig.get().runtime.choices.items() if v is not None}
-    except ValueError:  # not under @hydra.main (a test composing configs)
-        return {}
+    hc = hydra_config()
+    return {} if hc is None else {k: str(v) for k, v in hc.runtime.choices.items() if v is not None}
 
 
 def with_preset_name(cfg: ExgrpoConfig, choices: dict[str, str]) -> ExgrpoConfig:
@@ -58,12 +55,11 @@ def compose_in_app(extra: Sequence[str]) -> ExgrpoConfig | None:
     """The typed config of the running Hydra app's command line plus `extra` (a model preset's recipe
     comes along), named after its model preset; None outside a Hydra app."""
     from hydra import compose
-    from hydra.core.hydra_config import HydraConfig
 
-    try:
-        task = list(HydraConfig.get().overrides.task)
-    except ValueError:
+    hc = hydra_config()
+    if hc is None:
         return None
+    task = list(hc.overrides.task)
     models = [o.split("=", 1)[1] for o in (*task, *extra) if o.startswith("model=")]
     typed = to_typed(compose(config_name="config", overrides=[*task, *extra]))
     return with_preset_name(typed, {"model": models[-1]} if models else {})

@@ -14,16 +14,16 @@ import logging
 import shutil
 from pathlib import Path
 
+from exgrpo_cli.paths import hydra_config
+
 
 def hydra_run_dir() -> tuple[Path, str] | None:
     """(run dir, job name) of a single Hydra run in the folder Hydra chose; None in a multirun job,
     outside Hydra, or when the user named the folder."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
+    from hydra.types import RunMode
 
-        hc = HydraConfig.get()
-    except (ImportError, ValueError):
+    hc = hydra_config()
+    if hc is None:
         return None
     if hc.mode != RunMode.RUN or any(o.startswith("hydra.run.dir=") for o in hc.overrides.hydra):
         return None

@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from exgrpo_cli.replay.bucketing import BUCKET_BY, collects, storable
-from exgrpo_cli.replay.bucketing import Bounds as Bounds  # re-exported: train/loop.py reads it here
+from exgrpo_cli.replay.bucketing import BUCKET_BY, Bounds, collects, storable
 from exgrpo_cli.replay.buckets import BucketScheme
 from exgrpo_cli.replay.eviction import OldestFirst
 from exgrpo_cli.replay.experience import META_BYTES, Experience, StoredQuestion, new_responses, value_hash

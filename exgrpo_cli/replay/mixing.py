@@ -53,9 +53,9 @@ class MixedBatch:
     rewards: Tensor  # [N] float
     group_index: Tensor  # [N] long: row -> group
     replay_mask: Tensor  # [N] bool: row is a replayed experience
-    group_of_question: list[str] = field(default_factory=list)  # group -> question uid
-    # group -> its index among the step's groups (all ranks'); empty: the batch is the whole step
-    step_groups: list[int] = field(default_factory=list)
+    # per row: (its group's index among the step's groups (all ranks'), its place in the group),
+    # the same whatever the rank count
+    row_keys: list[tuple[int, int]] = field(default_factory=list)
     ages: list[int | None] = field(default_factory=list)  # per row: `Response.age` (None: fresh)
 
     def __len__(self) -> int:
@@ -63,9 +63,11 @@ class MixedBatch:
 
 
 def build_mixed_batch(groups: list[Group], step_groups: list[int] | None = None) -> MixedBatch:
-    prompts, responses, behaviour, rewards, gidx, rmask, ages = [], [], [], [], [], [], []
+    """The rows of `groups`, group by group; `step_groups`: each group's index among the step's
+    groups (None: `groups` are the whole step)."""
+    prompts, responses, behaviour, rewards, gidx, rmask, ages, keys = [], [], [], [], [], [], [], []
     for g, group in enumerate(groups):
-        for r in group.responses:
+        for ri, r in enumerate(group.responses):
             prompts.append(group.prompt_ids)
             responses.append(r.ids)
             behaviour.append(r.behavior_logp)
@@ -73,6 +75,7 @@ def build_mixed_batch(groups: list[Group], step_groups: list[int] | None = None)
             gidx.append(g)
             rmask.append(r.replayed)
             ages.append(r.age)
+            keys.append((g if step_groups is None else step_groups[g], ri))
     return MixedBatch(
         prompt_ids=prompts,
         response_ids=responses,
@@ -80,8 +83,7 @@ def build_mixed_batch(groups: list[Group], step_groups: list[int] | None = None)
         rewards=torch.tensor(rewards, dtype=torch.float32),
         group_index=torch.tensor(gidx, dtype=torch.long),
         replay_mask=torch.tensor(rmask, dtype=torch.bool),
-        group_of_question=[g.question.uid for g in groups],
-        step_groups=list(step_groups) if step_groups is not None else [],
+        row_keys=keys,
         ages=ages,
     )
 

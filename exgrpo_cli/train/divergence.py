@@ -62,8 +62,7 @@ def check_engine_logprobs(
     """The run-wide mean |trainer - engine| log-prob per fresh token; raises EngineDivergence past
     `limit`. `gaps`: this rank's fresh-token sums (train/offpolicy.py, the one place they are
     computed). A collective under torchrun: every rank calls it and takes the same decision."""
-    total, tokens = gaps.abs_sum, gaps.tokens
-    t = dist.sum({"gap": total, "tokens": float(tokens)})
+    t = dist.sum({"gap": gaps.abs_sum, "tokens": float(gaps.tokens)})
     gap = t["gap"] / t["tokens"] if t["tokens"] else 0.0
     if not gap <= limit:  # NaN too
         raise EngineDivergence(

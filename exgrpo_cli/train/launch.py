@@ -28,6 +28,7 @@ from typing import Any
 from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.errors import ExgrpoError
 from exgrpo_cli.train import preempt
+from exgrpo_cli.train.rank_failure import rank_log
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,7 @@ def resolve_nproc(cfg: ExgrpoConfig) -> int:
 
 def rank_logging(out: Path) -> None:
     """The rank's log file in the run dir, as Hydra sets it up for a one-process run."""
-    rank = launched_rank()
-    name = "train.log" if rank == 0 else f"train.rank{rank}.log"
-    handler = logging.FileHandler(out / name)
+    handler = logging.FileHandler(rank_log(out, launched_rank()))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from exgrpo_cli.metrics.memory import PhaseMemory
 from exgrpo_cli.policy.forward import token_budget
 from exgrpo_cli.policy.scoring import score_candidates
 from exgrpo_cli.policy.sharding import DataParallel
-from exgrpo_cli.replay.buffer import Bounds
+from exgrpo_cli.replay.bucketing import Bounds
 from exgrpo_cli.replay.experience import Experience
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch, row_keys, update_order
 from exgrpo_cli.replay.selection import QuestionSelector, n_replay
@@ -43,10 +43,10 @@ from exgrpo_cli.reward.stage import Reward
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 from exgrpo_cli.train.divergence import check_synced_weights, engine_check
 from exgrpo_cli.train.metrics import accuracy_by_origin, loss_metrics, rollout_metrics
-from exgrpo_cli.train.offpolicy import MismatchWatch, offpolicy_metrics
+from exgrpo_cli.train.offpolicy import MismatchWatch, correction_of, offpolicy_metrics
 from exgrpo_cli.train.reward_step import grade_step
 from exgrpo_cli.train.state import RunState
-from exgrpo_cli.train.update import UpdatePlan, UpdateResult, pi_old_logprobs, policy_update, update_offpolicy
+from exgrpo_cli.train.update import UpdatePlan, UpdateResult, pi_old_logprobs, policy_update
 
 
 def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
@@ -87,14 +87,14 @@ class Trainer:
     # on its share of the groups, every rank gets every share's rollouts and rewards), and
     # `check_ranks_agree` verifies the shared state every step
     parallel: DataParallel = field(default_factory=DataParallel)
-    questions: dict[str, Question] = field(default_factory=dict)  # uid -> question, for replay prompts
+    questions: dict[str, Question] = field(init=False)  # uid -> question, for replay prompts
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
     watch: MismatchWatch = field(init=False)  # the warning band below rollout.max_logprob_diff
 
     def __post_init__(self) -> None:
-        if not self.questions:
-            self.questions = {q.uid: q for q in self.state.sampler.questions}
-        self.watch = MismatchWatch.of(self.cfg.rollout)
+        self.questions = {q.uid: q for q in self.state.sampler.questions}
+        r = self.cfg.rollout
+        self.watch = MismatchWatch(r.warn_logprob_diff, r.logprob_diff_trend_window, r.top_p)
 
     @property
     def replay_enabled(self) -> bool:
@@ -133,8 +133,9 @@ class Trainer:
         batch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
         advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
         with t("update"), mem("update"):
-            old = self.pi_old(batch)
-            result = self.update(batch, advantages, step, old)
+            plan = self.update_plan(step)  # one plan for the pi_old pass and the update
+            old = self.pi_old(batch, plan)
+            result = self.update(batch, advantages, plan, old)
         if self.replay_enabled:
             with t("buffer"):
                 self.observe(groups, step, self.trainer_logprobs(groups, mine, result))
@@ -196,8 +197,11 @@ class Trainer:
         tok = self.tokenizer
         return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
 
-    def update_plan(self) -> UpdatePlan:
-        a, p = self.cfg.algo, self.cfg.replay
+    def update_plan(self, step: int | None = None) -> UpdatePlan:
+        """The step's update settings. With `step`, the engine check of `rollout.max_logprob_diff`
+        runs before the first optimizer step (may stop the run, naming the step)."""
+        a, p, r = self.cfg.algo, self.cfg.replay, self.cfg.rollout
+        check = None if step is None else engine_check(r.max_logprob_diff, step, self.parallel, r.top_p)
         return UpdatePlan(
             loss=self.choices.loss(self.cfg, self.replay_enabled and self.state.switch.active),
             aggregation=self.choices.aggregation,
@@ -208,7 +212,10 @@ class Trainer:
             micro_batch_tokens=self.token_budget,
             grad_clip=a.grad_clip,
             skip_grad_norm_above=a.skip_grad_norm_above,
-            temperature=self.cfg.rollout.temperature,
+            temperature=r.temperature,
+            before_first_step=check,
+            rollout_correction=correction_of(self.cfg),
+            replay_beta=p.beta if p.shaping else None,
         )
 
     # ------------------------------------------------------------------ stages
@@ -309,21 +316,17 @@ class Trainer:
         rng = step_rng(self.cfg.trainer.seed, step, 4)
         return update_order(self.parallel.mine(len(groups)), self.cfg.algo.updates_per_step, rng)
 
-    def pi_old(self, batch: MixedBatch) -> dict[int, list[float]]:
+    def pi_old(self, batch: MixedBatch, plan: UpdatePlan) -> dict[int, list[float]]:
         """docs/algorithm.md §5: pi_old's log-probs of the rows the later mini-batches train on
         (the first mini-batch's come with its own forward), before any optimizer step."""
         st = self.state
-        return pi_old_logprobs(st.model, batch, self.update_plan(), self.pad_id, self.parallel)
+        return pi_old_logprobs(st.model, batch, plan, self.pad_id, self.parallel)
 
     def update(
-        self, batch: MixedBatch, advantages: torch.Tensor, step: int, old: dict[int, list[float]]
+        self, batch: MixedBatch, advantages: torch.Tensor, plan: UpdatePlan, old: dict[int, list[float]]
     ) -> UpdateResult:
-        """docs/algorithm.md §5: the policy-gradient step(s) on this rank's batch. The engine's
-        log-probs are checked against the trainer's before the first optimizer step (may stop
-        the run)."""
-        r = self.cfg.rollout
-        check = engine_check(r.max_logprob_diff, step, self.parallel, r.top_p)
-        plan = replace(update_offpolicy(self.cfg, self.update_plan()), before_first_step=check)
+        """docs/algorithm.md §5: the policy-gradient step(s) on this rank's batch, under the step's
+        `plan` (its engine check may stop the run before the first optimizer step)."""
         st = self.state
         return policy_update(st.model, st.optimizer, batch, advantages, plan, self.pad_id, self.parallel, old)
 

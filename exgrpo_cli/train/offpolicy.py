@@ -25,7 +25,7 @@ from exgrpo_cli.replay.mixing import MixedBatch
 from exgrpo_cli.train.divergence import nucleus_slack
 
 if TYPE_CHECKING:
-    from exgrpo_cli.config import ExgrpoConfig, RolloutConfig
+    from exgrpo_cli.config import ExgrpoConfig
 
 # the trend alarm ignores rises smaller than this over its window: 0.005 nats/token is the low end
 # of a healthy bf16 engine's gap, so a smaller rise is rounding noise (an fp32 CPU run's gap
@@ -132,10 +132,6 @@ class MismatchWatch:
         self._history: deque[float] = deque(maxlen=window + 1)
         self._above = False
         self._rising = False
-
-    @classmethod
-    def of(cls, r: RolloutConfig) -> MismatchWatch:
-        return cls(r.warn_logprob_diff, r.logprob_diff_trend_window, r.top_p)
 
     def observe(self, step: int, gap: float) -> dict[str, float]:
         """The step's `rollout/logprob_diff_warn` and `rollout/logprob_diff_rising` (0 or 1)."""

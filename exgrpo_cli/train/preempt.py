@@ -46,12 +46,6 @@ NO_STOP, STOP, STOP_AND_REQUEUE = 0, 1, 2
 PARENT_REQUEUES_ENV = "EXGRPO_PARENT_REQUEUES"
 
 
-def stop_code(signum: int | None) -> int:
-    if signum is None:
-        return NO_STOP
-    return STOP_AND_REQUEUE if signum in WARNING_SIGNALS else STOP
-
-
 class StopRequested:
     """Turns the stop signals into a flag checked at step boundaries.
 
@@ -94,7 +88,9 @@ class StopRequested:
     @property
     def code(self) -> int:
         """This rank's request, for the all-reduce at the step's end."""
-        return stop_code(self.signum)
+        if self.signum is None:
+            return NO_STOP
+        return STOP_AND_REQUEUE if self.signum in WARNING_SIGNALS else STOP
 
     def agree(self, run_code: int) -> None:
         """Take the run-wide request (the max over the ranks): a rank the signal missed stops too."""

@@ -17,6 +17,7 @@ import signal
 from pathlib import Path
 
 from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.paths import hydra_config
 from exgrpo_cli.policy import checkpoint as ckpt
 
 
@@ -50,37 +51,27 @@ def step_in_flight(out: Path, steps: int) -> str:
     return f"during step {last + 1}"
 
 
-def newest_verified(ckpt_root: Path) -> Path | None:
-    """The checkpoint `trainer.resume=auto` would take: the first resume candidate that verifies."""
-    for folder in ckpt.resume_candidates(ckpt_root):
-        if ckpt.verify(folder) is None:
-            return folder
-    return None
-
-
 def resume_command(cfg: ExgrpoConfig) -> str:
     """The command line that resumes this run: its overrides, its run dir pinned."""
-    out = cfg.trainer.output_dir
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        hc = HydraConfig.get()
+    hc = hydra_config()
+    if hc is None:  # outside a Hydra app: the output dir alone
+        task, run_dir = [f"trainer.output_dir={cfg.trainer.output_dir}"], []
+    else:
         task = list(hc.overrides.task)
         pinned = [o for o in hc.overrides.hydra if o.split("=", 1)[0] == "hydra.run.dir"]
         run_dir = pinned or [f"hydra.run.dir={hc.runtime.output_dir}"]
-    except ValueError:  # outside a Hydra app: the output dir alone
-        task, run_dir = [f"trainer.output_dir={out}"], []
     return shlex.join(["exgrpo", "train", *task, *run_dir])
 
 
 def rank_log(out: Path, rank: int) -> Path:
-    """The rank's log file (train/launch.py's `rank_logging`)."""
+    """The rank's log file (train/launch.py's `rank_logging` writes it)."""
     return out / ("train.log" if rank == 0 else f"train.rank{rank}.log")
 
 
 def dead_rank_line(cfg: ExgrpoConfig, rank: int, pid: int, exitcode: int, world: int) -> str:
     out = Path(cfg.trainer.output_dir)
-    found = newest_verified(out / "checkpoints")
+    # the checkpoint trainer.resume=auto would take: the first resume candidate that verifies
+    found = next((p for p in ckpt.resume_candidates(out / "checkpoints") if ckpt.verify(p) is None), None)
     where = str(found) if found is not None else "none (a rerun starts from step 0)"
     return (
         f"rank {rank} of {world} (pid {pid}) {_what(exitcode)} "

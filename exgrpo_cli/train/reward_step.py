@@ -17,6 +17,7 @@ correct), `reward/replayed_accuracy`, and the step's `reward/timeouts`, `reward/
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import islice
 
 import numpy as np
 
@@ -33,12 +34,8 @@ def grade_share(
     texts = [decode(r.ids) for g in share for r in g.responses]
     rows = [g.question for g in share for _ in g.responses]
     result = reward.score(texts, [q.answer for q in rows], questions=rows)
-    rewards: list[list[float]] = []
-    start = 0
-    for g in share:
-        end = start + len(g.responses)
-        rewards.append([float(x) for x in result.rewards[start:end]])
-        start = end
+    flat = iter(result.rewards)
+    rewards = [[float(x) for x in islice(flat, len(g.responses))] for g in share]
     counts = {"timeouts": result.timeouts, "errors": result.errors}
     return rewards, counts | {"unscored": getattr(result, "unscored", 0)}
 

@@ -35,6 +35,7 @@ from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.evaluation.val_scores import check_best_metric
+from exgrpo_cli.paths import hydra_config
 from exgrpo_cli.plan.model_bounds import check_model
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy import distributed as D
@@ -352,7 +353,8 @@ def share_run_dir(cfg: ExgrpoConfig, ranks: DataParallel) -> ExgrpoConfig:
     for them when it holds nothing but Hydra's own files."""
     if not ranks.distributed:
         return cfg
-    own = _hydra_dir()
+    hc = hydra_config()  # None outside @hydra.main (e.g. from a test)
+    own = str(hc.runtime.output_dir) if hc is not None else None
     out0, hydra0 = ranks.from_main((cfg.trainer.output_dir, own))
     if ranks.is_main or own is None or hydra0 is None:
         return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=out0))
@@ -373,12 +375,3 @@ def share_run_dir(cfg: ExgrpoConfig, ranks: DataParallel) -> ExgrpoConfig:
         if hydra_only:
             shutil.rmtree(stray, ignore_errors=True)
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=out0))
-
-
-def _hydra_dir() -> str | None:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return str(HydraConfig.get().runtime.output_dir)
-    except (ImportError, ValueError):  # called outside @hydra.main (e.g. from a test)
-        return None

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -49,10 +48,7 @@ from exgrpo_cli.policy.forward import SequenceBatch, forward_logprobs, pad_rows,
 from exgrpo_cli.policy.offload import clip_grad_norm
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import MixedBatch, split_groups
-from exgrpo_cli.train.offpolicy import OffPolicySums, correction_of, offpolicy_sums
-
-if TYPE_CHECKING:
-    from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.train.offpolicy import OffPolicySums, offpolicy_sums
 
 
 @dataclass(frozen=True)
@@ -81,13 +77,6 @@ class UpdatePlan:
     replay_beta: float | None = None
 
 
-def update_offpolicy(cfg: ExgrpoConfig, plan: UpdatePlan) -> UpdatePlan:
-    """`plan` with the off-policy settings: `algo.rollout_correction` and the beta of the
-    f(w)-by-age figures (the loss reads its own settings from the config: algo/losses.py)."""
-    beta = cfg.replay.beta if cfg.replay.shaping else None
-    return replace(plan, rollout_correction=correction_of(cfg), replay_beta=beta)
-
-
 @dataclass
 class UpdateResult:
     stats: LossStats = field(default_factory=LossStats)
@@ -110,16 +99,6 @@ class UpdateResult:
 def _rows_of(batch: MixedBatch, groups: list[int]) -> list[int]:
     wanted = set(groups)
     return [i for i, g in enumerate(batch.group_index.tolist()) if g in wanted]
-
-
-def _row_keys(batch: MixedBatch, rows: list[int]) -> list[tuple[int, int]]:
-    """(the row's group among the step's groups, its place in the group): a rank-free identity."""
-    index = batch.group_index.tolist()
-    first: dict[int, int] = {}
-    for i, g in enumerate(index):
-        first.setdefault(g, i)
-    step = batch.step_groups or list(range(max(index, default=-1) + 1))
-    return [(step[index[i]], i - first[index[i]]) for i in rows]
 
 
 def policy_update(
@@ -178,6 +157,7 @@ def _minibatches(batch: MixedBatch, plan: UpdatePlan) -> list[list[int]]:
     return [_rows_of(batch, gs) for gs in split_groups(num_groups, plan.updates)]
 
 
+@torch.no_grad()
 def pi_old_logprobs(
     model: torch.nn.Module, batch: MixedBatch, plan: UpdatePlan, pad_id: int, dist: DataParallel
 ) -> dict[int, list[float]]:
@@ -187,7 +167,15 @@ def pi_old_logprobs(
     the update records. A no-grad pass; a collective under FSDP (every rank calls it)."""
     old: dict[int, list[float]] = {}
     for rows in _minibatches(batch, plan)[1:]:
-        old.update(_old_logprobs(model, batch, rows, plan, pad_id, dist))
+        passes = synced_micro_batches(
+            batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, dist.device, dist
+        )
+        for sb, idle in passes:
+            logp, _ = forward_logprobs(model, sb, temperature=plan.temperature)
+            if idle:
+                continue
+            for i, row in zip(sb.rows, logp.tolist()):
+                old[i] = row[: len(batch.response_ids[i])]
     return old
 
 
@@ -210,7 +198,7 @@ def _accumulate(
         sequence_lengths=[len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows],
         rows_mean=rows_mean,
         max_response_tokens=plan.max_response_tokens,
-        row_keys=_row_keys(batch, rows),
+        row_keys=[batch.row_keys[i] for i in rows],
     )
     norms = plan.aggregation(shape, dist.gather)
     position = {row: k for k, row in enumerate(rows)}
@@ -285,27 +273,3 @@ def _engine_logprobs(batch: MixedBatch, sb: SequenceBatch, device: torch.device)
     if missing:  # an engine that gave no log-probs: nothing to correct against, and no silent 1
         raise ValueError(f"algo.rollout_correction needs the engine's log-probs; rows {missing} have none")
     return pad_rows([v if v is not None else [] for v in rows], sb).to(device)
-
-
-@torch.no_grad()
-def _old_logprobs(
-    model: torch.nn.Module,
-    batch: MixedBatch,
-    rows: list[int],
-    plan: UpdatePlan,
-    pad_id: int,
-    dist: DataParallel,
-) -> dict[int, list[float]]:
-    """pi_old's log-probs of `rows` (row -> per-token list), before any update of the step."""
-    device = dist.device
-    out: dict[int, list[float]] = {}
-    passes = synced_micro_batches(
-        batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, device, dist
-    )
-    for sb, idle in passes:
-        logp, _ = forward_logprobs(model, sb, temperature=plan.temperature)
-        if idle:
-            continue
-        for i, row in zip(sb.rows, logp.tolist()):
-            out[i] = row[: len(batch.response_ids[i])]
-    return out
