@@ -132,7 +132,7 @@ COMMANDS: dict[str, Check] = {
     ".venv-vllm/bin/exgrpo train rollout=vllm model.lora.rank=8 trainer.steps=3 trainer.threads=1": C(
         ELSEWHERE,
         "tests/rollout/test_vllm_lora.py",
-        needle='"rollout=vllm", "model.lora.rank=8", "trainer.steps=3"',
+        needle='args = ["model.lora.rank=8", "trainer.steps=3"',  # train_on_vllm adds rollout=vllm
     ),
     ".venv-vllm/bin/python benchmarks/lora_sync.py --prompts 4": C(SCRIPT, "two vLLM engines, ~12 min"),
     "exgrpo train experiment=paper-qwen2.5-math-1.5b --cfg job": C(
@@ -163,10 +163,14 @@ COMMANDS: dict[str, Check] = {
         TORCHRUN, "4 GPU nodes"
     ),
     ".venv-vllm/bin/exgrpo train rollout=vllm trainer.steps=3 trainer.threads=1": C(
-        ELSEWHERE, "tests/rollout/test_vllm_train.py", needle='"train", "rollout=vllm", "trainer.steps=3"'
+        ELSEWHERE,
+        "tests/rollout/test_vllm_train.py",
+        needle='train_on_vllm(tmp_path / "run", "trainer.steps=3")',
     ),
     "exgrpo train rollout=vllm trainer.steps=3": C(
-        ELSEWHERE, "tests/rollout/test_vllm_train.py", needle='"train", "rollout=vllm", "trainer.steps=3"'
+        ELSEWHERE,
+        "tests/rollout/test_vllm_train.py",
+        needle='train_on_vllm(tmp_path / "run", "trainer.steps=3")',
     ),
     "exgrpo train model=smollm2-135m data=deepmath trainer.steps=2 trainer.threads=1": C(
         ELSEWHERE, "tests/train/test_smollm2_e2e.py", needle='"model=smollm2-135m",'
