@@ -289,10 +289,6 @@ def merged_tensors(model: torch.nn.Module, names: list[str]) -> Iterator[tuple[s
         yield name, full
 
 
-def adapter_bytes(folder: Path) -> int:
-    return (folder / WEIGHTS).stat().st_size
-
-
 def describe(model: torch.nn.Module) -> str:
     """One line for the log: trainable adapter parameters beside the total."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
