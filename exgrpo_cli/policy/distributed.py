@@ -39,12 +39,8 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=torch.nn.Module)
 
 PARAM_GROUPS = "param_groups.json"
-MIXED_PRECISION = {
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-}
+# trainer.fsdp_mixed_precision -> the compute dtype's name (policy/lora.py stores a frozen base in it)
+MIXED_PRECISION = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
 
 
 def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DataParallel:
@@ -168,7 +164,7 @@ def wrap_fsdp2(
         if dist.device.type == "cuda":
             # reduce in fp32: averaging bf16 gradients over ranks loses the small ones
             mp = MixedPrecisionPolicy(
-                param_dtype=MIXED_PRECISION[mixed_precision], reduce_dtype=torch.float32
+                param_dtype=getattr(torch, MIXED_PRECISION[mixed_precision]), reduce_dtype=torch.float32
             )
         else:
             log.warning(

