@@ -54,14 +54,11 @@ def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DataPar
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if use_cuda and not torch.cuda.is_available():
-        raise UsageError("invalid trainer.device=cuda: no CUDA device is visible (allowed here: auto or cpu)")
+    dev = pick_device(device)
+    use_cuda = dev.type == "cuda"
     if use_cuda:
         dev = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
     info = DataParallel(rank, world, local_rank, dev)
     if tdist.is_available() and tdist.is_initialized():
         return info
@@ -76,6 +73,15 @@ def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DataPar
     tdist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
     log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
     return info
+
+
+def pick_device(name: str) -> torch.device:
+    """`trainer.device` (auto, cpu or cuda) as a device; UsageError for cuda where none is visible."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("invalid trainer.device=cuda: no CUDA device is visible (allowed here: auto or cpu)")
+    return torch.device(name)
 
 
 def free_port() -> int:
