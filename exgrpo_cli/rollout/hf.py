@@ -83,7 +83,7 @@ class HFEngine:
         per_seq = max(spec.max_new_tokens, 1) * vocab * 4  # fp32 logits kept per sequence
         # an FSDP-sharded model (several ranks): every forward is a collective. A model each rank
         # holds whole (exgrpo eval's ranks) samples on its own, with exgrpo's loop
-        ranks = DataParallel.of_process_group(_device(self.model))
+        ranks = DataParallel.of_process_group(module_device(self.model))
         synced = ranks.distributed and is_sharded(self.model)
         own_loop = not (self.hf_generate or synced)
         # only HF generate keeps every step's logits: the own loop needs no logits budget
@@ -120,7 +120,7 @@ class HFEngine:
     def _sample_chunk(
         self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec, gen: torch.Generator
     ) -> list[Rollout]:
-        device = _device(self.model)
+        device = module_device(self.model)
         input_ids, attention = self._left_padded(chunk)
         # the draws use a generator on the model's device, seeded from the call's own generator
         seed = int(torch.randint(0, 2**62, (1,), generator=gen))
@@ -144,7 +144,7 @@ class HFEngine:
     def _generate_chunk(
         self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec, synced: bool = False
     ) -> list[Rollout]:
-        device = _device(self.model)
+        device = module_device(self.model)
         width = max(len(ids) for _, ids in chunk)
         input_ids, attention = self._left_padded(chunk)
         # AutoModelForCausalLM's classes mix GenerationMixin into PreTrainedModel; asked for a dict
@@ -193,17 +193,11 @@ class HFEngine:
         return rollouts
 
 
-def _device(model: torch.nn.Module) -> torch.device:
-    """Where the trainer's module computes (the GPU under FSDP2's CPU offload, where its parameters
-    are in host memory): the inputs and the sampling generator must be there."""
-    return module_device(model)
-
-
 def slow_generation_warning(model: torch.nn.Module, max_new_tokens: int) -> str | None:
     """One line when a GPU run samples long responses from a large model with this engine: each
     decoding step is a forward of the whole model (under FSDP a gather of all its weights), so a
     7B model with 8k-token responses runs for hours a step where vLLM takes minutes."""
-    if _device(model).type != "cuda":
+    if module_device(model).type != "cuda":
         return None
     # DTensor parameters (FSDP2) report the full parameter's size
     params = sum(p.numel() for p in model.parameters())
