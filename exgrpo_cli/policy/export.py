@@ -113,11 +113,6 @@ def _finish(model: torch.nn.Module, folder: Path, files: list[str], names: list[
         size = sum((folder / f).stat().st_size for f in set(weight_map.values()))
         index = {"metadata": {"total_size": size}, "weight_map": {n: weight_map[n] for n in names}}
         (folder / INDEX).write_text(json.dumps(index, indent=1))
-    config = getattr(model, "config", None)
-    if config is not None:
-        config.save_pretrained(folder)
-    generation = getattr(model, "generation_config", None)
-    if generation is not None:
-        generation.save_pretrained(folder)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
+    for part in (getattr(model, "config", None), getattr(model, "generation_config", None), tokenizer):
+        if part is not None:
+            part.save_pretrained(folder)
