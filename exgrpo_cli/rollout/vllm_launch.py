@@ -46,23 +46,17 @@ def launcher_kwargs(
 ) -> tuple[dict[str, Any], Any]:
     """vLLM's arguments for where the engine runs, and this rank's tensor-parallel group (None
     unless torchrun and tp > 1). Without torchrun: vLLM's defaults, one rank, no tensor
-    parallelism. `device_index`: the trainer's CUDA device (None on a CPU)."""
-    if world > 1:
-        return external_launcher(in_process, rank, world, tp, device_index)
-    if tp > 1:
-        raise ValueError(
-            f"rollout.tensor_parallel_size={tp} shares one vLLM engine among {tp} torchrun "
-            f"ranks (one GPU each): launch with torchrun and a multiple of {tp} ranks"
-        )
-    return {}, None
-
-
-def external_launcher(
-    in_process: bool, rank: int, world: int, tp: int, device_index: int | None = None
-) -> tuple[dict[str, Any], Any]:
-    """vLLM's arguments for one engine per torchrun rank (vLLM 0.32: the external_launcher
-    executor runs the worker in this process, takes rank and device from RANK / LOCAL_RANK,
-    and reuses the trainer's process group for its own groups), and this rank's group."""
+    parallelism. Under torchrun: one engine per rank (vLLM 0.32: the external_launcher executor
+    runs the worker in this process, takes rank and device from RANK / LOCAL_RANK, and reuses the
+    trainer's process group for its own groups). `device_index`: the trainer's CUDA device (None
+    on a CPU)."""
+    if world <= 1:
+        if tp > 1:
+            raise ValueError(
+                f"rollout.tensor_parallel_size={tp} shares one vLLM engine among {tp} torchrun "
+                f"ranks (one GPU each): launch with torchrun and a multiple of {tp} ranks"
+            )
+        return {}, None
     if not in_process:
         raise ValueError(f"under torchrun the vLLM engine runs in each rank's process: unset {MP_ENV}=1")
     if world % tp:
