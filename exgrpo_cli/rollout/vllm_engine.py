@@ -261,26 +261,20 @@ class VLLMEngine:
                 )
             log.debug("vLLM engine released since its last sync: syncing from the trainer's module again")
             self.sync_weights(self._source)
-        self._wake("weights")
-        self._wake("kv_cache")
+        self.wake_up()
         # one engine for the whole tensor-parallel group: every rank submits the same requests in
         # the same order (its scheduler must match the others'), then keeps its own part's outputs
         parts, mine = self._gather_tp((prompt_ids, n, spec))
-        prompts: list[Any] = []
-        params: list[Any] = []
-        owners: list[tuple[int, int]] = []  # (part, prompt index within the part)
-        for p, (ids_p, n_p, spec_p) in enumerate(parts):
-            for i, prompt, param in self._requests(ids_p, n_p, spec_p):
-                prompts.append(prompt)
-                params.append(param)
-                owners.append((p, i))
-        if not prompts:
+        # (part, prompt index within the part, vLLM prompt, sampling params)
+        requests = [(p, *request) for p, part in enumerate(parts) for request in self._requests(*part)]
+        if not requests:
             return []
         lora = self.lora.generate_kwargs() if self.lora is not None else {}
-        outputs = self.llm.generate(prompts, params, use_tqdm=False, **lora)
+        _, _, prompts, params = zip(*requests)
+        outputs = self.llm.generate(list(prompts), list(params), use_tqdm=False, **lora)
         eos = set(self.eos_ids)
         rollouts = []
-        for (p, pidx), out in zip(owners, outputs):
+        for (p, pidx, _, _), out in zip(requests, outputs):
             if p != mine:
                 continue
             for c in sorted(out.outputs, key=lambda c: c.index):
@@ -433,6 +427,5 @@ class VLLMEngine:
             torch.cuda.empty_cache()
         if self.lora is not None:
             self.lora.close()
-        cfg_dir = getattr(self, "_config_dir", None)
-        if cfg_dir is not None:
-            cfg_dir.cleanup()
+        if self._config_dir is not None:
+            self._config_dir.cleanup()
