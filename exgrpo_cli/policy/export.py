@@ -31,17 +31,9 @@ INDEX = "model.safetensors.index.json"
 def unique_state_names(model: torch.nn.Module) -> list[str]:
     """The state-dict names to export: every persistent tensor once (a tied output embedding is
     the input embedding's Parameter under a second name, and is left out, as HF does)."""
-    seen: set[int] = set()
-    names = []
-    params = dict(model.named_parameters(remove_duplicate=False))
-    for name in model.state_dict():
-        tensor = params.get(name)
-        if tensor is not None:
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-        names.append(name)
-    return names
+    every = dict(model.named_parameters(remove_duplicate=False))
+    first = dict(model.named_parameters())  # each Parameter once, under its first name
+    return [name for name in model.state_dict() if name not in every or name in first]
 
 
 def export_hf(model: torch.nn.Module, folder: Path, tokenizer: Any, dist: DataParallel | None = None) -> None:
