@@ -24,7 +24,7 @@ import torch
 from exgrpo_cli.policy.distributed import is_sharded, module_device
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
-from exgrpo_cli.rollout.sampling import sample
+from exgrpo_cli.rollout.sampling import SampledBatch, sample
 
 if TYPE_CHECKING:
     from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
@@ -134,12 +134,7 @@ class HFEngine:
             top_p=spec.top_p,
             generator=torch.Generator(device=device).manual_seed(seed),
         )
-        toks, logps = res.tokens.tolist(), res.logprobs.tolist()  # one conversion, then list slices
-        ends = zip(chunk, res.lengths.tolist(), res.finished.tolist())
-        return [
-            Rollout(prompt_index=pidx, response_ids=toks[row][:n], logprobs=logps[row][:n], finished=f)
-            for row, ((pidx, _), n, f) in enumerate(ends)
-        ]
+        return _rollouts(chunk, res)
 
     def _generate_chunk(
         self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec, synced: bool = False
@@ -175,22 +170,20 @@ class HFEngine:
             dim=1,
         ).cpu()
         new = new.cpu()
-        eos = torch.tensor(self.eos_ids)
-        rollouts = []
-        for row, (pidx, _) in enumerate(chunk):
-            toks = new[row].tolist()
-            is_eos = torch.isin(new[row], eos).nonzero()
-            finished = bool(is_eos.numel())
-            length = int(is_eos[0]) + 1 if finished else len(toks)
-            rollouts.append(
-                Rollout(
-                    prompt_index=pidx,
-                    response_ids=toks[:length],
-                    logprobs=logp[row, :length].tolist(),
-                    finished=finished,
-                )
-            )
-        return rollouts
+        is_eos = torch.isin(new, torch.tensor(self.eos_ids))
+        finished = is_eos.any(-1)
+        lengths = (~is_eos).long().cumprod(-1).sum(-1) + finished  # up to the first EOS, included
+        return _rollouts(chunk, SampledBatch(new, logp, lengths, finished))
+
+
+def _rollouts(chunk: list[tuple[int, list[int]]], res: SampledBatch) -> list[Rollout]:
+    """One Rollout per row of `chunk`: the row's tokens and log-probs cut at its length."""
+    toks, logps = res.tokens.tolist(), res.logprobs.tolist()  # one conversion, then list slices
+    ends = zip(chunk, res.lengths.tolist(), res.finished.tolist())
+    return [
+        Rollout(prompt_index=pidx, response_ids=toks[row][:n], logprobs=logps[row][:n], finished=f)
+        for row, ((pidx, _), n, f) in enumerate(ends)
+    ]
 
 
 def slow_generation_warning(model: torch.nn.Module, max_new_tokens: int) -> str | None:
