@@ -365,14 +365,12 @@ class VLLMEngine:
         """{name: (checksum, elements, dtype)} of the engine's copy of these weights (vllm_ext),
         a tensor-parallel group's slices summed (its ranks call this together)."""
         found: dict[str, tuple[int, int, str]] = self.llm.collective_rpc("exgrpo_checksums", args=(names,))[0]
-        if self._tp_group is not None:
-            parts, _ = self._gather_tp(found)
-            found = {
-                n: (sum(p[n][0] for p in parts) % CHECKSUM_MOD, sum(p[n][1] for p in parts), v[2])
-                for n, v in found.items()
-                if all(n in p for p in parts)
-            }
-        return found
+        parts, _ = self._gather_tp(found)  # without a group: this rank's alone, summed as they are
+        return {
+            n: (sum(p[n][0] for p in parts) % CHECKSUM_MOD, sum(p[n][1] for p in parts), v[2])
+            for n, v in found.items()
+            if all(n in p for p in parts)
+        }
 
     # ------------------------------------------------------------------ sharing a GPU
     def release(self, keep_weights: bool = False) -> None:
