@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import random
 import tempfile
 import time
@@ -38,11 +37,12 @@ from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
 from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD
 from exgrpo_cli.rollout.vllm_launch import (
-    EXTENSION,
+    ENGINE_ARGS,
     choose_in_process,
     destroy_parallel_state,
     launcher_kwargs,
     memory_kwargs,
+    require_fp32_head,
     sampling_dtype,
     stop_engine_core,
 )
@@ -52,7 +52,7 @@ from exgrpo_cli.rollout.vllm_weights import (
     check_reload_api,
     import_vllm,
     named_tensors,
-    save_safetensors,
+    reload,
 )
 
 if TYPE_CHECKING:
@@ -78,17 +78,6 @@ def _free_cuda_cache() -> None:
     refuses to start when free memory grows under it)."""
     gc.collect()
     torch.cuda.empty_cache()
-
-
-def require_fp32_head(llm: Any) -> None:
-    """Refuse an engine whose head is not fp32 although asked: vLLM falls back to the model's
-    dtype, with a warning only, on a platform without fp32, and an fp32 head on the trainer's
-    side alone would widen the mismatch it is meant to close."""
-    got = llm.llm_engine.model_config.head_dtype
-    if got != torch.float32:
-        raise RuntimeError(
-            f"model.fp32_head=true but vLLM's head computes in {got}: this platform refused fp32"
-        )
 
 
 class VLLMEngine:
@@ -165,15 +154,8 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
             enable_sleep_mode=self.sleep_mode,
             load_format=load_format,
-            worker_extension_cls=EXTENSION,
             trust_remote_code=trust_remote_code,
-            # our tokenizer decides EOS (passed as stop ids) and we decode ourselves: vLLM's
-            # incremental detokenizer is slow on the invalid UTF-8 that random weights emit
-            skip_tokenizer_init=True,
-            # log_softmax(logits / T) after the temperature, as the trainer's (docs/algorithm.md §4, §9);
-            # also after top-k/top-p, which renormalise them when top_p < 1
-            logprobs_mode="processed_logprobs",
-            generation_config="vllm",  # ignore the checkpoint's sampling defaults
+            **ENGINE_ARGS,
             **kwargs,
         )
         if self.dtype is None:  # dtype="auto": the checkpoint's, as vLLM resolved it
@@ -333,28 +315,17 @@ class VLLMEngine:
         t0 = time.perf_counter()
         self._wake("weights")
         if self.lora is None:
-            self._reload(named_tensors(model, self.dtype))
+            reload(self.llm, named_tensors(model, self.dtype), self.in_process)
         else:  # the merged weights, or the frozen base when vLLM lacks it, then the adapter
             weights = self.lora.weights(model, self.dtype, dropped=self._weights_discarded)
             if weights is not None:
-                self._reload(weights)
+                reload(self.llm, weights, self.in_process)
             self.lora.load_adapter(self.llm, model)
         self._weights_discarded = False
         self._source = model if isinstance(model, torch.nn.Module) else None
         # cached prompt KV blocks were computed by the old weights: reusing them would mix policies
         self.llm.reset_prefix_cache()
         return time.perf_counter() - t0
-
-    def _reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-        if self.in_process:
-            counts = self.llm.collective_rpc("exgrpo_reload_weights", args=(weights,))
-        else:
-            with tempfile.TemporaryDirectory(prefix="exgrpo-vllm-sync-") as d:
-                path = os.path.join(d, "weights.safetensors")
-                save_safetensors(weights, path)
-                counts = self.llm.collective_rpc("exgrpo_reload_file", args=(path,))
-        if not counts or min(counts) == 0:
-            raise RuntimeError(f"vLLM weight sync loaded no tensors (per worker: {counts})")
 
     def _gather_tp(self, obj: Any) -> tuple[list[Any], int]:
         """Every rank's `obj` of this engine's tensor-parallel group, in group order, and this

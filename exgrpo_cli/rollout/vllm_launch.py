@@ -26,6 +26,17 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 EXTENSION = "exgrpo_cli.rollout.vllm_ext.WeightSyncExtension"
+# what every engine is built with, wherever it runs
+ENGINE_ARGS = {
+    "worker_extension_cls": EXTENSION,
+    # our tokenizer decides EOS (passed as stop ids) and we decode ourselves: vLLM's
+    # incremental detokenizer is slow on the invalid UTF-8 that random weights emit
+    "skip_tokenizer_init": True,
+    # log_softmax(logits / T) after the temperature, as the trainer's (docs/algorithm.md §4, §9);
+    # also after top-k/top-p, which renormalise them when top_p < 1
+    "logprobs_mode": "processed_logprobs",
+    "generation_config": "vllm",  # ignore the checkpoint's sampling defaults
+}
 MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 # vLLM's scheduler limits on CUDA (plan/memory.py keeps copies: the workspace it plans)
 VLLM_MAX_BATCHED_TOKENS = 8192
@@ -125,6 +136,19 @@ def sampling_dtype(dtype: str, mixed_precision: str | None, on_cuda: bool) -> st
         # runs in the compute dtype (the sync casts the fp32 weights as it copies them)
         return "float16" if mixed_precision in ("fp16", "float16") else "bfloat16"
     return dtype
+
+
+def require_fp32_head(llm: Any) -> None:
+    """Refuse an engine whose head is not fp32 although asked: vLLM falls back to the model's
+    dtype, with a warning only, on a platform without fp32, and an fp32 head on the trainer's
+    side alone would widen the mismatch it is meant to close."""
+    import torch
+
+    got = llm.llm_engine.model_config.head_dtype
+    if got != torch.float32:
+        raise RuntimeError(
+            f"model.fp32_head=true but vLLM's head computes in {got}: this platform refused fp32"
+        )
 
 
 def stop_engine_core(llm: Any) -> None:

@@ -11,8 +11,11 @@ module stays light (tests/rollout/test_vllm_import.py).
 from __future__ import annotations
 
 import inspect
+import os
+import tempfile
 from collections.abc import Iterator, Mapping
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -72,6 +75,21 @@ def named_tensors(
         if dtype is not None and t.is_floating_point() and t.dtype != dtype:
             t = t.to(dtype)
         yield name, gather_full(t).detach()
+
+
+def reload(llm: Any, weights: Iterator[tuple[str, torch.Tensor]], in_process: bool) -> None:
+    """Load `weights` into every worker of engine `llm` (rollout/vllm_ext.py): in-process as they
+    come, into an engine in a separate process through a safetensors file. Raises when a worker
+    loaded nothing."""
+    if in_process:
+        counts = llm.collective_rpc("exgrpo_reload_weights", args=(weights,))
+    else:
+        with tempfile.TemporaryDirectory(prefix="exgrpo-vllm-sync-") as d:
+            path = os.path.join(d, "weights.safetensors")
+            save_safetensors(weights, path)
+            counts = llm.collective_rpc("exgrpo_reload_file", args=(path,))
+    if not counts or min(counts) == 0:
+        raise RuntimeError(f"vLLM weight sync loaded no tensors (per worker: {counts})")
 
 
 def save_safetensors(weights: Iterator[tuple[str, torch.Tensor]], path: str) -> None:
