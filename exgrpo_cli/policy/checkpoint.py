@@ -38,26 +38,22 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from exgrpo_cli.errors import ExgrpoError, UsageError
 from exgrpo_cli.policy import safe_read
 from exgrpo_cli.policy.checkpoint_io import (
     COMPLETE,
-    _barrier,
     _files,
-    _from_main,
     _fsync_tree,
-    _gather,
     _shared_digests,
     file_sha256,  # noqa: F401 - re-exported: callers use ckpt.file_sha256
     optimizer_state_from_files,  # noqa: F401 - re-exported
     os_error_in,
     write_json,
 )
-
-if TYPE_CHECKING:
-    from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.policy.safe_read import read_json
+from exgrpo_cli.policy.sharding import DataParallel
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +81,6 @@ class CheckpointWriteError(ExgrpoError):
     """Writing a checkpoint failed (disk full, I/O error): the previous checkpoints are intact."""
 
 
-def read_json(path: Path, limit: int = safe_read.MAX_JSON_BYTES) -> Any:
-    """JSON of a regular file under a size cap (policy/safe_read.py): a run's small files are data
-    from whoever wrote the run."""
-    return safe_read.read_json(path, limit)
-
-
 # ----------------------------------------------------------------------------- writing
 
 
@@ -101,17 +91,18 @@ def save_checkpoint(
     docstring). A collective under torchrun: every rank calls it. Returns the checkpoint's path on
     rank 0 (None elsewhere). A failed write raises CheckpointWriteError on every rank and leaves
     the published checkpoints as they were."""
-    main = dist is None or dist.is_main
+    dist = dist or DataParallel()
+    main = dist.is_main
     final, parent = ckpt_root / f"step_{step}", ckpt_root / f".tmp-step_{step}"
     # each writer (a run: its rank 0's choice, shared) has its own folder under .tmp-step_<N>: two
     # processes that ever write into one run dir never mix their files (the run lock should
     # prevent it; this makes it harmless)
     writer = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}" if main else ""
-    writer = _from_main(writer, dist)
+    writer = dist.from_main(writer)
     tmp = parent / writer
     if main:
         tmp.mkdir(parents=True)
-    _barrier(dist)
+    dist.barrier()
     error = None
     try:
         write(tmp)
@@ -120,7 +111,7 @@ def save_checkpoint(
         if cause is None:
             raise
         error = f"{type(cause).__name__}: {str(cause)[:300]}"
-    errors = [e for e in _gather(error, dist) if e]
+    errors = [e for e in dist.gather(error) if e]
     if errors:
         raise CheckpointWriteError(
             f"writing checkpoint step_{step} failed ({errors[0]}); the checkpoints already in "
@@ -128,13 +119,14 @@ def save_checkpoint(
         )
     if main and os.environ.get(FAULT_KILL_IN_CHECKPOINT) == str(step):
         os.kill(os.getpid(), signal.SIGKILL)
-    _barrier(dist)  # every rank's files are written before anyone hashes them
+    dist.barrier()  # every rank's files are written before anyone hashes them
     names = _files(tmp) if main else []
-    names = _from_main(names, dist)
+    names = dist.from_main(names)
     digests = _shared_digests(tmp, names, dist)
     if main:
-        world = dist.world_size if dist is not None else 1
-        write_json(tmp / COMPLETE, {"step": step, "format": FORMAT, "world_size": world, "files": digests})
+        write_json(
+            tmp / COMPLETE, {"step": step, "format": FORMAT, "world_size": dist.world_size, "files": digests}
+        )
         _fsync_tree(tmp)
         if final.exists():  # a re-save of the same step (e.g. the final one): replace it
             shutil.rmtree(final)
@@ -147,7 +139,7 @@ def save_checkpoint(
             os.fsync(fh.fileno())
         os.replace(pointer_tmp, ckpt_root / LATEST)
         _prune(ckpt_root, keep, protect=final)
-    _barrier(dist)  # nobody reads or deletes checkpoints while rank 0 publishes one
+    dist.barrier()  # nobody reads or deletes checkpoints while rank 0 publishes one
     return final if main else None
 
 
@@ -240,7 +232,7 @@ def verify(folder: Path, prefix: str = "", dist: DataParallel | None = None) -> 
     else:
         reason = _manifest_shape(folder, manifest)
         if reason is None and isinstance(manifest, dict):  # a dict whenever the shape passed
-            reason = _manifest_problem(folder, manifest, prefix, dist)
+            reason = _manifest_problem(folder, manifest, prefix, dist or DataParallel())
         if reason is not None:
             return reason
     if OPTIMIZER.startswith(prefix):
@@ -270,9 +262,7 @@ def _manifest_shape(folder: Path, manifest: Any) -> str | None:
     return None
 
 
-def _manifest_problem(
-    folder: Path, manifest: dict[str, Any], prefix: str, dist: DataParallel | None
-) -> str | None:
+def _manifest_problem(folder: Path, manifest: dict[str, Any], prefix: str, dist: DataParallel) -> str | None:
     wanted = sorted(n for n in manifest if n.startswith(prefix))
     found = _shared_digests(folder, wanted, dist)
     for name in wanted:
@@ -308,16 +298,16 @@ def latest_verified(ckpt_root: Path, dist: DataParallel | None = None) -> tuple[
     quarantining those before it that do not (rank 0 renames; a collective under torchrun).
     Returns (checkpoint or None, warnings). Raises CheckpointError when there are checkpoints and
     none verifies."""
-    main = dist is None or dist.is_main
+    dist = dist or DataParallel()
     warnings: list[str] = []
     for folder in resume_candidates(ckpt_root):
         target = quarantine_target(folder)  # before anything untrusted is parsed
         reason = verify(folder, dist=dist)
         if reason is None:
             return folder, warnings
-        if main:
+        if dist.is_main:
             quarantine(folder, reason, target)
-        _barrier(dist)
+        dist.barrier()
         warnings.append(
             f"checkpoint {folder.name} failed verification ({reason}); quarantined as "
             f"{QUARANTINE_PREFIX}{folder.name}, resuming from an older one if any verifies"

@@ -48,28 +48,15 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
-def _gather(obj: Any, dist: DataParallel | None) -> list[Any]:
-    return [obj] if dist is None else dist.gather(obj)
-
-
-def _from_main(obj: Any, dist: DataParallel | None) -> Any:
-    return obj if dist is None else dist.from_main(obj)
-
-
-def _barrier(dist: DataParallel | None) -> None:
-    if dist is not None:
-        dist.barrier()
-
-
-def _shared_digests(folder: Path, names: list[str], dist: DataParallel | None) -> dict[str, dict[str, Any]]:
+def _shared_digests(folder: Path, names: list[str], dist: DataParallel) -> dict[str, dict[str, Any]]:
     """{name: {"bytes", "sha256"}} of `names` under `folder`, each rank hashing every W-th file
     (missing files are left out)."""
     mine = {}
-    for name in names if dist is None else [names[i] for i in dist.mine(len(names))]:
+    for name in [names[i] for i in dist.mine(len(names))]:
         path = folder / name
         if path.is_file():
             mine[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    return {k: v for part in _gather(mine, dist) for k, v in part.items()}
+    return {k: v for part in dist.gather(mine) for k, v in part.items()}
 
 
 # ----------------------------------------------------------------------------- legacy optimizer files

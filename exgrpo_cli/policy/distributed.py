@@ -39,12 +39,8 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=torch.nn.Module)
 
 PARAM_GROUPS = "param_groups.json"
-MIXED_PRECISION = {
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-}
+# trainer.fsdp_mixed_precision -> the compute dtype's name (policy/lora.py stores a frozen base in it)
+MIXED_PRECISION = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
 
 
 def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DataParallel:
@@ -58,14 +54,11 @@ def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DataPar
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if use_cuda and not torch.cuda.is_available():
-        raise UsageError("invalid trainer.device=cuda: no CUDA device is visible (allowed here: auto or cpu)")
+    dev = pick_device(device)
+    use_cuda = dev.type == "cuda"
     if use_cuda:
         dev = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
     info = DataParallel(rank, world, local_rank, dev)
     if tdist.is_available() and tdist.is_initialized():
         return info
@@ -80,6 +73,15 @@ def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DataPar
     tdist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
     log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
     return info
+
+
+def pick_device(name: str) -> torch.device:
+    """`trainer.device` (auto, cpu or cuda) as a device; UsageError for cuda where none is visible."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("invalid trainer.device=cuda: no CUDA device is visible (allowed here: auto or cpu)")
+    return torch.device(name)
 
 
 def free_port() -> int:
@@ -168,7 +170,7 @@ def wrap_fsdp2(
         if dist.device.type == "cuda":
             # reduce in fp32: averaging bf16 gradients over ranks loses the small ones
             mp = MixedPrecisionPolicy(
-                param_dtype=MIXED_PRECISION[mixed_precision], reduce_dtype=torch.float32
+                param_dtype=getattr(torch, MIXED_PRECISION[mixed_precision]), reduce_dtype=torch.float32
             )
         else:
             log.warning(

@@ -31,17 +31,9 @@ INDEX = "model.safetensors.index.json"
 def unique_state_names(model: torch.nn.Module) -> list[str]:
     """The state-dict names to export: every persistent tensor once (a tied output embedding is
     the input embedding's Parameter under a second name, and is left out, as HF does)."""
-    seen: set[int] = set()
-    names = []
-    params = dict(model.named_parameters(remove_duplicate=False))
-    for name in model.state_dict():
-        tensor = params.get(name)
-        if tensor is not None:
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-        names.append(name)
-    return names
+    every = dict(model.named_parameters(remove_duplicate=False))
+    first = dict(model.named_parameters())  # each Parameter once, under its first name
+    return [name for name in model.state_dict() if name not in every or name in first]
 
 
 def export_hf(model: torch.nn.Module, folder: Path, tokenizer: Any, dist: DataParallel | None = None) -> None:
@@ -113,11 +105,6 @@ def _finish(model: torch.nn.Module, folder: Path, files: list[str], names: list[
         size = sum((folder / f).stat().st_size for f in set(weight_map.values()))
         index = {"metadata": {"total_size": size}, "weight_map": {n: weight_map[n] for n in names}}
         (folder / INDEX).write_text(json.dumps(index, indent=1))
-    config = getattr(model, "config", None)
-    if config is not None:
-        config.save_pretrained(folder)
-    generation = getattr(model, "generation_config", None)
-    if generation is not None:
-        generation.save_pretrained(folder)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
+    for part in (getattr(model, "config", None), getattr(model, "generation_config", None), tokenizer):
+        if part is not None:
+            part.save_pretrained(folder)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -130,31 +131,31 @@ def synced_micro_batches(
 _TAKES_LOGITS_TO_KEEP: dict[type[torch.nn.Module], bool] = {}
 
 
-def _keep_kwargs(model: torch.nn.Module, keep: int) -> dict[str, int]:
-    """`logits_to_keep=keep` when the model's forward takes it (transformers' models do; a
-    remote-code model may not), else nothing: it projects every position and the caller cuts.
-    Read from the signature, once per class: calling and catching a TypeError would also swallow
-    a TypeError raised inside a forward that does take it, and run that forward twice."""
+def _forward(model: torch.nn.Module, batch: SequenceBatch, keep: int) -> Any:
+    """The model's forward over `batch`, with `logits_to_keep=keep` when its forward takes it
+    (transformers' models do; a remote-code model may not), else without: it projects every
+    position and the caller cuts. Read from the signature, once per class: calling and catching a
+    TypeError would also swallow a TypeError raised inside a forward that does take it, and run
+    that forward twice."""
     cls = type(model)
     takes = _TAKES_LOGITS_TO_KEEP.get(cls)
     if takes is None:
         params = inspect.signature(cls.forward).parameters.values()
         takes = any(p.name == "logits_to_keep" or p.kind is p.VAR_KEYWORD for p in params)
         _TAKES_LOGITS_TO_KEEP[cls] = takes
-    return {"logits_to_keep": keep} if takes else {}
+    return model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        **({"logits_to_keep": keep} if takes else {}),
+    )
 
 
 def response_logits(model: torch.nn.Module, batch: SequenceBatch) -> Tensor:
     """Logits [B, R, V] of the positions that predict the response tokens."""
     keep = batch.response_mask.shape[1] + 1
-    logits = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-        **_keep_kwargs(model, keep),
-    ).logits
-    return logits[:, -keep:-1]
+    return _forward(model, batch, keep).logits[:, -keep:-1]
 
 
 # largest fp32 [chunk x vocabulary] temporary of the chunked projection (algo.logprobs): 441 tokens
@@ -194,13 +195,7 @@ def final_hidden_states(model: torch.nn.Module, batch: SequenceBatch) -> Tensor:
         lambda module, args, output: captured.append(output.last_hidden_state)
     )
     try:
-        model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-            **_keep_kwargs(model, 1),
-        )
+        _forward(model, batch, 1)
     finally:
         handle.remove()
     return captured[-1]

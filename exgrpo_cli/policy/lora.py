@@ -24,6 +24,7 @@ import torch
 
 from exgrpo_cli.config import LoraConfig, ModelConfig
 from exgrpo_cli.errors import UsageError
+from exgrpo_cli.policy.distributed import MIXED_PRECISION
 from exgrpo_cli.policy.offload import gather_full
 
 if TYPE_CHECKING:
@@ -289,10 +290,6 @@ def merged_tensors(model: torch.nn.Module, names: list[str]) -> Iterator[tuple[s
         yield name, full
 
 
-def adapter_bytes(folder: Path) -> int:
-    return (folder / WEIGHTS).stat().st_size
-
-
 def describe(model: torch.nn.Module) -> str:
     """One line for the log: trainable adapter parameters beside the total."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -359,16 +356,13 @@ def _rank_of(folder: Path) -> str:
         return "unreadable"
 
 
-COMPUTE_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
-
-
 def frozen_base_dtype(cfg: ModelConfig, mixed_precision: str, on_gpu: bool) -> ModelConfig:
     """`cfg` with the dtype the frozen base is stored in under model.lora: the compute dtype.
     Mixed precision (trainer.fsdp_mixed_precision, on a GPU: a CPU ignores it) keeps float32
     master weights for the weights it trains; a frozen weight needs no master copy, so the base
     is loaded in the compute dtype (half the memory) and only the adapters are float32."""
-    if not lora_on(cfg.lora) or not on_gpu or mixed_precision not in COMPUTE_DTYPES:
+    if not lora_on(cfg.lora) or not on_gpu or mixed_precision not in MIXED_PRECISION:
         return cfg
     import dataclasses
 
-    return dataclasses.replace(cfg, dtype=COMPUTE_DTYPES[mixed_precision])
+    return dataclasses.replace(cfg, dtype=MIXED_PRECISION[mixed_precision])

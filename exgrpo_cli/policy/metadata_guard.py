@@ -162,13 +162,11 @@ def _tensor_entry(key: str, node: Any) -> Any:
     return TensorStorageMetadata(properties=_properties(st["properties"]), size=size, chunks=chunks)
 
 
-def _storage(storage: Any, entries: dict[str, Any], folder: Path) -> dict[Any, Any]:
+def _storage(storage: dict[Any, Any], entries: dict[str, Any], folder: Path) -> dict[Any, Any]:
     """The index of where each chunk is stored, checked against the folder's files."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import MetadataIndex
 
-    if not isinstance(storage, dict):
-        raise NotDataError("its entries or storage index are not mappings, as torch writes them")
     out, sizes = {}, {}
     for key, value in storage.items():
         k = _fields(_obj(key, "MetadataIndex"), "MetadataIndex", {"fqn"}, {"offset", "index"})

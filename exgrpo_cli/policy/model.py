@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from exgrpo_cli.config import ModelConfig
-from exgrpo_cli.errors import UsageError
+from exgrpo_cli.policy.distributed import pick_device  # noqa: F401 - re-exported for eval and inspect-buffer
 from exgrpo_cli.policy.head import use_fp32_head
 from exgrpo_cli.policy.lora import apply_lora
 from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
@@ -46,14 +46,6 @@ def resolve_path(path: str, gguf_file: str = "") -> str:
             )
         return str(folder)
     return os.path.expanduser(path)
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UsageError("invalid trainer.device=cuda: no CUDA device is visible (allowed here: auto or cpu)")
-    return torch.device(name)
 
 
 def attn_implementation(requested: str, device: torch.device) -> str:

@@ -63,5 +63,4 @@ def score_candidates(
         reshard = getattr(model, "reshard", None)
         if callable(reshard):
             reshard()
-    every = dist.merge(scores).items
-    return [every[i] for i in range(len(responses))]
+    return dist.merge(scores).in_order(len(responses))

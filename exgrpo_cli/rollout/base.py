@@ -90,11 +90,9 @@ def eos_token_ids(
                     err,
                 )
             gen = None
-    ids: list[int] = []
-    for cand in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
-        for x in cand if isinstance(cand, (list, tuple)) else [cand]:
-            if x is not None and int(x) not in ids:
-                ids.append(int(x))
+    found = [getattr(gen, "eos_token_id", None), tokenizer.eos_token_id]
+    flat = [x for c in found for x in (c if isinstance(c, (list, tuple)) else [c]) if x is not None]
+    ids = list(dict.fromkeys(int(x) for x in flat))  # in order, each once
     if not ids:
         raise ValueError("the tokenizer and the model define no end-of-sequence token")
     return ids

@@ -24,7 +24,7 @@ import torch
 from exgrpo_cli.policy.distributed import is_sharded, module_device
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
-from exgrpo_cli.rollout.sampling import sample
+from exgrpo_cli.rollout.sampling import SampledBatch, sample
 
 if TYPE_CHECKING:
     from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
@@ -83,7 +83,7 @@ class HFEngine:
         per_seq = max(spec.max_new_tokens, 1) * vocab * 4  # fp32 logits kept per sequence
         # an FSDP-sharded model (several ranks): every forward is a collective. A model each rank
         # holds whole (exgrpo eval's ranks) samples on its own, with exgrpo's loop
-        ranks = DataParallel.of_process_group(_device(self.model))
+        ranks = DataParallel.of_process_group(module_device(self.model))
         synced = ranks.distributed and is_sharded(self.model)
         own_loop = not (self.hf_generate or synced)
         # only HF generate keeps every step's logits: the own loop needs no logits budget
@@ -120,7 +120,7 @@ class HFEngine:
     def _sample_chunk(
         self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec, gen: torch.Generator
     ) -> list[Rollout]:
-        device = _device(self.model)
+        device = module_device(self.model)
         input_ids, attention = self._left_padded(chunk)
         # the draws use a generator on the model's device, seeded from the call's own generator
         seed = int(torch.randint(0, 2**62, (1,), generator=gen))
@@ -134,17 +134,12 @@ class HFEngine:
             top_p=spec.top_p,
             generator=torch.Generator(device=device).manual_seed(seed),
         )
-        toks, logps = res.tokens.tolist(), res.logprobs.tolist()  # one conversion, then list slices
-        ends = zip(chunk, res.lengths.tolist(), res.finished.tolist())
-        return [
-            Rollout(prompt_index=pidx, response_ids=toks[row][:n], logprobs=logps[row][:n], finished=f)
-            for row, ((pidx, _), n, f) in enumerate(ends)
-        ]
+        return _rollouts(chunk, res)
 
     def _generate_chunk(
         self, chunk: list[tuple[int, list[int]]], spec: SamplingSpec, synced: bool = False
     ) -> list[Rollout]:
-        device = _device(self.model)
+        device = module_device(self.model)
         width = max(len(ids) for _, ids in chunk)
         input_ids, attention = self._left_padded(chunk)
         # AutoModelForCausalLM's classes mix GenerationMixin into PreTrainedModel; asked for a dict
@@ -175,35 +170,27 @@ class HFEngine:
             dim=1,
         ).cpu()
         new = new.cpu()
-        eos = torch.tensor(self.eos_ids)
-        rollouts = []
-        for row, (pidx, _) in enumerate(chunk):
-            toks = new[row].tolist()
-            is_eos = torch.isin(new[row], eos).nonzero()
-            finished = bool(is_eos.numel())
-            length = int(is_eos[0]) + 1 if finished else len(toks)
-            rollouts.append(
-                Rollout(
-                    prompt_index=pidx,
-                    response_ids=toks[:length],
-                    logprobs=logp[row, :length].tolist(),
-                    finished=finished,
-                )
-            )
-        return rollouts
+        is_eos = torch.isin(new, torch.tensor(self.eos_ids))
+        finished = is_eos.any(-1)
+        lengths = (~is_eos).long().cumprod(-1).sum(-1) + finished  # up to the first EOS, included
+        return _rollouts(chunk, SampledBatch(new, logp, lengths, finished))
 
 
-def _device(model: torch.nn.Module) -> torch.device:
-    """Where the trainer's module computes (the GPU under FSDP2's CPU offload, where its parameters
-    are in host memory): the inputs and the sampling generator must be there."""
-    return module_device(model)
+def _rollouts(chunk: list[tuple[int, list[int]]], res: SampledBatch) -> list[Rollout]:
+    """One Rollout per row of `chunk`: the row's tokens and log-probs cut at its length."""
+    toks, logps = res.tokens.tolist(), res.logprobs.tolist()  # one conversion, then list slices
+    ends = zip(chunk, res.lengths.tolist(), res.finished.tolist())
+    return [
+        Rollout(prompt_index=pidx, response_ids=toks[row][:n], logprobs=logps[row][:n], finished=f)
+        for row, ((pidx, _), n, f) in enumerate(ends)
+    ]
 
 
 def slow_generation_warning(model: torch.nn.Module, max_new_tokens: int) -> str | None:
     """One line when a GPU run samples long responses from a large model with this engine: each
     decoding step is a forward of the whole model (under FSDP a gather of all its weights), so a
     7B model with 8k-token responses runs for hours a step where vLLM takes minutes."""
-    if _device(model).type != "cuda":
+    if module_device(model).type != "cuda":
         return None
     # DTensor parameters (FSDP2) report the full parameter's size
     params = sum(p.numel() for p in model.parameters())

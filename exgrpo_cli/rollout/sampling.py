@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -120,18 +120,7 @@ def _decode(
     T = tokens.shape[1]
     cache = {_cache_kwarg(model): DynamicCache(config=model.config)}
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    logits = (
-        model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **cache,
-        )
-        .logits[:, -1]
-        .float()
-    )
+    logits = _last_logits(model, input_ids, attention, positions, cache, logits_to_keep=1)
     rows = torch.arange(len(input_ids), device=input_ids.device)  # original row of each live batch row
     done = torch.zeros(len(rows), dtype=torch.bool, device=rows.device)  # ended, not yet dropped
     position = positions[:, -1:]
@@ -157,17 +146,22 @@ def _decode(
             done = done[keep]
         attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=-1)
         position = position + 1
-        logits = (
-            model(
-                input_ids=nxt[:, None],
-                attention_mask=attention,
-                position_ids=position,
-                use_cache=True,
-                **cache,
-            )
-            .logits[:, -1]
-            .float()
-        )
+        logits = _last_logits(model, nxt[:, None], attention, position, cache)
+
+
+def _last_logits(
+    model: PreTrainedModel,
+    ids: Tensor,
+    attention: Tensor,
+    positions: Tensor,
+    cache: dict[str, Any],
+    **keep: int,
+) -> Tensor:
+    """The fp32 logits of each row's last position, from a forward that extends the KV cache."""
+    out = model(
+        input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, **cache, **keep
+    )
+    return out.logits[:, -1].float()
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:

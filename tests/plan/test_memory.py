@@ -124,9 +124,9 @@ def test_vllm_workspace_follows_the_limits_the_engine_is_given() -> None:
     assert vllm_workspace_bytes(TOY, X) == want
     longer = dataclasses.replace(X, vllm_max_len=20000)  # a context longer than the token limit
     assert vllm_workspace_bytes(TOY, longer) == want + (20000 - VLLM_MAX_BATCHED_TOKENS) * per_token
-    kw = memory_kwargs(True, 0.5, None, 20000)  # what the CUDA engine passes: the plan's limits
+    kw = memory_kwargs(True, 0.5, 20000)  # what the CUDA engine passes: the plan's limits
     assert (kw["max_num_batched_tokens"], kw["max_num_seqs"]) == (20000, VLLM_MAX_SEQS)
-    assert memory_kwargs(True, 0.5, None, 100)["max_num_batched_tokens"] == VLLM_MAX_BATCHED_TOKENS
+    assert memory_kwargs(True, 0.5, 100)["max_num_batched_tokens"] == VLLM_MAX_BATCHED_TOKENS
 
 
 def test_host_adamw_brings_one_parameters_moments_to_the_device() -> None:

@@ -154,7 +154,7 @@ def test_warns_on_large_models_with_long_responses_on_a_gpu(
     )
     with torch.device("meta"):
         big = Qwen2ForCausalLM(cfg)
-    monkeypatch.setattr(hf, "_device", lambda model: torch.device(device))
+    monkeypatch.setattr(hf, "module_device", lambda model: torch.device(device))
     with caplog.at_level("WARNING", logger="exgrpo_cli.rollout.hf"):
         HFEngine(big, Tok(), max_new_tokens=new_tokens)
     lines = [r.getMessage() for r in caplog.records if r.name == "exgrpo_cli.rollout.hf"]
