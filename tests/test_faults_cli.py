@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, cli_env, run_cli
+from conftest import REPO, cli_env, metrics, run_captured, run_cli
 
 TINY_RUN = [
     "data=local",
@@ -55,7 +54,7 @@ def test_training_goes_on_with_the_bad_rows_counted(tiny_model: Path, tmp_path: 
     _data_with_bad_rows(data)
     res = run_cli(["train", *TINY_RUN, f"data.path={data}", f"hydra.run.dir={out}"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(out)
     assert [r["step"] for r in rows] == [0, 1]
     assert rows[0]["data/skipped_rows"] == 5.0
     log = (out / "train.log").read_text()
@@ -129,22 +128,8 @@ def test_wandb_online_with_an_unreachable_server_exits_2_in_seconds(tiny_model: 
     )
     args = [a for a in TINY_RUN if not a.startswith(("logger.", "data"))]
     t = time.monotonic()
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "exgrpo_cli",
-            "train",
-            *args,
-            "logger.wandb.mode=online",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    online = ["logger.wandb.mode=online", f"hydra.run.dir={tmp_path / 'run'}"]
+    res = run_captured([sys.executable, "-m", "exgrpo_cli", "train", *args, *online], REPO, env)
     took = time.monotonic() - t
     assert res.returncode == 2, res.stderr[-3000:]
     assert (
