@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import Qwen2ForCausalLM
 
+    from exgrpo_cli.config import ExgrpoConfig
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 TINY = REPO / "exgrpo_cli" / "assets" / "tiny"
@@ -135,6 +137,26 @@ def train_ok(
 def metrics(out: Path) -> list[dict[str, Any]]:
     """The run dir `out`'s metrics.jsonl: one row per logged step, in order."""
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def compose_train(overrides: list[str]) -> ExgrpoConfig:
+    """The typed config as `exgrpo train` builds it (the model preset named after its file)."""
+    from hydra import compose, initialize_config_dir
+
+    from exgrpo_cli.commands import to_typed, with_preset_name
+    from exgrpo_cli.config import register_configs
+    from exgrpo_cli.paths import config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir(), version_base=None):
+        cfg = compose(
+            config_name="config",
+            overrides=overrides + ["trainer.output_dir=/tmp/x"],
+            return_hydra_config=True,
+        )
+    choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if v is not None}
+    del cfg.hydra
+    return with_preset_name(to_typed(cfg), choices)
 
 
 def torchrun(*args: str, nproc: int = 2) -> list[str]:
