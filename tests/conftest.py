@@ -1,12 +1,16 @@
 """Shared test helpers: the repo root, ../shared/data, the shipped tiny model, CLI subprocesses,
-torchrun launches, a tiny random Qwen2 model, and the short training runs that several test files
-only read, built once per test run (tests/shared_artefacts.py; safe under pytest-xdist)."""
+torchrun launches, what a run wrote (metrics.jsonl, a checkpoint's tensors), a tiny random Qwen2
+model, and the short training runs that several test files only read, built once per test run
+(tests/shared_artefacts.py; safe under pytest-xdist)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +22,10 @@ import pytest
 from shared_artefacts import build_once, session_root
 
 if TYPE_CHECKING:
+    import torch
     from transformers import Qwen2ForCausalLM
+
+    from exgrpo_cli.config import ExgrpoConfig
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -52,6 +59,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 FAKE_VLLM = REPO / "tests" / "rollout" / "fake_vllm"
+# the env_extra of a CLI run whose `import vllm` finds the stand-in (rollout=vllm on a CPU)
+FAKE_VLLM_ENV = {"PYTHONPATH": f"{FAKE_VLLM}:{REPO}"}
 
 
 @pytest.fixture
@@ -100,17 +109,54 @@ def cli_env() -> dict[str, str]:
     return env
 
 
+def run_captured(
+    cmd: list[str], cwd: Path = REPO, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """`cmd` run to its end in `cwd`, its output captured as text; `env`: cli_env() unless given."""
+    env = cli_env() if env is None else env
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def run_cli(
     args: list[str], cwd: Path | None = None, timeout: float = 600, env_extra: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "exgrpo_cli", *args],
-        cwd=cwd or REPO,
-        env=cli_env() | (env_extra or {}),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    return run_captured(
+        [sys.executable, "-m", "exgrpo_cli", *args], cwd or REPO, cli_env() | (env_extra or {}), timeout
     )
+
+
+def train_ok(
+    out: Path, *overrides: str, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`exgrpo train hydra.run.dir=out *overrides`, asserted to exit 0 (its output's tails if not)."""
+    res = run_cli(["train", f"hydra.run.dir={out}", *overrides], env_extra=env_extra)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
+def metrics(out: Path) -> list[dict[str, Any]]:
+    """The run dir `out`'s metrics.jsonl: one row per logged step, in order."""
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def compose_train(overrides: list[str]) -> ExgrpoConfig:
+    """The typed config as `exgrpo train` builds it (the model preset named after its file)."""
+    from hydra import compose, initialize_config_dir
+
+    from exgrpo_cli.commands import to_typed, with_preset_name
+    from exgrpo_cli.config import register_configs
+    from exgrpo_cli.paths import config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir(), version_base=None):
+        cfg = compose(
+            config_name="config",
+            overrides=overrides + ["trainer.output_dir=/tmp/x"],
+            return_hydra_config=True,
+        )
+    choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if v is not None}
+    del cfg.hydra
+    return with_preset_name(to_typed(cfg), choices)
 
 
 def torchrun(*args: str, nproc: int = 2) -> list[str]:
@@ -120,6 +166,55 @@ def torchrun(*args: str, nproc: int = 2) -> list[str]:
 
     launch = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
     return [sys.executable, *launch, "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *args]
+
+
+def torchrun_ok(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`args` (after torchrun's own) on two ranks, importing this checkout also from a `cwd` outside
+    it; asserted to exit 0."""
+    res = run_captured(torchrun(*args), cwd, cli_env() | {"PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-6000:]
+    return res
+
+
+def checkpoint_tensors(ck: Path, weights: str = "model/model.safetensors") -> dict[str, torch.Tensor]:
+    """Every tensor that a resume from checkpoint `ck` restores: the weights (the file `weights`
+    under `ck`), the optimizer's state (keys `opt.*`) and the replay buffer's (keys `replay.*`)."""
+    from safetensors.torch import load_file
+
+    from exgrpo_cli.policy.distributed import read_optimizer_tensors
+
+    state = load_file(str(ck / weights))
+    replay = load_file(str(ck / "replay" / "experiences.safetensors"))
+    state.update({f"replay.{k}": v for k, v in replay.items()})
+    state.update({f"opt.{k}": v for k, v in read_optimizer_tensors(ck / "optimizer").items()})
+    return state
+
+
+def same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def sigkill_mid_run(out: Path, overrides: list[str]) -> None:
+    """Start `exgrpo train hydra.run.dir=out *overrides` and SIGKILL it from outside once it has
+    published its step_2 or step_3 checkpoint (asserting that it was still running then)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exgrpo_cli", "train", f"hydra.run.dir={out}", *overrides],
+        cwd=REPO,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    latest = out / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if latest.is_file() and latest.read_text().strip() in ("step_2", "step_3"):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
 
 
 def worker_env(*pythonpath: Path) -> dict[str, str]:

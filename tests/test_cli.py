@@ -25,12 +25,6 @@ def test_unknown_command_exits_2():
     assert res.returncode == 2 and "unknown command" in res.stderr
 
 
-def test_train_help_shows_hydra_groups():
-    res = run_cli(["train", "--help"])
-    assert res.returncode == 0
-    assert "Config groups" in res.stdout and "replay: " in res.stdout and "model: " in res.stdout
-
-
 def test_cfg_job_with_overrides(tmp_path: Path):
     res = run_cli(["train", "replay.ratio=0.25", "model=qwen2.5-math-7b", "--cfg", "job"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr

@@ -36,6 +36,7 @@ def test_train_help_is_short_and_explains_replay_ratio(tmp_path: Path):
     ratio = next(line for line in lines if line.strip().startswith("replay.ratio="))
     assert "share of the step's questions drawn from the buffer" in ratio
     assert "tiny*" in res.stdout and "paper-qwen2.5-math-7b" in res.stdout  # groups and presets
+    assert "Config groups" in res.stdout and "replay: " in res.stdout and "model: " in res.stdout
     assert not (tmp_path / "outputs").exists()
 
 

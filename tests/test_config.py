@@ -6,15 +6,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from exgrpo_cli.commands import to_typed, with_preset_name
-from exgrpo_cli.config import ConfigError, ExgrpoConfig, register_configs
+from exgrpo_cli.config import ConfigError, ExgrpoConfig
 from exgrpo_cli.config_checks import validate
 from exgrpo_cli.paths import config_dir
 from exgrpo_cli.policy.packaged import missing_requirement
 from exgrpo_cli.variants import check_variants
+
+from conftest import compose_train
 
 CONF = Path(config_dir())
 
@@ -31,20 +31,6 @@ GROUPS = sorted(
 )
 
 
-def _compose(overrides: list[str]) -> ExgrpoConfig:
-    """The typed config as `exgrpo train` builds it (the model preset named after its file)."""
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose(
-            config_name="config",
-            overrides=overrides + ["trainer.output_dir=/tmp/x"],
-            return_hydra_config=True,
-        )
-    choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if v is not None}
-    del cfg.hydra
-    return with_preset_name(to_typed(cfg), choices)
-
-
 def _presets() -> Iterator[tuple[str, str]]:
     for group in GROUPS:
         for f in sorted((CONF / group).glob("*.yaml")):
@@ -53,7 +39,7 @@ def _presets() -> Iterator[tuple[str, str]]:
 
 @pytest.mark.parametrize("group,preset", list(_presets()))
 def test_every_preset_composes_and_validates(group: str, preset: str):
-    cfg = _compose([f"{group}={preset}"])
+    cfg = compose_train([f"{group}={preset}"])
     assert isinstance(cfg, ExgrpoConfig)
     if group == "model":
         assert cfg.model.preset == preset
@@ -66,7 +52,7 @@ def test_every_preset_composes_and_validates(group: str, preset: str):
 
 
 def test_defaults_are_the_embedded_cpu_run():
-    cfg = _compose([])
+    cfg = compose_train([])
     assert cfg.model.path == "builtin:tiny" and cfg.data.source == "synthetic"
     assert cfg.rollout.engine == "hf" and cfg.model.dtype == "float32"
     assert cfg.replay.ratio == 0.5 and cfg.replay.beta == 0.1 and cfg.replay.start_threshold == 0.35
@@ -74,7 +60,7 @@ def test_defaults_are_the_embedded_cpu_run():
 
 
 def test_replay_none_is_on_policy():
-    assert _compose(["replay=none"]).replay.ratio == 0.0
+    assert compose_train(["replay=none"]).replay.ratio == 0.0
 
 
 @pytest.mark.parametrize(
@@ -116,7 +102,7 @@ def test_replay_none_is_on_policy():
     ],
 )
 def test_invalid_values_name_the_key(override: str, key: str):
-    cfg = _compose(override.split())
+    cfg = compose_train(override.split())
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         check(cfg)
 
@@ -124,16 +110,16 @@ def test_invalid_values_name_the_key(override: str, key: str):
 def test_model_path_that_is_not_a_causal_lm(tmp_path: Path):
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(ConfigError, match="model.path"):
-        check(_compose([f"model.path={tmp_path}"]))
+        check(compose_train([f"model.path={tmp_path}"]))
 
 
 def test_schema_rejects_wrong_types_and_unknown_keys():
     from hydra.errors import ConfigCompositionException
 
     with pytest.raises(ConfigCompositionException):
-        _compose(["replay.ratio=abc"])
+        compose_train(["replay.ratio=abc"])
     with pytest.raises(ConfigCompositionException):
-        _compose(["replay.no_such_key=1"])
+        compose_train(["replay.no_such_key=1"])
 
 
 def test_yaml_files_only_set_schema_keys():

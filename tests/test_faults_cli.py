@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, cli_env, run_cli
+from conftest import REPO, cli_env, metrics, run_captured, run_cli
 
 TINY_RUN = [
     "data=local",
@@ -49,13 +49,19 @@ def _data_with_bad_rows(path: Path) -> None:
                 fh.write(bad[i // 8])
 
 
+def _train_on_bad_rows(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """`exgrpo train` of TINY_RUN on tmp_path/data.jsonl (_data_with_bad_rows) into tmp_path/run."""
+    _data_with_bad_rows(tmp_path / "data.jsonl")
+    args = [*TINY_RUN, f"data.path={tmp_path / 'data.jsonl'}", *extra, f"hydra.run.dir={tmp_path / 'run'}"]
+    return run_cli(["train", *args], cwd=tmp_path)
+
+
 @pytest.mark.slow
 def test_training_goes_on_with_the_bad_rows_counted(tiny_model: Path, tmp_path: Path) -> None:
     data, out = tmp_path / "data.jsonl", tmp_path / "run"
-    _data_with_bad_rows(data)
-    res = run_cli(["train", *TINY_RUN, f"data.path={data}", f"hydra.run.dir={out}"], cwd=tmp_path)
+    res = _train_on_bad_rows(tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(out)
     assert [r["step"] for r in rows] == [0, 1]
     assert rows[0]["data/skipped_rows"] == 5.0
     log = (out / "train.log").read_text()
@@ -68,18 +74,8 @@ def test_training_goes_on_with_the_bad_rows_counted(tiny_model: Path, tmp_path: 
 
 def test_on_bad_row_error_stops_before_the_model_with_file_and_line(tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
-    _data_with_bad_rows(data)
     t = time.monotonic()
-    res = run_cli(
-        [
-            "train",
-            *TINY_RUN,
-            f"data.path={data}",
-            "data.on_bad_row=error",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=tmp_path,
-    )
+    res = _train_on_bad_rows(tmp_path, "data.on_bad_row=error")
     assert res.returncode == 2, res.stderr[-3000:]
     assert res.stderr.strip().splitlines()[-1] == (
         f"exgrpo train: {data}: line 5: invalid UTF-8 (byte 0xd7 at column 24) "
@@ -90,19 +86,8 @@ def test_on_bad_row_error_stops_before_the_model_with_file_and_line(tmp_path: Pa
 
 
 def test_a_missing_val_path_stops_with_the_paper_hint(tmp_path: Path) -> None:
-    data = tmp_path / "data.jsonl"
-    _data_with_bad_rows(data)
-    res = run_cli(
-        [
-            "train",
-            *TINY_RUN,
-            f"data.path={data}",
-            f"eval.data_dir={tmp_path / 'nowhere'}",
-            "data.val_path=${eval.data_dir}/valid.parquet",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=tmp_path,
-    )
+    nowhere = [f"eval.data_dir={tmp_path / 'nowhere'}", "data.val_path=${eval.data_dir}/valid.parquet"]
+    res = _train_on_bad_rows(tmp_path, *nowhere)
     assert res.returncode == 2, res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith(f"exgrpo train: data.val_path={tmp_path / 'nowhere'}/valid.parquet: no such file.")
@@ -129,22 +114,8 @@ def test_wandb_online_with_an_unreachable_server_exits_2_in_seconds(tiny_model: 
     )
     args = [a for a in TINY_RUN if not a.startswith(("logger.", "data"))]
     t = time.monotonic()
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "exgrpo_cli",
-            "train",
-            *args,
-            "logger.wandb.mode=online",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    online = ["logger.wandb.mode=online", f"hydra.run.dir={tmp_path / 'run'}"]
+    res = run_captured([sys.executable, "-m", "exgrpo_cli", "train", *args, *online], REPO, env)
     took = time.monotonic() - t
     assert res.returncode == 2, res.stderr[-3000:]
     assert (

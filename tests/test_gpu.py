@@ -10,14 +10,13 @@ and vLLM tests skip when those packages are missing (`pip install -e ".[gpu]"`).
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
-from conftest import TINY, run_cli
+from conftest import TINY, metrics, run_cli
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -244,7 +243,7 @@ def test_train_cli_bf16_on_gpu(qwen2_dir: Path, tmp_path: Path, engine: str) -> 
         timeout=1200,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    rows = {r["step"]: r for r in metrics(out)}
     assert sorted(rows) == [0, 1, 2, 3]
     for step in (1, 2, 3):
         assert rows[step]["rollout/logprob_diff_mean"] < 0.05, (step, rows[step])

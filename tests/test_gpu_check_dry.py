@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, cli_env
+from conftest import REPO, run_captured
 
 SCRIPT = REPO / "scripts" / "gpu_check.py"
 GiB = 2**30
@@ -109,14 +109,7 @@ def test_each_lent_machine_gets_a_shape_and_offload_that_fit_its_gpu_and_host(sc
 
 def _dry_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
     out = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *args],
-        cwd=REPO,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_captured([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *args], timeout=300)
     return proc, json.loads(out.read_text())
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, cli_env
+from conftest import REPO, cli_env, run_captured
 
 
 def test_explicit_package_list_matches_the_folders():
@@ -60,18 +60,10 @@ def test_non_editable_install_finds_its_configs(tmp_path: Path):
     zipfile.ZipFile(wheel).extractall(site)
     env = cli_env() | {"PYTHONPATH": str(site)}
     probe = "import exgrpo_cli.paths as c; print(c.__file__); print(c.config_dir())"
-    res = subprocess.run(
-        [sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
+    res = run_captured([sys.executable, "-c", probe], tmp_path, env, timeout=60)
     where, conf = res.stdout.split()
     assert where.startswith(str(site)) and conf == str(site / "exgrpo_cli" / "conf")
-    res = subprocess.run(
-        [sys.executable, "-m", "exgrpo_cli", "train", "model=qwen2.5-math-7b", "--cfg", "job"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    cfg_job = [sys.executable, "-m", "exgrpo_cli", "train", "model=qwen2.5-math-7b", "--cfg", "job"]
+    res = run_captured(cfg_job, tmp_path, env, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Elliott/Qwen2.5-Math-7B-16k-think" in res.stdout

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,7 @@ def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _default(group: str, dotted: str) -> Any:
-    obj: Any = getattr(ExgrpoConfig(), group)
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
+    obj = attrgetter(f"{group}.{dotted}")(ExgrpoConfig())
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
 
 

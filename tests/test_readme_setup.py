@@ -4,13 +4,12 @@ the ones README shows, and they work: the venv's activate script puts `exgrpo` o
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, cli_env
+from conftest import REPO, cli_env, run_captured
 
 NEXT = ["source .venv/bin/activate", "exgrpo train replay.ratio=0"]
 
@@ -46,13 +45,7 @@ def test_the_activated_venv_has_exgrpo_on_the_path(tmp_path: Path):
     (the checkout's .venv under make)."""
     activate = Path(sys.prefix) / "bin" / "activate"
     env = {k: v for k, v in cli_env().items() if k != "VIRTUAL_ENV"} | {"PATH": "/usr/bin:/bin"}
-    res = subprocess.run(
-        ["bash", "-c", f"source {activate} && exgrpo train replay.ratio=0 --cfg job"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    cmd = ["bash", "-c", f"source {activate} && exgrpo train replay.ratio=0 --cfg job"]
+    res = run_captured(cmd, tmp_path, env, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "ratio: 0" in res.stdout and list(tmp_path.iterdir()) == []

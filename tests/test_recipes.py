@@ -3,16 +3,16 @@ settings, transcribed below from the official script, and a GPU backbone's prese
 
 from __future__ import annotations
 
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from exgrpo_cli.commands import to_typed
-from exgrpo_cli.config import ExgrpoConfig, register_configs
 from exgrpo_cli.config_checks import validate
 from exgrpo_cli.paths import config_dir
+
+from conftest import compose_train
 
 CONF = Path(config_dir())
 
@@ -91,42 +91,28 @@ PER_BACKBONE: dict[str, dict[str, Any]] = {
 }
 
 
-def _compose(overrides: list[str]) -> ExgrpoConfig:
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose(config_name="config", overrides=[*overrides, "trainer.output_dir=/tmp/x"])
-    return to_typed(cfg)
-
-
-def _get(cfg: ExgrpoConfig, dotted: str) -> Any:
-    obj: Any = cfg
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def test_every_overlay_has_a_row() -> None:
     assert sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")) == sorted(PER_BACKBONE)
 
 
 @pytest.mark.parametrize("overlay", sorted(PER_BACKBONE))
 def test_overlay_carries_the_official_settings(overlay: str) -> None:
-    cfg = _compose([f"experiment={overlay}", "eval.data_dir=/benchmarks"])
+    cfg = compose_train([f"experiment={overlay}", "eval.data_dir=/benchmarks"])
     expected = {key: value for key, value in OFFICIAL_SCRIPT.values()} | PAPER | PER_BACKBONE[overlay]
-    wrong = {k: (_get(cfg, k), v) for k, v in expected.items() if _get(cfg, k) != v}
+    wrong = {k: (attrgetter(k)(cfg), v) for k, v in expected.items() if attrgetter(k)(cfg) != v}
     assert not wrong, f"{overlay}: (composed, official) {wrong}"
     validate(cfg)
 
 
 def test_design_card_command_trains_with_the_paper_recipe_not_the_cpu_demo() -> None:
-    cfg = _compose(["model=qwen2.5-7b", "replay.ratio=0.5"])
+    cfg = compose_train(["model=qwen2.5-7b", "replay.ratio=0.5"])
     assert (cfg.algo.lr, cfg.algo.questions_per_step, cfg.model.dtype) == (1e-6, 128, "float32")
     assert cfg.rollout.engine == "vllm" and cfg.data.source == "hf"
-    tiny = _compose([])
+    tiny = compose_train([])
     assert (tiny.algo.lr, tiny.algo.questions_per_step, tiny.rollout.engine) == (3e-5, 16, "hf")
     assert (cfg.data.draw, tiny.data.draw) == ("batch", "needed")  # the official schedule: recipes only
 
 
 def test_chosen_presets_and_keys_win_over_the_recipe() -> None:
-    cfg = _compose(["model=qwen2.5-7b", "replay=none", "rollout=hf", "algo.lr=2e-6"])
+    cfg = compose_train(["model=qwen2.5-7b", "replay=none", "rollout=hf", "algo.lr=2e-6"])
     assert (cfg.replay.ratio, cfg.rollout.engine, cfg.algo.lr) == (0.0, "hf", 2e-6)

@@ -8,17 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SMALL_RUN, run_cli
+from conftest import SMALL_RUN, metrics, run_cli, train_ok
 
 
 @pytest.mark.slow
 def test_keep_best_keeps_the_best_validation_checkpoint_for_eval(tiny_model: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = ["trainer.steps=4", "trainer.eval_every=1", "trainer.keep_checkpoints=1", "trainer.keep_best=true"]
-    res = run_cli(["train", f"hydra.run.dir={run}", *SMALL_RUN, *args], timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    scores = {r["step"]: r["val/accuracy"] for r in rows if r["step"] >= 1 and "val/accuracy" in r}
+    res = train_ok(run, *SMALL_RUN, *args)
+    scores = {r["step"]: r["val/accuracy"] for r in metrics(run) if r["step"] >= 1 and "val/accuracy" in r}
     assert sorted(scores) == [1, 2, 3, 4]
     best_step = max(scores, key=lambda s: (scores[s], -s))  # the first step with the top score
     best = run / "checkpoints" / "best"
@@ -117,10 +115,8 @@ def test_the_best_is_kept_by_the_official_criterion_when_asked(tiny_model: Path,
         "trainer.keep_best=true",
         "trainer.best_metric=val/source_mean_no_minerva",
     ]
-    res = run_cli(["train", f"hydra.run.dir={run}", *SMALL_RUN, *args], timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    vals = {r["step"]: r for r in rows if r["step"] >= 1 and "val/accuracy" in r}
+    train_ok(run, *SMALL_RUN, *args)
+    vals = {r["step"]: r for r in metrics(run) if r["step"] >= 1 and "val/accuracy" in r}
     assert sorted(vals) == [1, 2, 3, 4]
     for r in vals.values():
         per = [r["val/accuracy/aime"], r["val/accuracy/math"]]

@@ -10,7 +10,6 @@ with exit 1 and no checkpoint; the healthy stand-in run is unaffected.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -33,9 +32,7 @@ from exgrpo_cli.train.divergence import (
 from exgrpo_cli.train.offpolicy import offpolicy_sums
 from exgrpo_cli.train.update import policy_update
 
-from conftest import REPO, run_cli
-
-FAKE_VLLM = REPO / "tests" / "rollout" / "fake_vllm"
+from conftest import FAKE_VLLM_ENV, metrics, run_cli
 
 
 def _batch(engine_logp: list[float], replayed_logp: list[float]) -> object:
@@ -126,12 +123,10 @@ ARGS = [
 @pytest.mark.parametrize("broken", [True, False])
 def test_a_broken_weight_sync_stops_the_run_at_step_1(tiny_model: Path, tmp_path: Path, broken: bool) -> None:
     out = tmp_path / "run"
-    env = {"PYTHONPATH": f"{FAKE_VLLM}:{REPO}"}
-    if broken:
-        env["EXGRPO_STANDIN_BROKEN_SYNC"] = "1"
+    env = FAKE_VLLM_ENV | ({"EXGRPO_STANDIN_BROKEN_SYNC": "1"} if broken else {})
     steps = ["trainer.steps=1"] if not broken else []
     res = run_cli(["train", *ARGS, *steps, f"hydra.run.dir={out}"], env_extra=env, timeout=600)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(out)
     if broken:
         assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-3000:]
         assert "step 1: the rollout engine's log-probs are" in res.stderr

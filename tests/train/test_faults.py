@@ -13,7 +13,7 @@ from policy.test_metadata_guard import _Touch
 
 from exgrpo_cli.policy import checkpoint as ckpt
 
-from conftest import SMALL_RUN, SharedRun, run_cli, shared_train_run
+from conftest import SMALL_RUN, SharedRun, metrics, run_cli, shared_train_run, train_ok
 from shared_artefacts import private_copy
 
 pytestmark = pytest.mark.slow
@@ -26,10 +26,6 @@ def four_steps(request: pytest.FixtureRequest) -> SharedRun:
     """SMALL's 4-step run (checkpoints step_2 and step_4), trained once per test run: two tests
     below start from their own copy of it."""
     return shared_train_run(request, "faults-4-steps", [*SMALL, "trainer.steps=4"])
-
-
-def _steps(out: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_a_corrupted_checkpoint_is_quarantined_and_the_run_resumes_from_the_last_good_one(
@@ -52,14 +48,13 @@ def test_a_corrupted_checkpoint_is_quarantined_and_the_run_resumes_from_the_last
     assert "does not verify" in refused.stderr and "model.safetensors: checksum mismatch" in refused.stderr
     assert keep.is_dir()
 
-    again = run_cli(["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=6"])
-    assert again.returncode == 0, again.stderr[-3000:]
+    train_ok(out, *SMALL, "trainer.steps=6")
     log = (out / "train.log").read_text()
     assert "step_4 failed verification" in log and f"resumed from {root / 'step_2'} (step 2)" in log
     assert (root / "corrupt-step_4" / "QUARANTINED.txt").is_file()
     assert sorted(p.name for p in root.glob("step_*")) == ["step_4", "step_6"]  # both new and verified
     assert ckpt.verify(root / "step_6") is None and ckpt.verify(root / "step_4") is None
-    assert _steps(out) == [0, 1, 2, 3, 4, 5, 6]  # steps 3-4 retrained once, logged once
+    assert [r["step"] for r in metrics(out)] == [0, 1, 2, 3, 4, 5, 6]  # steps 3-4 retrained once, logged once
 
 
 def test_a_full_disk_while_checkpointing_stops_cleanly_and_the_rerun_resumes(
@@ -75,8 +70,7 @@ def test_a_full_disk_while_checkpointing_stops_cleanly_and_the_rerun_resumes(
     assert ckpt.latest_checkpoint(root) == root / "step_2" and ckpt.verify(root / "step_2") is None
     assert (root / ".tmp-step_4").is_dir()
 
-    rerun = run_cli(["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=4"])
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    train_ok(out, *SMALL, "trainer.steps=4")
     log = (out / "train.log").read_text()
     assert "removed .tmp-step_4" in log and f"resumed from {root / 'step_2'}" in log
     assert not (root / ".tmp-step_4").exists() and ckpt.verify(root / "step_4") is None
@@ -109,8 +103,7 @@ def test_a_checkpoint_whose_optimizer_metadata_is_code_runs_nothing(
     assert "holds something other than data" in refused.stderr and "Traceback" not in refused.stderr
     assert not marker.exists()
 
-    again = run_cli(["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=5"])
-    assert again.returncode == 0, again.stderr[-3000:]
+    train_ok(out, *SMALL, "trainer.steps=5")
     assert not marker.exists()
     log = (out / "train.log").read_text()
     assert "step_4 failed verification" in log and "something other than data" in log

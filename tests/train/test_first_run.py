@@ -3,15 +3,13 @@ metric it logs is explained in docs/metrics.md."""
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SMALL_RUN, cli_env
+from conftest import REPO, SMALL_RUN, cli_env, metrics, run_captured
 
 
 def documented_metrics() -> list[re.Pattern[str]]:
@@ -31,20 +29,17 @@ def test_a_short_run_is_quiet_and_logs_only_documented_metrics(tmp_path: Path):
     drop = ("WANDB_MODE", "WANDB_SILENT", "WANDB_QUIET")  # W&B as a newcomer's machine has it
     env = {k: v for k, v in cli_env().items() if k not in drop}
     overrides = [o for o in SMALL_RUN if not o.startswith("logger.wandb.mode=")]
-    res = subprocess.run(
+    res = run_captured(
         [sys.executable, "-m", "exgrpo_cli", "train", *overrides, "trainer.steps=3"]
         + ["replay.start_threshold=0", "logger.wandb.mode=offline", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        tmp_path,
+        env,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     printed = (res.stdout + res.stderr).splitlines()
     assert len(printed) <= 15, "\n".join(printed)
     assert sum("wandb sync" in line for line in printed) == 1  # W&B offline: one line, how to sync
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(tmp_path / "run")
     logged = {k for row in rows for k in row}
     assert "replay/replayed_questions" in logged and any(r.get("replay/active") for r in rows)
     pats = documented_metrics()

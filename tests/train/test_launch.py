@@ -3,7 +3,6 @@ run dir, resumable, Ctrl-C stops every rank with one checkpoint (issue #12 point
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from exgrpo_cli.config import ConfigError, ExgrpoConfig
 from exgrpo_cli.config_checks import validate
 from exgrpo_cli.train.launch import resolve_nproc
 
-from conftest import REPO, SMALL_RUN, cli_env, run_cli
+from conftest import REPO, SMALL_RUN, cli_env, metrics, run_cli
 
 # SMALL_RUN's sizes: 4 questions x 4 responses a step, i.e. two questions on each of the two ranks
 ARGS = SMALL_RUN
@@ -40,7 +39,7 @@ def test_nproc_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _steps(out: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in metrics(out)]
 
 
 @pytest.mark.slow

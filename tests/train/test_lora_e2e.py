@@ -5,10 +5,7 @@ torchrun (FSDP2 on gloo) and their resumption."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +15,16 @@ from safetensors.torch import load_file
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy.distributed import read_optimizer_tensors
 
-from conftest import REPO, SMALL_RUN, cli_env, run_cli, torchrun
-from shared_artefacts import build_once, session_root
+from conftest import (
+    SMALL_RUN,
+    checkpoint_tensors,
+    metrics,
+    run_cli,
+    same_tensors,
+    shared_train_run,
+    sigkill_mid_run,
+    torchrun_ok,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -42,22 +47,15 @@ ARGS = [
 
 
 def _final_state(out: Path, step: int = 4) -> dict[str, torch.Tensor]:
-    ck = out / "checkpoints" / f"step_{step}"
-    state = load_file(str(ck / "adapter" / "adapter_model.safetensors"))
-    replay = load_file(str(ck / "replay" / "experiences.safetensors"))
-    state.update({f"replay.{k}": v for k, v in replay.items()})
-    state.update({f"opt.{k}": v for k, v in read_optimizer_tensors(ck / "optimizer").items()})
-    return state
+    return checkpoint_tensors(out / "checkpoints" / f"step_{step}", "adapter/adapter_model.safetensors")
 
 
 def _metrics(out: Path) -> dict[int, dict]:
     """metrics.jsonl by step, without the timings and memory peaks (they differ run to run)."""
-    rows = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(("timing/", "memory/"))} for r in rows}
-
-
-def _same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return {
+        r["step"]: {k: v for k, v in r.items() if not k.startswith(("timing/", "memory/"))}
+        for r in metrics(out)
+    }
 
 
 def _train(out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -66,14 +64,7 @@ def _train(out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def reference(request: pytest.FixtureRequest) -> Path:
-    if not (REPO / "exgrpo_cli/assets/tiny/config.json").is_file():
-        pytest.skip("the tiny model is not built")
-
-    def build(out: Path) -> None:
-        res = _train(out)
-        assert res.returncode == 0, res.stderr[-3000:]
-
-    return build_once(session_root(request), "lora-reference", build)
+    return shared_train_run(request, "lora-reference", ARGS).dir
 
 
 def test_the_checkpoint_holds_the_adapter_and_only_its_optimizer_state(reference: Path) -> None:
@@ -97,26 +88,11 @@ def test_the_checkpoint_holds_the_adapter_and_only_its_optimizer_state(reference
 @pytest.mark.long  # ~28 s: make test-long
 def test_sigkill_then_resume_equals_the_uninterrupted_run(reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exgrpo_cli", "train", f"hydra.run.dir={out}", *ARGS],
-        cwd=REPO,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    latest = out / "checkpoints" / "latest"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if latest.is_file() and latest.read_text().strip() in ("step_2", "step_3"):
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    sigkill_mid_run(out, ARGS)
     res = _train(out)  # the same command: resume=auto
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resumed from" in res.stderr + res.stdout
-    assert _same(_final_state(out), _final_state(reference))
+    assert same_tensors(_final_state(out), _final_state(reference))
     assert _metrics(out) == _metrics(reference)
 
 
@@ -157,11 +133,7 @@ TWO_RANKS = [
 
 
 def _torchrun(out: Path, *overrides: str) -> None:
-    env = cli_env()
-    env["PYTHONPATH"] = str(REPO)
-    cmd = torchrun("-m", "exgrpo_cli", "train", f"hydra.run.dir={out}", *TWO_RANKS, *overrides)
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    torchrun_ok("-m", "exgrpo_cli", "train", f"hydra.run.dir={out}", *TWO_RANKS, *overrides)
 
 
 @pytest.mark.long  # make test-all only (docs/testing.md)
@@ -176,7 +148,7 @@ def test_two_ranks_train_lora_and_resume_like_one_run(tiny_model: Path, tmp_path
         for key in [k for k in row if k.startswith("val/")]:
             del row[key]
     assert resumed == straight
-    assert _same(_final_state(first, 3), _final_state(whole, 3))
+    assert same_tensors(_final_state(first, 3), _final_state(whole, 3))
     shards = sorted(p.name for p in (whole / "checkpoints/step_3/optimizer").glob("*.distcp"))
     assert len(shards) == 2, shards
 

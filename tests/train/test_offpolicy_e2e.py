@@ -12,14 +12,12 @@
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SMALL_RUN, cli_env, run_cli, torchrun
+from conftest import SMALL_RUN, metrics, torchrun_ok, train_ok
 
 pytestmark = pytest.mark.slow
 # 8 questions a step, replay from step 1: the tiny model leaves partly solved questions to replay
@@ -34,10 +32,8 @@ STALENESS_KEYS = (
 
 
 def _train(tmp_path: Path, name: str, *overrides: str) -> list[dict]:
-    out = tmp_path / name
-    res = run_cli(["train", *RUN, *overrides, f"hydra.run.dir={out}"], timeout=600)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["step"] > 0]
+    train_ok(tmp_path / name, *RUN, *overrides)
+    return [r for r in metrics(tmp_path / name) if r["step"] > 0]
 
 
 def _replaying(rows: list[dict]) -> list[dict]:
@@ -81,11 +77,8 @@ def test_token_tis_trains_the_default_on_the_hf_engine(tmp_path: Path) -> None:
 def test_token_tis_on_two_ranks(tmp_path: Path) -> None:
     out = tmp_path / "run"
     train = ["-m", "exgrpo_cli", "train", *RUN, "trainer.steps=2", "algo.questions_per_step=4"]
-    train += ["algo.rollout_correction.mode=token_tis", f"hydra.run.dir={out}"]
-    env = cli_env() | {"PYTHONPATH": str(REPO)}
-    res = subprocess.run(torchrun(*train), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    rows = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["step"] > 0]
+    torchrun_ok(*train, "algo.rollout_correction.mode=token_tis", f"hydra.run.dir={out}", cwd=tmp_path)
+    rows = [r for r in metrics(out) if r["step"] > 0]
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["rollout/responses"] == 16.0  # both ranks' groups: 4 questions x 4 responses
     for r in rows:

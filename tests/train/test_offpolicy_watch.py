@@ -10,7 +10,6 @@ token_tis's cap and leaves geo_mask's band on every token, as worked out by hand
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -18,9 +17,7 @@ import pytest
 
 from exgrpo_cli.train.offpolicy import TREND_MIN_RISE, MismatchWatch
 
-from conftest import REPO, run_cli
-
-FAKE_VLLM = REPO / "tests" / "rollout" / "fake_vllm"
+from conftest import FAKE_VLLM_ENV, metrics, train_ok
 
 
 def test_one_warning_per_crossing_and_a_trend_alarm() -> None:
@@ -61,15 +58,8 @@ ARGS = [
 
 
 def _run(tmp_path: Path, overrides: list[str], env: dict[str, str]) -> tuple[object, list[dict]]:
-    out = tmp_path / "run"
-    res = run_cli(
-        ["train", *ARGS, *overrides, f"hydra.run.dir={out}"],
-        env_extra={"PYTHONPATH": f"{FAKE_VLLM}:{REPO}", **env},
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return res, [r for r in rows if r["step"] > 0]
+    res = train_ok(tmp_path / "run", *ARGS, *overrides, env_extra=FAKE_VLLM_ENV | env)
+    return res, [r for r in metrics(tmp_path / "run") if r["step"] > 0]
 
 
 @pytest.mark.slow

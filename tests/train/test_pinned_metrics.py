@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import metrics, train_ok
 
 PINNED = json.loads((Path(__file__).parent / "pinned_metrics.json").read_text())
 REL_TOL = 1e-6
@@ -60,10 +60,8 @@ def test_mismatch_report_catches_a_changed_value():
 @pytest.mark.parametrize("run", sorted(PINNED["runs"]))
 def test_run_reproduces_pinned_metrics(run: str, tiny_model: Path, tmp_path: Path):
     pinned = PINNED["runs"][run]
-    res = run_cli(["train", f"hydra.run.dir={tmp_path}", *pinned["overrides"]], timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    got = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert _mismatches(pinned["rows"], got) == []
+    train_ok(tmp_path, *pinned["overrides"])
+    assert _mismatches(pinned["rows"], metrics(tmp_path)) == []
 
 
 @pytest.mark.slow
@@ -72,8 +70,7 @@ def test_reward_math_at_another_threshold_is_todays_run(tiny_model: Path, tmp_pa
     0/1 rewards any threshold in (0, 1] is today's rule, so the default run's pinned rows hold."""
     pinned = PINNED["runs"]["default"]
     overrides = [*pinned["overrides"], "reward=math", "reward.correct_at=0.5"]
-    res = run_cli(["train", f"hydra.run.dir={tmp_path}", *overrides], timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    got = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_ok(tmp_path, *overrides)
+    got = metrics(tmp_path)
     assert _mismatches(pinned["rows"], got) == []
     assert all(row["reward/mean"] == row["reward/accuracy"] for row in got if "reward/mean" in row)

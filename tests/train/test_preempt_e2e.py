@@ -5,7 +5,6 @@ the warning on and requeues once; a rank killed mid-run is said in one line."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -20,7 +19,7 @@ from slurm_stub import stub_scontrol
 from exgrpo_cli.policy.checkpoint import verify
 from exgrpo_cli.train.launch import rank_pids
 
-from conftest import SMALL_RUN, cli_env
+from conftest import SMALL_RUN, cli_env, metrics
 
 JOB = "4242"
 
@@ -42,8 +41,7 @@ def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def _steps(out: Path) -> list[int]:
-    path = out / "metrics.jsonl"
-    return [json.loads(x)["step"] for x in path.read_text().splitlines()] if path.is_file() else []
+    return [r["step"] for r in metrics(out)] if (out / "metrics.jsonl").is_file() else []
 
 
 def _wait_for_step(proc: subprocess.Popen[str], out: Path, step: int, limit_s: float = 400) -> None:

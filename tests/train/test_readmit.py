@@ -4,7 +4,6 @@ App. E.4: 10% of the retired questions put back into the training batch every 25
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.mixing import Group, Response
 from exgrpo_cli.train.loop import Trainer
 
-from conftest import SMALL_RUN, run_cli
+from conftest import SMALL_RUN, metrics, train_ok
 
 
 def _trainer(into: str) -> Trainer:
@@ -68,9 +67,8 @@ def test_a_run_trains_the_readmitted_questions_in_the_step_after(tmp_path: Path)
         "replay.readmit_every=2",
         "replay.readmit_into=batch",
     ]
-    res = run_cli(["train", f"hydra.run.dir={run}", *SMALL_RUN, *args], timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rows = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    train_ok(run, *SMALL_RUN, *args)
+    rows = {r["step"]: r for r in metrics(run)}
     # re-admission at steps 2 and 4 (the whole retired set), trained at steps 3 and 5 (up to the
     # step's fresh slots): a question retired by then must have come back
     readmitted = {s: rows[s]["replay/readmitted"] for s in (2, 4)}

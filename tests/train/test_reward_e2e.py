@@ -13,7 +13,7 @@ import pytest
 
 from exgrpo_cli.data.synthetic import generate
 
-from conftest import SMALL_RUN, run_cli
+from conftest import SMALL_RUN, metrics, run_cli, train_ok
 
 FUNCTIONS = """
 import os, time
@@ -62,25 +62,12 @@ def _rows(tmp_path: Path) -> Path:
     return data
 
 
-def _metrics(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.slow
 def test_a_data_column_reaches_the_function_and_rows_need_no_answer(tiny_model: Path, tmp_path: Path) -> None:
     fns, data = _functions(tmp_path), _rows(tmp_path)
-    args = ["train", "reward=python", f"reward.function={fns}:by_level", "data=local", f"data.path={data}"]
-    res = run_cli(
-        [
-            *args,
-            "data.question_key=prompt",
-            "trainer.steps=2",
-            f"hydra.run.dir={tmp_path / 'run'}",
-            *SMALL_RUN,
-        ]
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = [m for m in _metrics(tmp_path / "run") if "reward/mean" in m]
+    args = ["reward=python", f"reward.function={fns}:by_level", "data=local", f"data.path={data}"]
+    train_ok(tmp_path / "run", *args, "data.question_key=prompt", "trainer.steps=2", *SMALL_RUN)
+    rows = [m for m in metrics(tmp_path / "run") if "reward/mean" in m]
     assert len(rows) == 2
     for m in rows:  # non-binary, and exactly the mean level of the step's rows / 10
         assert 0 < m["reward/mean"] < 0.4 and m["reward/mean"] * 10 == pytest.approx(
@@ -92,12 +79,9 @@ def test_a_data_column_reaches_the_function_and_rows_need_no_answer(tiny_model: 
 @pytest.mark.slow
 def test_failing_and_slow_calls_score_0_and_the_run_goes_on(tiny_model: Path, tmp_path: Path) -> None:
     fns = _functions(tmp_path)
-    res = run_cli(
-        ["train", "reward=python", f"reward.function={fns}:flaky", "reward.timeout_s=3", "trainer.steps=3",
-         f"hydra.run.dir={tmp_path / 'run'}", *SMALL_RUN]
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    steps = {m["step"]: m for m in _metrics(tmp_path / "run") if "reward/mean" in m}
+    flaky = ["reward=python", f"reward.function={fns}:flaky", "reward.timeout_s=3", "trainer.steps=3"]
+    res = train_ok(tmp_path / "run", *flaky, *SMALL_RUN)
+    steps = {m["step"]: m for m in metrics(tmp_path / "run") if "reward/mean" in m}
     assert steps[1]["reward/errors"] == 16 and steps[1]["reward/mean"] == 0  # 4 questions x 4
     assert steps[2]["reward/timeouts"] == 16 and steps[2]["reward/mean"] == 0
     assert steps[3]["reward/errors"] == steps[3]["reward/timeouts"] == 0 and steps[3]["reward/mean"] == 0.5
@@ -118,7 +102,7 @@ def test_a_function_failing_always_stops_the_run_with_one_message(tiny_model: Pa
     assert last.startswith(f"exgrpo train: reward.function={fns}:broken failed on every response for 2 steps")
     assert "KeyError: 'always'" in last
     assert "Traceback" not in res.stderr
-    assert max(m["step"] for m in _metrics(tmp_path / "run")) <= 1  # stopped at step 2
+    assert max(m["step"] for m in metrics(tmp_path / "run")) <= 1  # stopped at step 2
 
 
 def test_a_function_that_does_not_import_exits_2_before_any_model_loads(tmp_path: Path) -> None:
@@ -142,12 +126,9 @@ def test_a_function_that_does_not_import_exits_2_before_any_model_loads(tmp_path
 def test_reward_std_buckets_fill_and_inspect_buffer_shows_the_rule(tiny_model: Path, tmp_path: Path) -> None:
     closeness = Path(__file__).resolve().parents[2] / "docs" / "examples" / "closeness.py"
     run = tmp_path / "run"
-    res = run_cli(
-        ["train", "reward=python", f"reward.function={closeness}:closeness", "replay.bucket_by=reward_std",
-         "replay.start_threshold=0", "trainer.steps=3", f"hydra.run.dir={run}", *SMALL_RUN]
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    last = _metrics(run)[-1]
+    rule = ["reward=python", f"reward.function={closeness}:closeness", "replay.bucket_by=reward_std"]
+    train_ok(run, *rule, "replay.start_threshold=0", "trainer.steps=3", *SMALL_RUN)
+    last = metrics(run)[-1]
     assert last["replay/buffer_questions"] > 0
     out = run_cli(
         ["inspect-buffer", f"inspect.target={run}", "inspect.format=json", f"hydra.run.dir={tmp_path / 'i'}"]

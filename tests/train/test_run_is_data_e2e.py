@@ -13,7 +13,7 @@ from inspection.test_trust import crafted_model
 
 from exgrpo_cli.policy import checkpoint as ckpt
 
-from conftest import SMALL_RUN, run_cli
+from conftest import SMALL_RUN, run_cli, train_ok
 
 SMALL = [*SMALL_RUN, "trainer.save_every=1", "trainer.keep_checkpoints=2"]
 
@@ -35,8 +35,7 @@ def test_eval_and_resume_run_no_code_and_a_checkpoint_that_does_not_load_is_quar
     tiny_model: Path, tmp_path: Path
 ) -> None:
     out, marker = tmp_path / "run", tmp_path / "ran"
-    first = run_cli(["train", f"hydra.run.dir={out}", *SMALL, "trainer.steps=2"])
-    assert first.returncode == 0, first.stderr[-3000:]
+    train_ok(out, *SMALL, "trainer.steps=2")
     root = out / "checkpoints"
     step2 = root / "step_2"
     # the run's author: code named by the tokenizer, trust asked for in the saved config

@@ -5,7 +5,6 @@ two torchruns meeting at the c10d rendezvous it composes, 2 nodes x 2 gloo ranks
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SMALL_RUN, cli_env
+from exgrpo_cli.policy.distributed import free_port
+
+from conftest import REPO, SMALL_RUN, cli_env, metrics, run_captured
 
 SCRIPT = REPO / "scripts" / "slurm" / "train.sbatch"
 
@@ -59,25 +60,18 @@ def _fake_slurm(tmp_path: Path) -> dict[str, str]:
         SLURM_JOB_NODELIST="node[1-2]",
         SLURM_SUBMIT_DIR=str(tmp_path),
         EXGRPO_NPROC_PER_NODE="2",
-        EXGRPO_RDZV_PORT=str(_free_port()),
+        EXGRPO_RDZV_PORT=str(free_port()),
     )
     return env
-
-
-def _free_port() -> int:
-    from exgrpo_cli.policy.distributed import free_port
-
-    return free_port()
 
 
 @pytest.mark.slow
 @pytest.mark.long  # make test-all only (docs/testing.md)
 def test_two_nodes_of_two_ranks_from_the_sbatch_script(tiny_model: Path, tmp_path: Path) -> None:
     env = _fake_slurm(tmp_path)
-    res = subprocess.run(
-        ["bash", str(SCRIPT), "trainer.device=cpu", "trainer.steps=2", *SMALL_RUN],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+    res = run_captured(
+        ["bash", str(SCRIPT), "trainer.device=cpu", "trainer.steps=2", *SMALL_RUN], tmp_path, env, 900
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     srun = (tmp_path / "srun.calls").read_text()
     assert "--ntasks-per-node=1 --nodes=2" in srun  # one torchrun per node
@@ -89,8 +83,7 @@ def test_two_nodes_of_two_ranks_from_the_sbatch_script(tiny_model: Path, tmp_pat
     assert "--nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d" in srun
     assert f"--rdzv-endpoint=localhost:{env['EXGRPO_RDZV_PORT']}" in srun
     out = tmp_path / "outputs" / "train" / "slurm-31337"  # the default run dir: the job's
-    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 1, 2]
+    assert [r["step"] for r in metrics(out)] == [0, 1, 2]
     log = (out / "train.log").read_text()  # before the ranks split their logs, all write here
     assert all(f"rank {r}/4 joined the gloo process group" in log for r in range(4))
     assert "on cpu x4" in log and "on cpu x4" in (out / "train.rank3.log").read_text()
@@ -105,14 +98,7 @@ def _dry_sbatch(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess
     for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         if key not in env:
             full.pop(key, None)
-    res = subprocess.run(
-        ["bash", str(SCRIPT), "trainer.steps=1"],
-        cwd=tmp_path,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    res = run_captured(["bash", str(SCRIPT), "trainer.steps=1"], tmp_path, full, timeout=60)
     return res, (tmp_path / "srun.calls.env").read_text().split()
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED_DATA, run_cli
+from conftest import SHARED_DATA, metrics, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def test_smollm2_trains_on_deepmath_and_checkpoints(shared_data: Path, tmp_path:
         timeout=900,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    rows = {r["step"]: r for r in metrics(out)}
     assert sorted(rows) == [0, 1, 2]
     assert rows[0]["data/skipped_rows"] > 0  # DeepMath has prompts over the preset's 192 tokens
     for step in (1, 2):

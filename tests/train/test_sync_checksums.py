@@ -7,7 +7,6 @@ where sleep mode is off (the `rollout.sleep_mode=false` fallback's situation): i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import ModuleType
 
@@ -20,7 +19,7 @@ from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD, bits_checksum
 from exgrpo_cli.train.divergence import EngineDivergence, check_synced_weights, checksum_names
 
-from conftest import FAKE_VLLM, REPO, run_cli
+from conftest import FAKE_VLLM_ENV, metrics, run_cli
 
 STALE = "EXGRPO_STANDIN_STALE_SYNC"
 
@@ -95,10 +94,8 @@ def test_a_stale_sync_stops_the_run_after_the_update_before_its_checkpoint(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    env = {"PYTHONPATH": f"{FAKE_VLLM}:{REPO}", STALE: "1"}
-    res = run_cli(["train", *ARGS, f"hydra.run.dir={out}"], env_extra=env, timeout=600)
+    res = run_cli(["train", *ARGS, f"hydra.run.dir={out}"], env_extra=FAKE_VLLM_ENV | {STALE: "1"})
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-3000:]
     assert "step 1: after the weight sync the engine's" in res.stderr
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0]
+    assert [r["step"] for r in metrics(out)] == [0]
     assert not (out / "checkpoints").exists()

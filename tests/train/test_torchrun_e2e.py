@@ -9,8 +9,6 @@ the uninterrupted one: weights, optimizer, buffer and metrics.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,9 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from exgrpo_cli.policy.distributed import read_optimizer_tensors
-
-from conftest import REPO, TINY, cli_env, torchrun
+from conftest import REPO, TINY, checkpoint_tensors, metrics, run_cli, torchrun_ok
 
 pytestmark = pytest.mark.slow
 
@@ -38,30 +34,16 @@ ARGS = [
 ]
 
 
-def _torchrun(cwd: Path, *overrides: str, skew_rank1_s: float = 0.0) -> subprocess.CompletedProcess:
+def _torchrun(cwd: Path, *overrides: str, skew_rank1_s: float = 0.0) -> None:
     train = ["-m", "exgrpo_cli", "train", *ARGS, *overrides]
     if skew_rank1_s:  # rank 1 starts later: its Hydra run dir gets another timestamp
         script = f'[ "$RANK" = 1 ] && sleep {skew_rank1_s}; exec "$@"'
-        cmd = torchrun("--no-python", "bash", "-c", script, "skew", sys.executable, *train)
-    else:
-        cmd = torchrun(*train)
-    env = cli_env()
-    env["PYTHONPATH"] = str(REPO)  # the ranks run from `cwd`, outside the repo
-    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-6000:]
-    return res
+        train = ["--no-python", "bash", "-c", script, "skew", sys.executable, *train]
+    torchrun_ok(*train, cwd=cwd)  # the ranks run from `cwd`, outside the repo
 
 
 def _metrics(out: Path) -> dict[int, dict]:
-    return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
-
-
-def _state(ckpt: Path) -> dict[str, torch.Tensor]:
-    state = load_file(str(ckpt / "model" / "model.safetensors"))
-    state.update({f"opt.{k}": v for k, v in read_optimizer_tensors(ckpt / "optimizer").items()})
-    replay = load_file(str(ckpt / "replay" / "experiences.safetensors"))
-    state.update({f"replay.{k}": v for k, v in replay.items()})
-    return state
+    return {r["step"]: r for r in metrics(out)}
 
 
 @pytest.mark.long  # make test-all only (docs/testing.md)
@@ -97,7 +79,7 @@ def test_two_ranks_train_checkpoint_and_resume_like_one_run(tiny_model: Path, tm
     # rank 0 logs run-wide metrics: groups of both ranks (4 questions x 4 responses per step)
     assert straight[1]["rollout/responses"] == 16.0
 
-    a, b = _state(out / "checkpoints" / "step_3"), _state(whole / "checkpoints" / "step_3")
+    a, b = (checkpoint_tensors(run / "checkpoints" / "step_3") for run in (out, whole))
     assert a.keys() == b.keys()
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differ, f"resumed run differs from the uninterrupted one in {differ[:5]}"
@@ -115,11 +97,11 @@ def test_two_ranks_train_checkpoint_and_resume_like_one_run(tiny_model: Path, tm
 
     # 4. the two-rank checkpoint resumes on one process: the sharded optimizer state is resharded
     one = tmp_path / "one"
-    res = subprocess.run(
-        [sys.executable, "-m", "exgrpo_cli", "train", *ARGS, "trainer.steps=3", f"hydra.run.dir={one}",
-         f"trainer.resume={out / 'checkpoints' / 'step_2'}"],
-        cwd=tmp_path, env=cli_env() | {"PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    resume = f"trainer.resume={out / 'checkpoints' / 'step_2'}"
+    env = {"PYTHONPATH": str(REPO)}  # the process runs from tmp_path, outside the repo
+    res = run_cli(
+        ["train", *ARGS, "trainer.steps=3", f"hydra.run.dir={one}", resume], tmp_path, env_extra=env
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     assert f"resumed from {out / 'checkpoints' / 'step_2'} (step 2)" in (one / "train.log").read_text()
     assert sorted(_metrics(one)) == [3]

@@ -4,24 +4,13 @@ replay_run), trained once per test run and read here and by other files."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SMALL_RUN, TINY, SharedRun, run_cli
-
-
-def _rows(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def _train(out: Path, *extra: str) -> list[dict]:
-    res = run_cli(["train", f"hydra.run.dir={out}", *SMALL_RUN, *extra], timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return _rows(out)
+from conftest import SMALL_RUN, TINY, SharedRun, metrics, run_cli, train_ok
 
 
 @pytest.mark.slow
@@ -30,7 +19,7 @@ def test_train_smoke(tiny_model: Path, onpolicy_run: SharedRun):
 
     assert {"trainer.steps=2", "replay.ratio=0"} <= set(onpolicy_run.overrides)
     out = onpolicy_run.dir
-    rows = _rows(out)
+    rows = metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert "val/accuracy" in rows[0] and "val/accuracy" in rows[-1]
     for key in (
@@ -74,8 +63,7 @@ def test_exgrpo_replays_from_the_second_step(replay_run: SharedRun):
     wanted = {"trainer.steps=3", "replay.ratio=0.5", "replay.start_threshold=0", "algo.questions_per_step=8"}
     assert wanted <= set(replay_run.overrides)
     out = replay_run.dir
-    rows = _rows(out)
-    steps = {r["step"]: r for r in rows}
+    steps = {r["step"]: r for r in metrics(out)}
     for key in (
         "replay/active",
         "replay/buffer_questions",
@@ -103,17 +91,14 @@ def test_a_run_whose_delayed_start_never_fires_says_so(tiny_model: Path, tmp_pat
     """No fresh accuracy reaches 1.0 on the tiny model: the run is on-policy GRPO, and the console
     says so while it waits and at the end, not only replay/active in metrics.jsonl."""
     out = tmp_path / "run"
-    args = ["train", f"hydra.run.dir={out}", *SMALL_RUN, "trainer.steps=2", "replay.start_threshold=1.0"]
-    res = run_cli(args, timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = train_ok(out, *SMALL_RUN, "trainer.steps=2", "replay.start_threshold=1.0")
     console = res.stdout + res.stderr
     assert "replay waits: acc " in console and " < 1" in console
     assert (
         "replay never started: the fresh accuracy stayed below replay.start_threshold=1 in all 2 "
         "steps, so this run was on-policy GRPO" in console
     ), console[-2000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r.get("replay/active") for r in rows[1:]] == [0.0, 0.0]
+    assert [r.get("replay/active") for r in metrics(out)[1:]] == [0.0, 0.0]
 
 
 @pytest.mark.slow
@@ -124,9 +109,9 @@ def test_ratio_zero_is_exactly_on_policy(onpolicy_run: SharedRun, tmp_path: Path
     b = tmp_path / "b"
     base = ["trainer.steps=2", "replay.ratio=0"]
     assert [*SMALL_RUN, *base] == list(onpolicy_run.overrides)
-    rows_a = _rows(a)
-    rows_b = _train(
+    train_ok(
         b,
+        *SMALL_RUN,
         *base,
         "replay.start_threshold=0",
         "replay.beta=0.7",
@@ -137,7 +122,7 @@ def test_ratio_zero_is_exactly_on_policy(onpolicy_run: SharedRun, tmp_path: Path
     wa = load_file(str(a / "checkpoints/step_2/model/model.safetensors"))
     wb = load_file(str(b / "checkpoints/step_2/model/model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert all(r.get("replay/active", 0.0) == 0.0 for r in rows_a + rows_b)
+    assert all(r.get("replay/active", 0.0) == 0.0 for r in metrics(a) + metrics(b))
 
 
 @pytest.mark.parametrize("bad", ["replay.ratio=2", "rollout.n=1"])
