@@ -8,15 +8,13 @@ from the FSDP2-sharded model, gathering one parameter at a time.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import REPO, cli_env, torchrun
+from conftest import metrics, run_captured, torchrun
 
 pytest.importorskip("vllm")
 
@@ -39,9 +37,9 @@ def train_on_vllm(out: Path, *overrides: str, two_ranks: bool = False) -> dict[i
     asked), run into `out`; its metrics rows by step."""
     train = ["-m", "exgrpo_cli", "train", "rollout=vllm", *ARGS, *overrides, f"hydra.run.dir={out}"]
     cmd = torchrun(*train) if two_ranks else [sys.executable, *train]
-    res = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+    res = run_captured(cmd, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    return {r["step"]: r for r in metrics(out)}
 
 
 def test_train_with_vllm_rollouts_keeps_the_engine_in_sync(tiny_model: Path, tmp_path: Path) -> None:
@@ -79,11 +77,11 @@ def test_a_broken_sync_stops_the_run_before_its_first_update(tiny_model: Path, t
         *ARGS,
         f"hydra.run.dir={out}",
     ]
-    res = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+    res = run_captured(cmd, timeout=900)
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-5000:]
     assert "step 1: the rollout engine's log-probs are" in res.stderr
     assert "rollout.enforce_eager=true" in res.stderr and "rollout.sleep_mode=false" in res.stderr
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(out)
     assert [r["step"] for r in rows] == [0] and not (out / "checkpoints").exists()
 
 
