@@ -88,12 +88,6 @@ def build_mixed_batch(groups: list[Group], step_groups: list[int] | None = None)
     )
 
 
-def row_keys(groups: list[Group], order: list[int]) -> list[tuple[int, int]]:
-    """(group, response) of each row of `build_mixed_batch([groups[i] for i in order])`: its rows
-    are the groups' responses, group by group, each group's in order."""
-    return [(gi, ri) for gi in order for ri in range(len(groups[gi].responses))]
-
-
 def update_order(groups: list[int], updates: int, rng: np.random.Generator) -> list[int]:
     """The order in which a step's groups are cut into `updates` mini-batches: shuffled when there
     are several (the official trainer shuffles the step's questions first, so every update sees

@@ -36,7 +36,7 @@ from exgrpo_cli.policy.scoring import score_candidates
 from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.bucketing import Bounds
 from exgrpo_cli.replay.experience import Experience
-from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch, row_keys, update_order
+from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch, update_order
 from exgrpo_cli.replay.selection import QuestionSelector, n_replay
 from exgrpo_cli.replay.trajectory import TrajectoryRule
 from exgrpo_cli.reward.stage import Reward
@@ -138,7 +138,7 @@ class Trainer:
             result = self.update(batch, advantages, plan, old)
         if self.replay_enabled:
             with t("buffer"):
-                self.observe(groups, step, self.trainer_logprobs(groups, mine, result))
+                self.observe(groups, step, self.trainer_logprobs(groups, batch, result))
         with t("sync"), mem("sync"):
             self.sync(step)
         if self.replay_enabled:
@@ -348,11 +348,11 @@ class Trainer:
         return self.cfg.replay.experience_bounds(self.cfg.rollout.n)
 
     def trainer_logprobs(
-        self, groups: list[Group], mine: list[int], result: UpdateResult
+        self, groups: list[Group], batch: MixedBatch, result: UpdateResult
     ) -> dict[tuple[int, int], np.ndarray]:
         """(group, response) -> the trainer's pre-update log-probs of the responses the buffer
-        stores this step, from every rank (each computed them for its own groups, `mine`, in this
-        order): all ranks store the same. Empty, and nothing exchanged, when none is stored or the
+        stores this step, from every rank (each computed them for the rows of its own `batch`): all
+        ranks store the same. Empty, and nothing exchanged, when none is stored or the
         buffer stores the engine's log-probs (every rank decides alike)."""
         if not self.cfg.replay.store_trainer_logprobs:
             return {}
@@ -361,7 +361,7 @@ class Trainer:
             return {}
         local = {
             key: np.asarray(result.trainer_logp[row], dtype=np.float32)
-            for row, key in enumerate(row_keys(groups, mine))
+            for row, key in enumerate(batch.row_keys)
             if key in wanted
         }
         return self.parallel.merge(local).items

@@ -10,7 +10,7 @@ from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.forward import micro_batches, pack, synced_micro_batches
 from exgrpo_cli.policy.sharding import DataParallel
-from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, row_keys, split_groups, update_order
+from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, split_groups, update_order
 from exgrpo_cli.replay.schedule import DelayedStart
 
 
@@ -147,12 +147,13 @@ def test_step_rngs_are_independent_of_history():
 
 
 def test_row_keys_name_each_row_of_the_mixed_batch() -> None:
-    """row_keys(groups, order) is the (group, response) of each row of the batch of those groups in
-    that order: how the step finds the trainer's log-probs of the responses the buffer stores."""
+    """The batch's row_keys are the (group among the step's, response) of each row of the batch of
+    those groups in that order: how the step finds the trainer's log-probs of the responses the
+    buffer stores."""
     groups = [Group(_q(g), [g], [Response([100 * g + j], [-1.0]) for j in range(2 + g)]) for g in range(4)]
     order = [3, 1, 2]
     batch = build_mixed_batch([groups[i] for i in order], step_groups=order)
-    keys = row_keys(groups, order)
+    keys = batch.row_keys
     assert len(keys) == len(batch) == 5 + 3 + 4
     assert [groups[g].responses[r].ids for g, r in keys] == batch.response_ids
     assert [order[i] for i in batch.group_index.tolist()] == [g for g, _ in keys]

@@ -18,7 +18,7 @@ from exgrpo_cli.config import ExgrpoConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy import sharding as S
 from exgrpo_cli.replay.buffer import ExperienceBuffer
-from exgrpo_cli.replay.mixing import Group, Response
+from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
 from exgrpo_cli.reward.stage import Reward
 from exgrpo_cli.train.loop import Trainer
 from exgrpo_cli.train.state import RunState
@@ -146,7 +146,7 @@ def test_stored_logprobs_are_gathered_from_the_rank_that_trained_them(
         result = UpdateResult(trainer_logp={row: [float(10 * r + row)] * 2 for row in range(8)})
         trainer = _trainer(r, 2, FlakyGrader(False))
         trainer.state.switch.update(1, 0.5)  # after the delayed start: the buffer stores them
-        return trainer.trainer_logprobs(groups, mine, result)
+        return trainer.trainer_logprobs(groups, build_mixed_batch([groups[i] for i in mine], mine), result)
 
     got0, got1 = run_ranks(2, rank)
     assert {k: v.tolist() for k, v in got0.items()} == {k: v.tolist() for k, v in got1.items()}
@@ -166,10 +166,11 @@ def test_no_gather_when_the_buffer_stores_no_trainer_logprobs(monkeypatch: pytes
     groups = _groups(graded=True)
     result = UpdateResult(trainer_logp={row: [0.0] * 2 for row in range(8)})
     trainer = _trainer(0, 2, FlakyGrader(False))
-    assert trainer.trainer_logprobs(groups, [0, 2], result) == {}  # the delayed start has not fired
+    batch = build_mixed_batch([groups[0], groups[2]], [0, 2])
+    assert trainer.trainer_logprobs(groups, batch, result) == {}  # the delayed start has not fired
     trainer.state.switch.update(1, 0.5)
     trainer.cfg.replay.store_trainer_logprobs = False
-    assert trainer.trainer_logprobs(groups, [0, 2], result) == {}
+    assert trainer.trainer_logprobs(groups, batch, result) == {}
 
 
 def test_digest_covers_the_stored_logprobs() -> None:
