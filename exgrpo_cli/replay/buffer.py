@@ -31,7 +31,15 @@ import numpy as np
 from exgrpo_cli.replay.bucketing import BUCKET_BY, Bounds, collects, storable
 from exgrpo_cli.replay.buckets import BucketScheme
 from exgrpo_cli.replay.eviction import OldestFirst
-from exgrpo_cli.replay.experience import META_BYTES, Experience, StoredQuestion, new_responses, value_hash
+from exgrpo_cli.replay.experience import (
+    META_BYTES,
+    Experience,
+    StoredQuestion,
+    new_responses,
+    pack_questions,
+    unpack_questions,
+    value_hash,
+)
 from exgrpo_cli.replay.indexed_set import IndexedSet
 from exgrpo_cli.replay.persistence import FORMAT_VERSION, checked_arrays, load_buffer, save_buffer
 from exgrpo_cli.replay.persistence import META_LEN as _LEN
@@ -325,12 +333,7 @@ class ExperienceBuffer:
     def state_dict(self) -> dict[str, Any]:
         """{"arrays": name -> numpy array, "index": JSON-able dict}. Copies the token data once."""
         qs = list(self._questions.values())
-        arrays = {
-            "response_ids": np.concatenate([np.empty(0, np.int32)] + [q.ids for q in qs]),
-            "behavior_logp": np.concatenate([np.empty(0, np.float32)] + [q.logp for q in qs]),
-            "meta": np.concatenate([np.empty((0, 4), np.int64)] + [q.meta for q in qs]),
-            "experience_counts": np.array([len(q.meta) for q in qs], dtype=np.int64),
-        }
+        arrays = pack_questions(qs)
         index = {
             "format_version": FORMAT_VERSION,
             "group_size": self.group_size,
@@ -360,15 +363,7 @@ class ExperienceBuffer:
         ids, logp, meta, counts = checked_arrays(state, self.group_size, self._scheme.edges)
         uids, qbuckets = index["questions"], index["question_buckets"]
         self._clear()
-        exp_ends = np.cumsum(counts).tolist()
-        tok_ends = np.cumsum(meta[:, _LEN]).tolist()
-        e0 = t0 = 0
-        for uid, b, e1 in zip(uids, qbuckets, exp_ends):
-            t1 = tok_ends[e1 - 1]
-            # copy(): each question must own its memory so retiring it frees it.
-            q = StoredQuestion(int(b), ids[t0:t1].copy(), logp[t0:t1].copy(), meta[e0:e1].copy())
-            self._questions[uid] = q
-            e0, t0 = e1, t1
+        self._questions.update(zip(uids, unpack_questions(qbuckets, ids, logp, meta, counts)))
         members = [uid for bucket in index["buckets"] for uid in bucket]
         if len(index["buckets"]) != self.num_buckets or sorted(members) != sorted(uids):
             raise ValueError("inconsistent buffer state: bucket membership does not match the questions")

@@ -111,3 +111,29 @@ def new_responses(
         logp_out.append(logp)
         hashes.append(h)
     return ids_out, logp_out, hashes
+
+
+def pack_questions(qs: Sequence[StoredQuestion]) -> dict[str, np.ndarray]:
+    """The questions' arrays end to end, the layout of the buffer's state (replay/persistence.py);
+    copies the token data once."""
+    return {
+        "response_ids": np.concatenate([np.empty(0, np.int32)] + [q.ids for q in qs]),
+        "behavior_logp": np.concatenate([np.empty(0, np.float32)] + [q.logp for q in qs]),
+        "meta": np.concatenate([np.empty((0, 4), np.int64)] + [q.meta for q in qs]),
+        "experience_counts": np.array([len(q.meta) for q in qs], dtype=np.int64),
+    }
+
+
+def unpack_questions(
+    buckets: Sequence[int], ids: np.ndarray, logp: np.ndarray, meta: np.ndarray, counts: np.ndarray
+) -> list[StoredQuestion]:
+    """`pack_questions` undone, one question per entry of `buckets` (its bucket)."""
+    exp_ends = np.cumsum(counts).tolist()
+    tok_ends = np.cumsum(meta[:, META_LEN]).tolist()
+    out, e0, t0 = [], 0, 0
+    for b, e1 in zip(buckets, exp_ends):
+        t1 = tok_ends[e1 - 1]
+        # copy(): each question must own its memory so retiring it frees it.
+        out.append(StoredQuestion(int(b), ids[t0:t1].copy(), logp[t0:t1].copy(), meta[e0:e1].copy()))
+        e0, t0 = e1, t1
+    return out
