@@ -15,8 +15,6 @@ parallelism stays inside the stages: each maps its work over the ranks through t
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,20 +44,8 @@ from exgrpo_cli.train.metrics import accuracy_by_origin, loss_metrics, rollout_m
 from exgrpo_cli.train.offpolicy import MismatchWatch, correction_of, offpolicy_metrics
 from exgrpo_cli.train.reward_step import grade_step
 from exgrpo_cli.train.state import RunState
+from exgrpo_cli.train.step_context import Timers, step_rng
 from exgrpo_cli.train.update import UpdatePlan, UpdateResult, pi_old_logprobs, policy_update
-
-
-def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
-    """An independent generator per (seed, step, purpose): no RNG state to carry across steps."""
-    return np.random.default_rng([seed, step, purpose])
-
-
-class Timers(dict[str, float]):
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        yield
-        self[f"timing/{name}"] = self.get(f"timing/{name}", 0.0) + time.perf_counter() - t0
 
 
 @dataclass(frozen=True)

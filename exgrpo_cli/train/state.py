@@ -18,7 +18,7 @@ Files of a checkpoint folder (written atomically by policy/checkpoint.py):
                           Python/NumPy RNGs
 
 RNG states. A resumed run repeats its steps exactly without them: every draw of a step comes from
-generators derived from (trainer.seed, step) (train/loop.py `step_rng`, the rollout seed) or from
+generators derived from (trainer.seed, step) (train/step_context.py `step_rng`, the rollout seed) or from
 state saved here (the sampler's). The engines reseed from the rollout seed on every call: the HF
 engine's own loop samples with generators seeded from it, its `generate` path reseeds torch's
 global RNG per chunk from it, vLLM gets per-request seeds from it. Nothing in a step draws from
