@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from train.test_resume import ARGS as RESUME_ARGS
 
 from exgrpo_cli.policy import checkpoint as ckpt
 from exgrpo_cli.policy.distributed import read_optimizer_tensors
@@ -31,16 +32,7 @@ pytestmark = pytest.mark.slow
 ARGS = [
     "model.lora.rank=8",
     "algo.lr=3e-4",
-    "algo.questions_per_step=6",
-    "rollout.n=4",
-    "trainer.val_questions=4",
-    "trainer.val_samples=1",
-    "logger.wandb.mode=disabled",
-    "trainer.threads=1",
-    "trainer.steps=4",
-    "trainer.save_every=1",
-    "replay.start_threshold=0",
-    "trainer.seed=7",
+    *RESUME_ARGS,  # test_resume's 4-step run, checkpointed every step
     "algo.aggregation=official",  # the paper's aggregation and its two updates per step, with LoRA
     "algo.updates_per_step=2",
 ]
