@@ -176,11 +176,9 @@ def machines() -> dict[str, Choice]:
 
 
 def available_host_bytes() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return host_memory_bytes()
+    from exgrpo_cli.proc_memory import MEMINFO, proc_bytes
+
+    return proc_bytes(MEMINFO, "MemAvailable") or host_memory_bytes()
 
 
 def update_phases_bytes(plan: Plan) -> int:

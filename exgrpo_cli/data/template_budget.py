@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
+from exgrpo_cli.proc_memory import SELF_STATUS, proc_bytes
 
 if TYPE_CHECKING:
     from exgrpo_cli.data.templates import Template
@@ -34,18 +35,8 @@ class TemplateRefused(UsageError):
     """The model's chat template does not render within its budget."""
 
 
-def _vm_bytes() -> int:
-    try:
-        for line in open("/proc/self/status", encoding="ascii"):
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 def _child(template: Template, tokenizer: Any, write_fd: int) -> None:
-    vm = _vm_bytes()
+    vm = proc_bytes(SELF_STATUS, "VmSize")
     if vm:
         resource.setrlimit(resource.RLIMIT_AS, (vm + MEMORY_BYTES, vm + MEMORY_BYTES))
     try:

@@ -15,21 +15,16 @@ from pathlib import Path
 
 import torch
 
+from exgrpo_cli.proc_memory import SELF_STATUS, proc_bytes
+
 GB = 2**30
-_STATUS, _CLEAR = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+_CLEAR = Path("/proc/self/clear_refs")
 
 
 def host_status_bytes(field: str = "VmHWM") -> int | None:
     """A memory field of /proc/self/status in bytes (VmHWM: the resident peak since the last
     `reset_host_peak`; VmRSS: resident now); None where it cannot be read (not Linux)."""
-    try:
-        for line in _STATUS.read_text().splitlines():
-            name, _, rest = line.partition(":")
-            if name == field:
-                return int(rest.split()[0]) * 1024
-    except OSError:
-        return None
-    return None
+    return proc_bytes(SELF_STATUS, field)
 
 
 def reset_host_peak() -> bool:

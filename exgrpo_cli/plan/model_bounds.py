@@ -17,6 +17,7 @@ from pathlib import Path
 
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy import safe_read
+from exgrpo_cli.proc_memory import MEMINFO, proc_bytes
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
@@ -46,13 +47,7 @@ def stored_elements(folder: Path) -> int:
 
 
 def _available_bytes() -> int:
-    try:
-        for line in open("/proc/meminfo", encoding="ascii"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return proc_bytes(MEMINFO, "MemAvailable") or 0
 
 
 def check_model(path: str, gguf_file: str, dtype: str) -> None:
