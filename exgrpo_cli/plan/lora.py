@@ -16,9 +16,6 @@ from exgrpo_cli.config_checks import vllm_max_lora_rank
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.settings import PlanInputs, Term, ceil_div
 
-# peft's shortcut for every linear layer but the output head
-ALL_LINEAR = "all-linear"
-
 
 def layer_modules(arch: Arch) -> dict[str, tuple[int, int]]:
     """(in, out) of each linear module of a decoder layer, by the name peft matches."""
@@ -34,23 +31,15 @@ def layer_modules(arch: Arch) -> dict[str, tuple[int, int]]:
     }
 
 
-def _targets(targets: tuple[str, ...], arch: Arch) -> set[str]:
-    names = set(targets)
-    if ALL_LINEAR in names:
-        names |= set(layer_modules(arch))
-    return names
-
-
 def uncounted(targets: tuple[str, ...], arch: Arch) -> list[str]:
     """Target names the plan cannot size (not a projection it knows, nor lm_head)."""
-    known = {*layer_modules(arch), "lm_head", ALL_LINEAR}
+    known = {*layer_modules(arch), "lm_head"}
     return [t for t in targets if t not in known]
 
 
 def layer_adapter_params(arch: Arch, rank: int, targets: tuple[str, ...]) -> int:
     """A_l: one decoder layer's adapter parameters, sum of r (in + out) over its targeted modules."""
-    names = _targets(targets, arch)
-    return sum(rank * (i + o) for m, (i, o) in layer_modules(arch).items() if m in names)
+    return sum(rank * (i + o) for m, (i, o) in layer_modules(arch).items() if m in targets)
 
 
 def root_adapter_params(arch: Arch, rank: int, targets: tuple[str, ...]) -> int:
@@ -67,8 +56,7 @@ def adapter_params(arch: Arch, rank: int, targets: tuple[str, ...]) -> int:
 
 def largest_adapter_param(arch: Arch, rank: int, targets: tuple[str, ...]) -> int:
     """Elements of the adapter's largest single tensor (r x the widest targeted side)."""
-    names = _targets(targets, arch)
-    sides = [max(i, o) for m, (i, o) in layer_modules(arch).items() if m in names]
+    sides = [max(i, o) for m, (i, o) in layer_modules(arch).items() if m in targets]
     if "lm_head" in targets:
         sides.append(arch.vocab_size)
     return rank * max(sides, default=0)
@@ -76,8 +64,7 @@ def largest_adapter_param(arch: Arch, rank: int, targets: tuple[str, ...]) -> in
 
 def largest_adapted_weight(arch: Arch, targets: tuple[str, ...]) -> int:
     """Elements of the largest base weight that carries an adapter (what the merged sync merges)."""
-    names = _targets(targets, arch)
-    sizes = [i * o for m, (i, o) in layer_modules(arch).items() if m in names]
+    sizes = [i * o for m, (i, o) in layer_modules(arch).items() if m in targets]
     if "lm_head" in targets:
         sizes.append(arch.embedding_params)
     return max(sizes, default=0)
@@ -90,8 +77,7 @@ def adapter_activation_bytes_per_token(
     targeted module its input (a copy when dropout is on; the base's own input otherwise) and the
     r-wide output of A, in the compute dtype; for one layer (its recompute) under gradient
     checkpointing, for every layer without. An upper bound, not measured."""
-    names = _targets(targets, arch)
-    per_layer = sum(compute_bytes * (i + rank) for m, (i, _) in layer_modules(arch).items() if m in names)
+    per_layer = sum(compute_bytes * (i + rank) for m, (i, _) in layer_modules(arch).items() if m in targets)
     return per_layer * (1 if checkpointing else arch.num_layers)
 
 
