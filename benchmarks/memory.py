@@ -260,7 +260,7 @@ def measure_speed(repeats: int, log: Callable[[str], None] = log_stderr) -> dict
         for path in PATHS if i % 2 else PATHS[::-1]:
             with full_logits_path(path == "full"):
                 t0 = time.perf_counter()
-                policy_update(model, opt, batch, adv, plan, trainer.pad_id, trainer.dist)
+                policy_update(model, opt, batch, adv, plan, trainer.pad_id, trainer.parallel)
                 took = time.perf_counter() - t0
             if i:
                 times[path].append(took)
