@@ -90,9 +90,10 @@ def _validate_arch(a: ArchConfig) -> None:
 def _validate_lora(c: LoraConfig) -> None:
     """model.lora's ranges; its rank against the model's layers is checked when the architecture is
     known, still before the weights load (policy/lora.py `check_base`)."""
-    _check(c.rank >= 0, "model.lora.rank", c.rank, ">= 0 (0: off, full fine-tuning)")
-    _check(c.alpha > 0 and math.isfinite(c.alpha), "model.lora.alpha", c.alpha, "a finite number > 0")
-    _check(0.0 <= c.dropout < 1.0, "model.lora.dropout", c.dropout, "[0, 1)")
+    key = _keys("model.lora", c)
+    key("rank", c.rank >= 0, ">= 0 (0: off, full fine-tuning)")
+    key("alpha", c.alpha > 0 and math.isfinite(c.alpha), "a finite number > 0")
+    key("dropout", 0.0 <= c.dropout < 1.0, "[0, 1)")
     names = list(c.target_modules)
     ok = bool(names) and all(isinstance(n, str) and n.isidentifier() for n in names)
     _check(ok, "model.lora.target_modules", names, "a non-empty list of module names (q_proj, ...)")

@@ -345,7 +345,7 @@ def run_eval(cfg: ExgrpoConfig, ranks: DataParallel | None = None) -> dict[str, 
     if cfg.eval.regrade:
         return regrade(cfg, cfg.eval.regrade, out)
     from exgrpo_cli.evaluation.adapter import adapter_label, with_adapter
-    from exgrpo_cli.policy.model import pick_device
+    from exgrpo_cli.policy.distributed import pick_device
     from exgrpo_cli.policy.sharding import DataParallel
 
     ranks = ranks if ranks is not None else DataParallel(device=pick_device(cfg.trainer.device))

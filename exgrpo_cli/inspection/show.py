@@ -135,8 +135,9 @@ def _scores(
 
     from exgrpo_cli.algo.logprobs import ENTROPY, CandidateScore
     from exgrpo_cli.plan.model_bounds import check_model
+    from exgrpo_cli.policy.distributed import pick_device
     from exgrpo_cli.policy.forward import token_budget
-    from exgrpo_cli.policy.model import load_model, pick_device
+    from exgrpo_cli.policy.model import load_model
     from exgrpo_cli.policy.scoring import score_candidates
     from exgrpo_cli.registry import pick
     from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from exgrpo_cli.config import ModelConfig
-from exgrpo_cli.policy.distributed import pick_device  # noqa: F401 - re-exported for eval and inspect-buffer
 from exgrpo_cli.policy.head import use_fp32_head
 from exgrpo_cli.policy.lora import apply_lora
 from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
