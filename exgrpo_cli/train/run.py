@@ -269,7 +269,7 @@ def _loop(
                 best.record(step, metrics[t.best_metric])
             saved_s = time.monotonic()
             if last or stop.flag or give_up or improved or (t.save_every and step % t.save_every == 0):
-                saved = st.save(out / "checkpoints", t.keep_checkpoints, trainer.tokenizer, ranks)
+                saved = st.save(out / "checkpoints", t.keep_checkpoints, trainer.tokenizer, ranks, last)
                 if improved and best is not None:
                     best.keep(saved, step, metrics[t.best_metric])
             saved_s = time.monotonic() - saved_s

@@ -236,7 +236,6 @@ def build_trainer(
             switch=DelayedStart(cfg.replay.start_threshold),
             seed=cfg.trainer.seed,
             data_fingerprint=fingerprint,
-            merged_export_step=cfg.trainer.steps,
         )
         if resume_from is not None:
             _load_checkpoint(state, resume_from, ranks, new_data)

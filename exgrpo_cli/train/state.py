@@ -76,8 +76,6 @@ class RunState:
     # replay.readmit_into=batch: re-admitted questions not yet trained, served first into the next
     # steps' fresh slots (uids, in re-admission order)
     readmit_queue: list[str] = field(default_factory=list)
-    # model.lora: the step whose checkpoint also holds the merged model (model/), the run's last
-    merged_export_step: int = -1
 
     def count_updates(self, applied: list[bool]) -> None:
         """Keep `skipped_in_a_row` for a step's updates in order (False: skipped, for a non-finite
@@ -139,9 +137,12 @@ class RunState:
         return hashlib.blake2b(json.dumps(shared, sort_keys=True).encode(), digest_size=8).hexdigest()
 
     # ------------------------------------------------------------------ checkpoint files
-    def save(self, root: Path, keep: int, tokenizer: Any, ranks: DataParallel) -> Path | None:
+    def save(
+        self, root: Path, keep: int, tokenizer: Any, ranks: DataParallel, last: bool = False
+    ) -> Path | None:
         """Write checkpoint `root/step_<step>` atomically, with a manifest of checksums (a
-        collective under torchrun: every rank calls it). Returns its path on rank 0, None elsewhere."""
+        collective under torchrun: every rank calls it). Returns its path on rank 0, None elsewhere.
+        `last`: the run's last step, whose checkpoint also holds the merged model under model.lora."""
 
         def write(tmp: Path) -> None:
             # collectives first, in the same order on every rank; rank 0 alone writes the rest
@@ -149,7 +150,7 @@ class RunState:
                 lora.save_adapter(self.model, tmp / lora.ADAPTER_DIR, ranks)
                 if ranks.is_main and tokenizer is not None:
                     tokenizer.save_pretrained(tmp / lora.ADAPTER_DIR)
-            if not lora.is_lora(self.model) or self.step == self.merged_export_step:
+            if not lora.is_lora(self.model) or last:
                 export_hf(self.model, tmp / "model", tokenizer, ranks)
             (tmp / "optimizer").mkdir(exist_ok=True)
             D.save_optimizer(self.model, self.optimizer, tmp / "optimizer", ranks)
