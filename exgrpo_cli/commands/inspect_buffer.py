@@ -32,9 +32,10 @@ def run(cfg: ExgrpoConfig) -> None:
         ckpt = resolve_checkpoint(opts.target)
     except TargetError as err:
         raise ExgrpoError(str(err)) from None
+    from exgrpo_cli.inspection.show import weights_folder
     from exgrpo_cli.policy.checkpoint import verify
 
-    weights = "model/" if (ckpt / "model").is_dir() or not (ckpt / "adapter").is_dir() else "adapter/"
+    weights = f"{weights_folder(ckpt).name}/"
     for part in ("replay/", "trainer_state.json", weights if opts.show else None):  # adapter/: model.lora
         reason = verify(ckpt, prefix=part) if part else None
         if reason:

@@ -34,6 +34,14 @@ if TYPE_CHECKING:
 MAX_CONFIG_BYTES = 1 << 20
 
 
+def weights_folder(checkpoint: Path) -> Path:
+    """The checkpoint's policy weights: model/, or adapter/ where a LoRA run's checkpoint has no
+    merged model/ (all but the run's last)."""
+    if not (checkpoint / "model").is_dir() and (checkpoint / "adapter").is_dir():
+        return checkpoint / "adapter"
+    return checkpoint / "model"
+
+
 def run_config(checkpoint: Path, own: ExgrpoConfig) -> tuple[ExgrpoConfig, str, str]:
     """The typed config the run was trained with, with every COMMAND_ONLY key (code, model, data)
     taken from `own`, this command's config; where it came from; and the data source the run named
@@ -86,9 +94,7 @@ def show_question(
     # the checkpoint's weights and tokenizer, with this command's trust_remote_code (default off)
     # model.lora: model/ (the adapter merged) is in the run's last checkpoint only; elsewhere the
     # tokenizer is beside the adapter, and a merged model needs no LoRA layers of its own
-    folder = checkpoint / "model"
-    if not folder.is_dir() and (checkpoint / "adapter").is_dir():
-        folder = checkpoint / "adapter"
+    folder = weights_folder(checkpoint)
     mcfg = dataclasses.replace(cfg.model, path=str(folder), gguf_file="", lora=LoraConfig())
     tok = load_tokenizer(mcfg)
     exps = buf.experiences(uid)
