@@ -76,7 +76,7 @@ def fill(buf: ExperienceBuffer, synth: Synth, target: int) -> tuple[int, float]:
 
 
 def run(quick: bool, experiences: int | None = None, steps: int | None = None) -> dict:
-    from exgrpo_cli.config import ExgrpoConfig
+    from exgrpo_cli.config.schema import ExgrpoConfig
     from exgrpo_cli.replay.buffer import ExperienceBuffer
     from exgrpo_cli.replay.selection import QUESTION_SELECTION
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from exgrpo_cli.config import ExgrpoConfig
+    from exgrpo_cli.config.schema import ExgrpoConfig
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"

@@ -36,7 +36,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from exgrpo_cli.config import ExgrpoConfig, LoraConfig
+    from exgrpo_cli.config.schema import ExgrpoConfig, LoraConfig
     from exgrpo_cli.policy.lora import apply_lora
     from exgrpo_cli.rollout.base import SamplingSpec
     from exgrpo_cli.rollout.vllm_engine import VLLMEngine

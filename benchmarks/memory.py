@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     import torch
 
     from exgrpo_cli.replay.mixing import MixedBatch
-    from exgrpo_cli.train.update import UpdatePlan
+    from exgrpo_cli.step.update import UpdatePlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
@@ -141,8 +141,8 @@ def memory_plan(micro_batch_tokens: int) -> UpdatePlan:
     entropy bonus 0.001), one micro-batch holding the whole row."""
     from exgrpo_cli.algo.aggregation import drgrpo
     from exgrpo_cli.algo.losses import ExgrpoLoss
-    from exgrpo_cli.config import AlgoConfig
-    from exgrpo_cli.train.update import UpdatePlan
+    from exgrpo_cli.config.schema import AlgoConfig
+    from exgrpo_cli.step.update import UpdatePlan
 
     a = AlgoConfig()
     return UpdatePlan(
@@ -163,7 +163,7 @@ def memory_worker(path: str, tokens: int, threads: int) -> dict[str, Any]:
 
     from exgrpo_cli.metrics.memory import reset_host_peak
     from exgrpo_cli.policy.forward import chunk_tokens
-    from exgrpo_cli.train.update import policy_update
+    from exgrpo_cli.step.update import policy_update
 
     if threads:
         torch.set_num_threads(threads)
@@ -235,7 +235,7 @@ def default_step_batch() -> tuple[Any, MixedBatch, torch.Tensor]:
 
     from exgrpo_cli.algo.advantages import group_advantages
     from exgrpo_cli.replay.mixing import build_mixed_batch
-    from exgrpo_cli.train.setup import build_trainer
+    from exgrpo_cli.run.setup import build_trainer
 
     cfg = compose_config(["trainer.output_dir=/tmp/exgrpo-bench-memory"])
     trainer, _, _ = build_trainer(cfg, torch.device("cpu"))
@@ -251,7 +251,7 @@ def default_step_batch() -> tuple[Any, MixedBatch, torch.Tensor]:
 
 def measure_speed(repeats: int, log: Callable[[str], None] = log_stderr) -> dict[str, Any]:
     """`policy_update` on one batch, chunked and full alternating; a warm-up of each first."""
-    from exgrpo_cli.train.update import policy_update
+    from exgrpo_cli.step.update import policy_update
 
     trainer, batch, adv = default_step_batch()
     model, opt, plan = trainer.state.model, trainer.state.optimizer, trainer.update_plan()

@@ -86,7 +86,7 @@ def measure(model_name: str, repeats: int, device: torch.device) -> dict[str, An
     from exgrpo_cli.policy.forward import token_budget
     from exgrpo_cli.policy.model import load_model
     from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
-    from exgrpo_cli.train.update import UpdatePlan, policy_update
+    from exgrpo_cli.step.update import UpdatePlan, policy_update
 
     cfg = compose_config([*model_overrides(model_name), "trainer.output_dir=/tmp/exgrpo-bench-mfu"])
     if device.type == "cuda":

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from exgrpo_cli.train.loop import Trainer
+    from exgrpo_cli.step.loop import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Stat, compose_config, log_stderr, ratio_stat, table  # noqa: E402
@@ -33,10 +33,10 @@ RATIOS = (0.0, 0.5)
 
 
 def build_trainer(ratio: float) -> Trainer:
-    """The trainer `exgrpo train` builds (train/setup.py), without its run directory and logging."""
+    """The trainer `exgrpo train` builds (run/setup.py), without its run directory and logging."""
     import torch
 
-    from exgrpo_cli.train.setup import build_trainer as build
+    from exgrpo_cli.run.setup import build_trainer as build
 
     cfg = compose_config(
         [f"replay.ratio={ratio}", "replay.start_threshold=0", "trainer.output_dir=/tmp/exgrpo-bench-overhead"]

@@ -1,6 +1,6 @@
 """`python -m exgrpo_cli ...` (and `torchrun -m exgrpo_cli ...`) is the same as `exgrpo ...`."""
 
-from exgrpo_cli.cli import main
+from exgrpo_cli.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -339,7 +339,7 @@ SECTION_FUNCS: dict[str, Callable[[Context], None]] = {
 
 
 def worker(args: argparse.Namespace) -> int:
-    from exgrpo_cli.policy.distributed import close_distributed
+    from exgrpo_cli.parallel.fsdp import close_distributed
 
     ctx = Context(args)
     try:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, Qwen2Config
 
-    from exgrpo_cli.policy.sharding import DataParallel
+    from exgrpo_cli.parallel.sharding import DataParallel
 
 TINY = REPO / "exgrpo_cli" / "assets" / "tiny"  # the shipped tiny model: its tokenizer only
 PRESET_7B = REPO / "conf" / "model" / "qwen2.5-math-7b.yaml"
@@ -180,8 +180,8 @@ class Context:
     def distributed(self) -> None:
         """The one-rank process group the trainer's one-GPU run makes (NCCL); on a dry run a gloo
         group, with a DataParallel that asks wrap_fsdp2 to shard (it shards one process on CUDA only)."""
-        from exgrpo_cli.policy.distributed import free_port, init_distributed
-        from exgrpo_cli.policy.sharding import DataParallel
+        from exgrpo_cli.parallel.fsdp import free_port, init_distributed
+        from exgrpo_cli.parallel.sharding import DataParallel
 
         if not self.dry:
             self.dist = self.wrap_dist = init_distributed(device="cuda")
@@ -268,15 +268,15 @@ def local(t: torch.Tensor) -> torch.Tensor:
 # ============================================================================ the policy the sections build
 def build_policy(ctx: Context, hf_config: Qwen2Config, offload: str, seed: int = 0) -> PreTrainedModel:
     """A randomly initialised model of `hf_config`, wrapped as the trainer wraps a one-GPU run
-    (train/setup.py, policy/model.load_sharded): built on the meta device, gradient checkpointing
+    (run/setup.py, policy/model.load_sharded): built on the meta device, gradient checkpointing
     on, FSDP2 with bf16 compute over fp32 weights and `offload`, then its storage made on the
     device (host memory under offload=all) and filled."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from exgrpo_cli.policy.distributed import wrap_fsdp2
+    from exgrpo_cli.parallel.fsdp import wrap_fsdp2
+    from exgrpo_cli.parallel.placement import OFFLOAD_MODES
     from exgrpo_cli.policy.model import attn_implementation, enable_checkpointing
-    from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
     impl = attn_implementation("auto", ctx.device)
     with torch.device("meta"):

@@ -74,9 +74,9 @@ def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) ->
     """The plan's inputs for the update of `sizes` on one device: fp32 master weights, bf16
     compute under FSDP2 (on CUDA), gradient checkpointing, the HF engine, no replay scoring. The
     host side is checked by `host_need` (no checkpoint is read: the model is built in place)."""
+    from exgrpo_cli.parallel.placement import OFFLOAD_MODES
     from exgrpo_cli.plan.engines import ENGINE_MEMORY
     from exgrpo_cli.plan.memory import AUTO_TOKEN_BUDGET, PlanInputs
-    from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
     seq = sizes.prompt_tokens + sizes.response_tokens
     return PlanInputs(
@@ -101,8 +101,8 @@ def plan_inputs(device: str, device_bytes: int, sizes: Sizes, attention: str) ->
 def host_need(arch: Arch, offload: str) -> int:
     """Host memory the update needs in `offload` mode: the offloaded state as torch allocates it
     (pinned blocks rounded up to powers of two) and the process itself (plan/host.py)."""
+    from exgrpo_cli.parallel.placement import OFFLOAD_MODES
     from exgrpo_cli.plan.host import PROCESS_BYTES, offload_terms
-    from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
     return sum(t.per_rank for t in offload_terms(arch, 1, 4, OFFLOAD_MODES[offload])) + PROCESS_BYTES
 
@@ -149,8 +149,8 @@ def choose_run(device_bytes: int, host_bytes: int, attention: str, forced: str =
     kernels the update runs (flash with flash_attn installed, else sdpa)."""
     from gpu_check_context import GPU
 
+    from exgrpo_cli.parallel.placement import OFFLOAD_MODES
     from exgrpo_cli.plan.memory import plan_memory
-    from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
     modes = tuple(OFFLOAD_MODES) if forced == "auto" else (forced,)
     x = plan_inputs("cuda", device_bytes, GPU, attention)
@@ -176,7 +176,7 @@ def machines() -> dict[str, Choice]:
 
 
 def available_host_bytes() -> int:
-    from exgrpo_cli.proc_memory import MEMINFO, proc_bytes
+    from exgrpo_cli.host import MEMINFO, proc_bytes
 
     return proc_bytes(MEMINFO, "MemAvailable") or host_memory_bytes()
 

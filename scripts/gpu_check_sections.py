@@ -82,9 +82,9 @@ def update_plan(sizes: Sizes, device: torch.device) -> Any:
     0.001, grad clip 1), one update, the device's token budget."""
     from exgrpo_cli.algo.aggregation import drgrpo
     from exgrpo_cli.algo.losses import ExgrpoLoss
-    from exgrpo_cli.config import AlgoConfig
+    from exgrpo_cli.config.schema import AlgoConfig
     from exgrpo_cli.policy.forward import token_budget
-    from exgrpo_cli.train.update import UpdatePlan
+    from exgrpo_cli.step.update import UpdatePlan
 
     a = AlgoConfig()
     return UpdatePlan(
@@ -119,10 +119,10 @@ def update_batch(sizes: Sizes, vocab: int) -> tuple[MixedBatch, torch.Tensor]:
 
 
 def make_optimizer(model: torch.nn.Module, offload: str) -> torch.optim.Optimizer:
-    """The trainer's optimizer (train/setup.make_optimizer): HostAdamW under offload=optimizer."""
-    from exgrpo_cli.config import ExgrpoConfig
-    from exgrpo_cli.policy.placement import OFFLOAD_MODES
-    from exgrpo_cli.train.setup import make_optimizer as trainer_optimizer
+    """The trainer's optimizer (run/setup.make_optimizer): HostAdamW under offload=optimizer."""
+    from exgrpo_cli.config.schema import ExgrpoConfig
+    from exgrpo_cli.parallel.placement import OFFLOAD_MODES
+    from exgrpo_cli.run.setup import make_optimizer as trainer_optimizer
 
     cfg = ExgrpoConfig()
     cfg.algo.lr = 1e-6
@@ -133,7 +133,7 @@ def make_optimizer(model: torch.nn.Module, offload: str) -> torch.optim.Optimize
 def section_update(ctx: Context) -> None:
     from exgrpo_cli.plan.memory import plan_memory
     from exgrpo_cli.policy.forward import output_head
-    from exgrpo_cli.train.update import policy_update
+    from exgrpo_cli.step.update import policy_update
 
     ctx.stage("plan")
     choice = gpu_run_choice(ctx)
@@ -156,8 +156,8 @@ def section_update(ctx: Context) -> None:
     hf_config = update_config(ctx.sizes, choice.layers)
     arch = plan_arch(hf_config, "gpu_check")
     if ctx.dry:  # the toy's own plan, on this CPU (reported, not compared)
+        from exgrpo_cli.parallel.placement import OFFLOAD_MODES
         from exgrpo_cli.policy.model import attn_implementation
-        from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
         x = plan_inputs(
             "cpu", host_memory_bytes(), ctx.sizes, attention_kind(attn_implementation("auto", ctx.device))

@@ -79,14 +79,14 @@ def section_vllm(ctx: Context) -> None:
     from transformers import AutoTokenizer
 
     from exgrpo_cli.commands.compose import compose_train
+    from exgrpo_cli.parallel.fsdp import wrap_fsdp2
+    from exgrpo_cli.parallel.placement import OFFLOAD_MODES
     from exgrpo_cli.plan.memory import VLLM_CUDA_GRAPH_BYTES, VLLM_NON_TORCH_BYTES
-    from exgrpo_cli.policy.distributed import wrap_fsdp2
     from exgrpo_cli.policy.model import load_model, load_tokenizer
-    from exgrpo_cli.policy.placement import OFFLOAD_MODES
     from exgrpo_cli.rollout.base import SamplingSpec
     from exgrpo_cli.rollout.hf import HFEngine
     from exgrpo_cli.rollout.vllm_engine import VLLMEngine
-    from exgrpo_cli.train.update import policy_update
+    from exgrpo_cli.step.update import policy_update
 
     s = ctx.sizes
     share = 0.3

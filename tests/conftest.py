@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from exgrpo_cli.config import ExgrpoConfig
+    from exgrpo_cli.config.schema import ExgrpoConfig
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -144,8 +144,8 @@ def compose_train(overrides: list[str]) -> ExgrpoConfig:
     from hydra import compose, initialize_config_dir
 
     from exgrpo_cli.commands import to_typed, with_preset_name
-    from exgrpo_cli.config import register_configs
-    from exgrpo_cli.paths import config_dir
+    from exgrpo_cli.config.paths import config_dir
+    from exgrpo_cli.config.schema import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=config_dir(), version_base=None):
@@ -162,7 +162,7 @@ def compose_train(overrides: list[str]) -> ExgrpoConfig:
 def torchrun(*args: str, nproc: int = 2) -> list[str]:
     """`python -m torch.distributed.run` with `nproc` ranks meeting on a free local port, then
     `args` (a script and its arguments, or `-m module ...`)."""
-    from exgrpo_cli.policy.distributed import free_port
+    from exgrpo_cli.parallel.fsdp import free_port
 
     launch = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
     return [sys.executable, *launch, "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *args]
@@ -181,7 +181,7 @@ def checkpoint_tensors(ck: Path, weights: str = "model/model.safetensors") -> di
     under `ck`), the optimizer's state (keys `opt.*`) and the replay buffer's (keys `replay.*`)."""
     from safetensors.torch import load_file
 
-    from exgrpo_cli.policy.distributed import read_optimizer_tensors
+    from exgrpo_cli.checkpoint.optimizer_files import read_optimizer_tensors
 
     state = load_file(str(ck / weights))
     replay = load_file(str(ck / "replay" / "experiences.safetensors"))

@@ -93,8 +93,8 @@ COMMANDS: dict[str, Check] = {
     "pip install --dry-run --only-binary=:all:": C(FRAGMENT, "the options install_gpu.sh resolves with"),
     # --- scripts
     "scripts/fetch_gpu_wheels.sh": C(SCRIPT, "needs PyPI"),
-    "python -m exgrpo_cli.config_reference --write": C(
-        ELSEWHERE, "tests/test_cli_help.py", needle="config_reference import PAGE, render"
+    "python -m exgrpo_cli.config.reference --write": C(
+        ELSEWHERE, "tests/test_cli_help.py", needle="config.reference import PAGE, render"
     ),
     "python3 scripts/gpu_check.py": C(SCRIPT, "needs a GPU"),
     ".venv/bin/python scripts/gpu_check.py --dry-run": C(
@@ -296,8 +296,8 @@ def _unwrap(tp: Any) -> Any:
 
 
 def schema_has(key: str) -> bool:
-    """`key` (dotted, optionally ending in `.*`) names a field of exgrpo_cli/config.py's schema."""
-    from exgrpo_cli.config import ExgrpoConfig
+    """`key` (dotted, optionally ending in `.*`) names a field of exgrpo_cli/config/schema.py's schema."""
+    from exgrpo_cli.config.schema import ExgrpoConfig
 
     parts = key.removesuffix(".*").split(".")
     tp: Any = ExgrpoConfig
@@ -353,13 +353,13 @@ def compose_command(command: str, overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
 
-    from exgrpo_cli.cli import _translate_inspect_args
+    from exgrpo_cli.cli.main import _translate_inspect_args
     from exgrpo_cli.commands.compose import to_typed
-    from exgrpo_cli.config import register_configs
-    from exgrpo_cli.config_checks import validate
-    from exgrpo_cli.paths import config_dir
-    from exgrpo_cli.slurm import register_run_name_resolver
-    from exgrpo_cli.variants import check_variants
+    from exgrpo_cli.commands.variants import check_variants
+    from exgrpo_cli.config.checks import validate
+    from exgrpo_cli.config.paths import config_dir
+    from exgrpo_cli.config.schema import register_configs
+    from exgrpo_cli.host import register_run_name_resolver
 
     if command == "inspect-buffer":
         overrides = _translate_inspect_args(overrides)

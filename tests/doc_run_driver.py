@@ -1,6 +1,6 @@
 """Runs documented commands one after another in one process (tests/test_docs_run.py starts it):
 `python doc_run_driver.py <steps.json> <results.json>`. One process pays the imports once; each
-command goes through `exgrpo_cli.cli.main` exactly as `exgrpo <argv>` would.
+command goes through `exgrpo_cli.cli.main.main` exactly as `exgrpo <argv>` would.
 
 A step is {"id", "argv", "cwd", "dry": bool, "capture": bool}; a captured step's stdout and stderr
 go into its result's "output". `{buffered:<run dir>}` in an argument becomes a
@@ -35,7 +35,7 @@ def _resolve(arg: str) -> str:
 
 
 def _run(argv: list[str]) -> int:
-    from exgrpo_cli.cli import main
+    from exgrpo_cli.cli.main import main
 
     try:
         main(argv)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_cli import schema_keys
-from exgrpo_cli.config_reference import PAGE, render
+from exgrpo_cli.cli.overrides import check
+from exgrpo_cli.config import keys as schema_keys
+from exgrpo_cli.config.paths import config_dir
+from exgrpo_cli.config.reference import PAGE, render
 from exgrpo_cli.errors import UsageError
-from exgrpo_cli.overrides import check
-from exgrpo_cli.paths import config_dir
 
 from conftest import run_cli
 
@@ -22,7 +22,7 @@ def test_every_key_and_section_has_a_meaning():
 
 
 def test_config_reference_page_is_current():
-    assert PAGE.read_text() == render(), "stale: python -m exgrpo_cli.config_reference --write"
+    assert PAGE.read_text() == render(), "stale: python -m exgrpo_cli.config.reference --write"
     for k in schema_keys.keys():
         assert f"| `{k.name}` |" in PAGE.read_text()
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig
-from exgrpo_cli.config_checks import validate
-from exgrpo_cli.paths import config_dir
+from exgrpo_cli.commands.variants import check_variants
+from exgrpo_cli.config.checks import validate
+from exgrpo_cli.config.paths import config_dir
+from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
 from exgrpo_cli.policy.packaged import missing_requirement
-from exgrpo_cli.variants import check_variants
 
 from conftest import compose_train
 

@@ -241,7 +241,7 @@ def _mentioned_keys(text: str) -> set[str]:
 @pytest.mark.parametrize("page", doc_pages(), ids=_rel)
 def test_documented_keys_exist_in_the_schema(page: Path):
     unknown = sorted(k for k in _mentioned_keys(page.read_text()) if not schema_has(k))
-    assert not unknown, f"{_rel(page)} names keys exgrpo_cli/config.py does not declare: {unknown}"
+    assert not unknown, f"{_rel(page)} names keys exgrpo_cli/config/schema.py does not declare: {unknown}"
 
 
 @pytest.mark.parametrize("page", doc_pages(), ids=_rel)
@@ -259,9 +259,9 @@ def test_documented_hydra_keys_exist():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from exgrpo_cli.config import register_configs
-    from exgrpo_cli.paths import config_dir
-    from exgrpo_cli.slurm import register_run_name_resolver
+    from exgrpo_cli.config.paths import config_dir
+    from exgrpo_cli.config.schema import register_configs
+    from exgrpo_cli.host import register_run_name_resolver
 
     register_configs()
     register_run_name_resolver()  # as compose_command does: this test may run first (pytest-xdist, -k)
@@ -325,7 +325,7 @@ def test_every_docs_page_is_linked_from_the_index():
 # `exgrpo --help`, then `exgrpo <command> --help` for each command, in one process (each exits).
 _HELPS = """
 import sys
-from exgrpo_cli.cli import main
+from exgrpo_cli.cli.main import main
 for args in [["--help"]] + [[c, "--help"] for c in sys.argv[1:]]:
     print("=== exgrpo", *args, flush=True)
     try:

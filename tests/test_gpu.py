@@ -142,7 +142,7 @@ def test_flash_attention_matches_sdpa_on_padded_rows(qwen2_dir: Path) -> None:
 
 @pytest.mark.skipif(not HAS_FLASH, reason="flash-attn is not installed")
 def test_auto_attention_picks_flash_attn_on_a_gpu(qwen2_dir: Path) -> None:
-    from exgrpo_cli.config import ModelConfig
+    from exgrpo_cli.config.schema import ModelConfig
     from exgrpo_cli.policy.model import load_model
 
     cfg = ModelConfig(path=str(qwen2_dir), dtype="bfloat16", attn_implementation="auto")

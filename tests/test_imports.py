@@ -2,7 +2,7 @@
 between folders (exgrpo_cli/<folder> as one node: a folder that imports another which imports it
 back is one layer, however its modules are wired), and lower layers never import upward: algo/
 imports nothing of the package, replay/ only algo/ (and the plain Question type of
-data/types.py, a leaf), config.py only the errors module and its section modules (leaves)."""
+data/types.py, a leaf), config/schema.py only the errors module and its section modules (leaves)."""
 
 from __future__ import annotations
 
@@ -141,6 +141,6 @@ def test_lower_layers_never_import_upward() -> None:
         m for m in graph if m.startswith("exgrpo_cli.algo.")
     }
     assert replay <= allowed, replay
-    sections = {"exgrpo_cli.config_model", "exgrpo_cli.config_train", "exgrpo_cli.config_commands"}
-    assert graph["exgrpo_cli.config"] <= {"exgrpo_cli.errors"} | sections
+    sections = {"exgrpo_cli.config.model", "exgrpo_cli.config.train", "exgrpo_cli.config.commands"}
+    assert graph["exgrpo_cli.config.schema"] <= {"exgrpo_cli.errors"} | sections
     assert all(graph[m] == set() for m in sections)  # the schema's sections: plain dataclasses

@@ -59,7 +59,7 @@ def test_non_editable_install_finds_its_configs(tmp_path: Path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     env = cli_env() | {"PYTHONPATH": str(site)}
-    probe = "import exgrpo_cli.paths as c; print(c.__file__); print(c.config_dir())"
+    probe = "import exgrpo_cli.config.paths as c; print(c.__file__); print(c.config_dir())"
     res = run_captured([sys.executable, "-c", probe], tmp_path, env, timeout=60)
     where, conf = res.stdout.split()
     assert where.startswith(str(site)) and conf == str(site / "exgrpo_cli" / "conf")

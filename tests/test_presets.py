@@ -1,7 +1,7 @@
-"""One source of defaults: the schema (exgrpo_cli/config.py) holds every default; a group preset
+"""One source of defaults: the schema (exgrpo_cli/config/schema.py) holds every default; a group preset
 holds only what differs from it, and the code reads only declared keys.
 
-A preset that repeats a default is a trap: editing the default in config.py then changes nothing
+A preset that repeats a default is a trap: editing the default in config/schema.py then changes nothing
 for a CLI run. experiment/ and ablation/ files (and recipe/, which model presets pull in) pin
 every official value on purpose and are exempt.
 """
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.paths import config_dir
+from exgrpo_cli.config.paths import config_dir
+from exgrpo_cli.config.schema import ExgrpoConfig
 
 CONF = Path(config_dir())
 PACKAGE = Path(__file__).resolve().parent.parent / "exgrpo_cli"
@@ -113,7 +113,7 @@ def test_code_reads_only_declared_keys() -> None:
                 target = ast.unparse(node.args[0]) if node.args else ""
                 if target.split(".")[0] in ("cfg", "run_cfg") or target.startswith("self.cfg"):
                     bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
-    assert not bad, "config keys read but not declared in exgrpo_cli/config.py:\n" + "\n".join(bad)
+    assert not bad, "config keys read but not declared in exgrpo_cli/config/schema.py:\n" + "\n".join(bad)
 
 
 def test_the_reader_check_sees_an_undeclared_key() -> None:

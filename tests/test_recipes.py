@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from exgrpo_cli.config_checks import validate
-from exgrpo_cli.paths import config_dir
+from exgrpo_cli.config.checks import validate
+from exgrpo_cli.config.paths import config_dir
 
 from conftest import compose_train
 

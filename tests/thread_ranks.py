@@ -1,5 +1,5 @@
 """Ranks simulated by threads in one process, for tests of what ranks exchange: `Exchange` stands in
-for policy/sharding.py's `all_gather_object`, `thread_world` for all three of its primitives (the
+for parallel/sharding.py's `all_gather_object`, `thread_world` for all three of its primitives (the
 broadcast and the reduction through the same exchange), `run_ranks` runs one function per rank
 concurrently and re-raises the first error in the calling thread."""
 
@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from exgrpo_cli.policy import sharding as S
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.parallel import sharding as S
+from exgrpo_cli.parallel.sharding import DataParallel
 
 
 class Exchange:
@@ -30,7 +30,7 @@ class Exchange:
 
 
 def thread_world(monkeypatch: pytest.MonkeyPatch, world: int) -> None:
-    """policy/sharding.py's primitives for `world` threads, each a rank."""
+    """parallel/sharding.py's primitives for `world` threads, each a rank."""
     gather = Exchange(world)
     reduce = {"mean": lambda v: sum(v) / world, "sum": sum, "max": max, "min": min}
 

@@ -1,4 +1,4 @@
-"""A `Trainer` (train/loop.py) for the tests of its stages: a run state with no model or optimizer,
+"""A `Trainer` (step/loop.py) for the tests of its stages: a run state with no model or optimizer,
 eight questions p0..p7 in its sampler (a test's own where the uids matter), an empty buffer and a
 delayed start that has or has not fired; the parts a stage does not use are None."""
 
@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
-from exgrpo_cli.train.loop import Trainer
-from exgrpo_cli.train.setup import choices
-from exgrpo_cli.train.state import RunState
+from exgrpo_cli.run.setup import choices
+from exgrpo_cli.step.loop import Trainer
+from exgrpo_cli.step.state import RunState
 
 
 def toy_state(

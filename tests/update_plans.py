@@ -8,7 +8,7 @@ from typing import Any
 
 from exgrpo_cli.algo.aggregation import drgrpo
 from exgrpo_cli.algo.losses import ExgrpoLoss
-from exgrpo_cli.train.update import UpdatePlan
+from exgrpo_cli.step.update import UpdatePlan
 
 TOY_PLAN = UpdatePlan(
     loss=ExgrpoLoss(clip_eps=0.2, beta=None),

@@ -222,7 +222,7 @@ def configured_steps(run_dir: Path) -> int | None:
 
 def completed_step(run_dir: Path) -> int | None:
     """The step of the run's latest complete checkpoint."""
-    from exgrpo_cli.policy.checkpoint import latest_checkpoint
+    from exgrpo_cli.checkpoint.store import latest_checkpoint
 
     ck = latest_checkpoint(run_dir / "checkpoints")
     return None if ck is None else int(ck.name.split("_")[1])
@@ -244,7 +244,7 @@ def is_finished(run_dir: Path) -> bool:
 
 def wall_from_files(run_dir: Path) -> float | None:
     """Estimated wall time of a run launched by a plugin: Hydra's job start to the final checkpoint."""
-    from exgrpo_cli.policy.checkpoint import latest_checkpoint
+    from exgrpo_cli.checkpoint.store import latest_checkpoint
 
     start, ck = run_dir / ".hydra" / "overrides.yaml", latest_checkpoint(run_dir / "checkpoints")
     if not start.is_file() or ck is None:

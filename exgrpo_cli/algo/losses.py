@@ -11,7 +11,7 @@ Where it sits in the step: inside the update, once per micro-batch. `POLICY_LOSS
 trainer calls it once per step, telling it whether replay has started) and returns the step's
 `PolicyLoss`, which takes `LossInputs` and returns per-token losses; how they add up to the
 objective is algo/aggregation.py's business. A new loss with a knob of its own is one callable and
-one entry here, plus its key in config.py.
+one entry here, plus its key in config/schema.py.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ and scored by a target policy p, with d = log p - log b and r = exp(d):
 Fresh rows: b = the rollout engine, p = the trainer's pi_old (the engine-vs-trainer mismatch).
 Replayed rows: b = the stored log-probs of the collection step, p = pi_old of this step (the
 staleness; r is then the importance weight w of the step's first update). Where it sits in the
-step: train/offpolicy.py calls these once per update, after the first mini-batch's forward.
+step: step/offpolicy.py calls these once per update, after the first mini-batch's forward.
 """
 
 from __future__ import annotations

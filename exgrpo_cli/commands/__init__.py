@@ -13,10 +13,10 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from exgrpo_cli.commands.compose import hydra_choices, to_typed, with_preset_name
-from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.config_checks import validate
+from exgrpo_cli.config.checks import validate
+from exgrpo_cli.config.paths import hydra_config
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import exit_on_error
-from exgrpo_cli.paths import hydra_config
 
 __all__ = ["dispatch", "hydra_choices", "to_typed", "with_preset_name"]
 
@@ -49,7 +49,7 @@ def dispatch(command: str, cfg: DictConfig) -> None:
         with exit_on_error(command):
             typed = with_preset_name(to_typed(cfg), hydra_choices())
             validate(typed, command)
-            from exgrpo_cli.variants import check_variants
+            from exgrpo_cli.commands.variants import check_variants
 
             check_variants(typed, command)
             from exgrpo_cli.commands.model_preset import check_model_preset

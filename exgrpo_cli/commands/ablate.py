@@ -27,7 +27,7 @@ from exgrpo_cli.ablation import runs
 from exgrpo_cli.ablation import sweep as sw
 from exgrpo_cli.ablation.compare import check_compare_to
 from exgrpo_cli.ablation.report import summarize_dir
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import ExgrpoError, UsageError
 
 if TYPE_CHECKING:  # rich is imported when a command runs
@@ -39,7 +39,7 @@ class SweepInterrupted(ExgrpoError):
 
 
 def _presets() -> str:
-    from exgrpo_cli.paths import config_dir
+    from exgrpo_cli.config.paths import config_dir
 
     names = sorted(p.stem for p in (Path(config_dir()) / "ablation").glob("*.yaml") if p.stem != "none")
     return ", ".join(names)
@@ -50,9 +50,9 @@ def _check_variants(jobs: list[sw.Job]) -> None:
     from hydra import compose
 
     from exgrpo_cli.commands.compose import to_typed
-    from exgrpo_cli.config import ConfigError
-    from exgrpo_cli.config_checks import validate
-    from exgrpo_cli.variants import check_variants
+    from exgrpo_cli.commands.variants import check_variants
+    from exgrpo_cli.config.checks import validate
+    from exgrpo_cli.config.schema import ConfigError
 
     for job in {j.variant.name: j for j in jobs}.values():
         try:
@@ -69,7 +69,7 @@ def _check_variants(jobs: list[sw.Job]) -> None:
 def recipe_choice(overrides: list[str]) -> str | None:
     """The override of the ablate command line that brings a paper recipe: `experiment=<name>`, or
     `model=<preset>` whose preset pulls in conf/recipe/ (the GPU backbones); None otherwise."""
-    from exgrpo_cli.paths import config_dir
+    from exgrpo_cli.config.paths import config_dir
 
     for o in overrides:
         key, _, value = o.lstrip("+").partition("=")

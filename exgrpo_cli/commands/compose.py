@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig
-from exgrpo_cli.paths import hydra_config
+from exgrpo_cli.config.paths import hydra_config
+from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
 
 
 def to_typed(cfg: DictConfig | ListConfig) -> ExgrpoConfig:
@@ -70,9 +70,9 @@ def compose_train(overrides: list[str]) -> ExgrpoConfig:
     (make bench, the GPU check). Give trainer.output_dir: the Hydra run dir is not resolved there."""
     from hydra import compose, initialize_config_dir
 
-    from exgrpo_cli.config import register_configs
-    from exgrpo_cli.config_checks import validate
-    from exgrpo_cli.paths import config_dir
+    from exgrpo_cli.config.checks import validate
+    from exgrpo_cli.config.paths import config_dir
+    from exgrpo_cli.config.schema import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=config_dir(), version_base=None):

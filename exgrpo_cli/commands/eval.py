@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import exit_on_error
 
 
 def run(cfg: ExgrpoConfig) -> None:
     from exgrpo_cli.evaluation.runner import run_eval
-    from exgrpo_cli.train.launch import launch, resolve_nproc, under_launcher
+    from exgrpo_cli.run.launch import launch, resolve_nproc, under_launcher
 
     if under_launcher() and not cfg.eval.regrade:  # torchrun started this rank: join the others
         rank_main(cfg)
@@ -36,8 +36,8 @@ def run(cfg: ExgrpoConfig) -> None:
 def rank_main(cfg: ExgrpoConfig) -> dict[str, Any] | None:
     """What every rank of a multi-rank eval runs (in a fresh process)."""
     from exgrpo_cli.evaluation.runner import run_eval
-    from exgrpo_cli.policy import distributed as D
-    from exgrpo_cli.train.launch import launched_rank
+    from exgrpo_cli.parallel import fsdp as D
+    from exgrpo_cli.run.launch import launched_rank
 
     ranks = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
     try:

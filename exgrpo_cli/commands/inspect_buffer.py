@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import ExgrpoError
 
 
@@ -32,8 +32,8 @@ def run(cfg: ExgrpoConfig) -> None:
         ckpt = resolve_checkpoint(opts.target)
     except TargetError as err:
         raise ExgrpoError(str(err)) from None
+    from exgrpo_cli.checkpoint.store import verify
     from exgrpo_cli.inspection.show import weights_folder
-    from exgrpo_cli.policy.checkpoint import verify
 
     weights = f"{weights_folder(ckpt).name}/"
     for part in ("replay/", "trainer_state.json", weights if opts.show else None):  # adapter/: model.lora

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
 
 DEFAULT_PRESET = "tiny"
 

@@ -14,7 +14,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from exgrpo_cli.paths import hydra_config
+from exgrpo_cli.config.paths import hydra_config
 
 
 def hydra_run_dir() -> tuple[Path, str] | None:

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exgrpo_cli.config import ExgrpoConfig, ModelConfig, TrainerConfig
-from exgrpo_cli.config_checks import validate
+from exgrpo_cli.config.checks import validate
+from exgrpo_cli.config.schema import ExgrpoConfig, ModelConfig, TrainerConfig
 from exgrpo_cli.errors import ExgrpoError, SaidElsewhere, UsageError, exit_on_error
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: ExgrpoConfig) -> None:
-    from exgrpo_cli.train.launch import launch, launched_rank, resolve_nproc
+    from exgrpo_cli.run.launch import launch, launched_rank, resolve_nproc
 
     main = launched_rank() == 0  # under torchrun every rank runs this; rank 0 reports
     nproc = resolve_nproc(cfg)  # before the plan: it plans for the ranks this command starts
@@ -36,7 +36,7 @@ def run(cfg: ExgrpoConfig) -> None:
     if nproc > 1:  # the whole node from one command; this process only waits for the ranks
         final = launch(cfg, nproc, rank_main) or {}
     else:
-        from exgrpo_cli.train.run import run_training
+        from exgrpo_cli.run.training import run_training
 
         final = run_training(cfg)
     if not main or not final:  # stopped ranks reported already
@@ -49,8 +49,8 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, float]:
     """What every rank `trainer.nproc` starts runs (in a fresh process): rank 0 says an error, each
     rank exits with its code; a crash's traceback goes to the rank's log (the parent says which
     rank failed)."""
-    from exgrpo_cli.train.launch import launched_rank, rank_logging
-    from exgrpo_cli.train.run import run_training
+    from exgrpo_cli.run.launch import launched_rank, rank_logging
+    from exgrpo_cli.run.training import run_training
 
     out, rank = Path(cfg.trainer.output_dir), launched_rank()
     out.mkdir(parents=True, exist_ok=True)
@@ -67,8 +67,8 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, float]:
 
 def weights_source(cfg: ExgrpoConfig) -> ModelConfig:
     """Where the run will load its weights from: the checkpoint it resumes (found as
-    train/setup.py finds it, read-only here), else `model.path`."""
-    from exgrpo_cli.policy.checkpoint import latest_checkpoint
+    run/setup.py finds it, read-only here), else `model.path`."""
+    from exgrpo_cli.checkpoint.store import latest_checkpoint
 
     t = cfg.trainer
     if t.resume == "never":

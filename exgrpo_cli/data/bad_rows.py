@@ -5,7 +5,7 @@ Loading the data (sources.py, before the first train step) skips and counts a ba
 (jsonl) or row (parquet, from 1) under `error`. The kinds: bytes that are not UTF-8, a line that is
 not JSON or not a JSON object (rows.py), a question or answer that is absent, null, empty, of the
 wrong type, or longer than sources.MAX_FIELD_CHARS (sources.py), and a prompt longer than
-`model.max_prompt_tokens`, skipped once the tokenizer is loaded (train/setup.py filter_long) and
+`model.max_prompt_tokens`, skipped once the tokenizer is loaded (run/setup.py filter_long) and
 counted in the same LoadReport. `skipped_rows_lines` says what was skipped, one line per file, for
 the trainer's start-up output.
 """
@@ -24,7 +24,7 @@ NOT_OBJECT = "not an object"
 MISSING = "missing or empty field"
 WRONG_TYPE = "wrong type"
 TOO_LONG = "over-long field"
-PROMPT_TOO_LONG = "prompt too long"  # train/setup.py filter_long, against model.max_prompt_tokens
+PROMPT_TOO_LONG = "prompt too long"  # run/setup.py filter_long, against model.max_prompt_tokens
 OTHER = "other"
 
 FIRST_REASONS = 5  # reasons kept per report

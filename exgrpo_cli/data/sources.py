@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from exgrpo_cli.config import DataConfig
+from exgrpo_cli.config.registry import pick
+from exgrpo_cli.config.schema import DataConfig
 from exgrpo_cli.data import synthetic
 from exgrpo_cli.data.bad_rows import (
     INVALID_UTF8,
@@ -34,7 +35,6 @@ from exgrpo_cli.data.bad_rows import (
 )
 from exgrpo_cli.data.rows import hf_rows, located_rows
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.registry import pick
 
 # A question or gold answer longer than this (in characters) is a bad row. Math questions run to a
 # few thousand characters and answers to a few dozen; 100k characters is ~25k tokens, above any
@@ -230,7 +230,7 @@ def load_questions(
     cfg: DataConfig, answer_required: bool = True
 ) -> tuple[list[Question], list[Question], LoadReport]:
     """(training pool, held-out set, report of skipped rows). The caller says what was skipped
-    (`bad_rows.skipped_rows_lines`: train/run.py prints it once, to the console and train.log).
+    (`bad_rows.skipped_rows_lines`: run/training.py prints it once, to the console and train.log).
     `answer_required=False`: the reward needs no gold answer, so a row may have none."""
     report = LoadReport()
     questions, val = pick(SOURCES, "data.source", cfg.source).load(cfg, report, answer_required)

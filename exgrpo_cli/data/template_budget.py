@@ -1,7 +1,7 @@
 """A model's chat template rendered once, in a child process, under a time and memory budget.
 
 Where it sits: at start-up, after the tokenizer loads and before any prompt is rendered (train and
-resume in train/setup.py, eval per model). A chat template is Jinja code shipped in the model's
+resume in run/setup.py, eval per model). A chat template is Jinja code shipped in the model's
 folder: the sandbox keeps it from running Python, but nested loops or huge string products can
 still hang or exhaust the process, and every training question is rendered with it. So it is
 rendered first with a sample question in a forked child that is killed after TIME_S and limited
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
-from exgrpo_cli.proc_memory import SELF_STATUS, proc_bytes
+from exgrpo_cli.host import SELF_STATUS, proc_bytes
 
 if TYPE_CHECKING:
     from exgrpo_cli.data.templates import Template

@@ -15,19 +15,19 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
 from exgrpo_cli.policy import lora
 
 if TYPE_CHECKING:
     import torch
 
-    from exgrpo_cli.policy.sharding import DataParallel
+    from exgrpo_cli.parallel.sharding import DataParallel
 
 
 def adapter_folder(value: str, dist: DataParallel | None = None) -> Path:
     """The adapter folder eval.adapter names: a checkpoint (its adapter/, verified), a run dir (its
     latest checkpoint's) or a folder in peft's format. ConfigError otherwise."""
-    from exgrpo_cli.policy import checkpoint as ckpt
+    from exgrpo_cli.checkpoint import store as ckpt
 
     p = Path(value).expanduser()
     if not p.is_dir():
@@ -59,7 +59,7 @@ def with_adapter(cfg: ExgrpoConfig, dist: DataParallel | None = None) -> ExgrpoC
         return cfg
     if cfg.eval.compare:
         raise ConfigError("eval.adapter applies to model.path: evaluate it without eval.compare")
-    from exgrpo_cli.registry import pick
+    from exgrpo_cli.config.registry import pick
     from exgrpo_cli.rollout import ENGINES
 
     if not pick(ENGINES, "rollout.engine", cfg.rollout.engine).needs_trainer_model:

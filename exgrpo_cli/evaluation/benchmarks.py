@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from exgrpo_cli.config import DataConfig, ExgrpoConfig
+from exgrpo_cli.config.schema import DataConfig, ExgrpoConfig
 from exgrpo_cli.data import synthetic
 from exgrpo_cli.data.bad_rows import DataError
 from exgrpo_cli.data.rows import read_rows

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
 from exgrpo_cli.evaluation.benchmarks import REGISTRY, Benchmark
 from exgrpo_cli.evaluation.report import GENERATIONS, ModelResult, finish, summarize
 from exgrpo_cli.reward.extract import THINK_RULES, AnswerRule, training_rule

@@ -30,7 +30,7 @@ from rich.table import Table
 from exgrpo_cli.evaluation.scoring import avg_at_n, group_averages, mean_pass_at_k, metric_name
 
 if TYPE_CHECKING:
-    from exgrpo_cli.config import ExgrpoConfig
+    from exgrpo_cli.config.schema import ExgrpoConfig
     from exgrpo_cli.evaluation.benchmarks import Benchmark
 
 GENERATIONS = "generations.jsonl"  # every graded sample, one JSON row each

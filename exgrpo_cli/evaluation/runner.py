@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
 from exgrpo_cli.data.template_budget import check_template
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.evaluation.benchmarks import LoadedBenchmark, load_suite
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
     from exgrpo_cli.evaluation.validate import SampledResult
-    from exgrpo_cli.policy.sharding import DataParallel
+    from exgrpo_cli.parallel.sharding import DataParallel
     from exgrpo_cli.reward import RewardScorer
     from exgrpo_cli.reward.stage import Reward
 
@@ -79,7 +79,7 @@ def resolve_model_path(path: str, ranks: DataParallel | None = None) -> str:
         return path
     p = Path(path).expanduser()
     if p.is_dir():
-        from exgrpo_cli.policy import checkpoint as ckpt
+        from exgrpo_cli.checkpoint import store as ckpt
 
         if (p / "config.json").is_file():
             folder = p
@@ -121,7 +121,7 @@ def check_one_engine_per_rank(cfg: ExgrpoConfig, ranks: int) -> None:
     """Refuse, before anything loads, a multi-rank eval of several models with an engine that can
     be built only once per ranked process (vLLM: closing the first model's engine would end the
     ranks' process group under the second)."""
-    from exgrpo_cli.registry import pick
+    from exgrpo_cli.config.registry import pick
     from exgrpo_cli.rollout import ENGINES
 
     models = len(cfg.eval.compare) or 1
@@ -198,11 +198,11 @@ def evaluate_model(
     ranks: DataParallel,
 ) -> ModelResult:
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
+    from exgrpo_cli.config.registry import pick
     from exgrpo_cli.evaluation.adapter import load_into
     from exgrpo_cli.evaluation.validate import sample_and_grade
     from exgrpo_cli.plan.model_bounds import check_model
     from exgrpo_cli.policy.model import load_model, load_tokenizer
-    from exgrpo_cli.registry import pick
     from exgrpo_cli.rollout import ENGINES, build_engine
     from exgrpo_cli.rollout.base import SamplingSpec
 
@@ -345,8 +345,8 @@ def run_eval(cfg: ExgrpoConfig, ranks: DataParallel | None = None) -> dict[str, 
     if cfg.eval.regrade:
         return regrade(cfg, cfg.eval.regrade, out)
     from exgrpo_cli.evaluation.adapter import adapter_label, with_adapter
-    from exgrpo_cli.policy.distributed import pick_device
-    from exgrpo_cli.policy.sharding import DataParallel
+    from exgrpo_cli.parallel.fsdp import pick_device
+    from exgrpo_cli.parallel.sharding import DataParallel
 
     ranks = ranks if ranks is not None else DataParallel(device=pick_device(cfg.trainer.device))
     main = ranks.is_main

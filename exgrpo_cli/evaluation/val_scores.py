@@ -1,6 +1,6 @@
 """Held-out scores per data source, and the validation score `trainer.best_metric` names.
 
-Place: after each validation of `exgrpo train` (train/run.py `validate`), on the graded samples of
+Place: after each validation of `exgrpo train` (run/training.py `validate`), on the graded samples of
 evaluation/validate.py; `checkpoints/best` keeps the step where the named score peaked. The
 official trainer scores each `data_source` of valid.parquet apart (`val/test_score/<source>`) and
 keeps as best the step with the highest unweighted mean of those scores, Minerva left out
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from exgrpo_cli.config_checks import BEST_METRICS
+from exgrpo_cli.config.checks import BEST_METRICS
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.errors import UsageError
 

@@ -20,7 +20,7 @@ from exgrpo_cli.reward.extract import AnswerRule
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 
 if TYPE_CHECKING:
-    from exgrpo_cli.policy.sharding import DataParallel
+    from exgrpo_cli.parallel.sharding import DataParallel
     from exgrpo_cli.reward.stage import Backend
 
 
@@ -70,7 +70,7 @@ def sample_and_grade(
     when given, picks the answer rule of each question's samples from its rendered prompt (else
     the scorer grades with its own rule). Under torchrun (`ranks`), the ranks share the chunks and
     the grading, and every rank returns the whole result: the one a single process returns."""
-    from exgrpo_cli.policy.sharding import DataParallel  # deferred: torch
+    from exgrpo_cli.parallel.sharding import DataParallel  # deferred: torch
 
     texts_in = [template.render(q, tokenizer, data_system) for q in questions]
     rules = [] if rule_for_prompt is None else [rule_for_prompt(t) for t in texts_in]

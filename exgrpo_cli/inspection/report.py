@@ -27,7 +27,7 @@ class TargetError(ValueError):
 
 def resolve_checkpoint(target: str) -> Path:
     """A checkpoint dir given itself, a run dir (its latest checkpoint) or a run's checkpoints/ dir."""
-    from exgrpo_cli.policy.checkpoint import latest_checkpoint
+    from exgrpo_cli.checkpoint.store import latest_checkpoint
 
     if not target:
         raise TargetError("give a run dir or a checkpoint dir: exgrpo inspect-buffer <path>")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from exgrpo_cli.config import ExgrpoConfig, LoraConfig, ModelConfig, with_own_command_only
+from exgrpo_cli.config.schema import ExgrpoConfig, LoraConfig, ModelConfig, with_own_command_only
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.inspection.report import run_dir_of
 from exgrpo_cli.replay.buffer import ExperienceBuffer
@@ -140,12 +140,12 @@ def _scores(
     from transformers.utils import logging as hf_logging
 
     from exgrpo_cli.algo.logprobs import ENTROPY, CandidateScore
+    from exgrpo_cli.config.registry import pick
+    from exgrpo_cli.parallel.fsdp import pick_device
     from exgrpo_cli.plan.model_bounds import check_model
-    from exgrpo_cli.policy.distributed import pick_device
     from exgrpo_cli.policy.forward import token_budget
     from exgrpo_cli.policy.model import load_model
     from exgrpo_cli.policy.scoring import score_candidates
-    from exgrpo_cli.registry import pick
     from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 
     hf_logging.disable_progress_bar()  # a weights-loading bar would garble the listing

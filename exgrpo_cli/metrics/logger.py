@@ -40,7 +40,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from exgrpo_cli.config import LoggerConfig
+from exgrpo_cli.config.schema import LoggerConfig
 from exgrpo_cli.errors import UsageError
 
 if TYPE_CHECKING:  # wandb is imported only when a run logs to it
@@ -171,7 +171,7 @@ def resume_point(checkpoint: str | Path | None) -> tuple[int, str | None]:
     the tracker can start before the model loads."""
     if checkpoint is None:
         return 0, None
-    from exgrpo_cli.policy.safe_read import read_json
+    from exgrpo_cli.checkpoint.safe_read import read_json
 
     state = read_json(Path(checkpoint) / "trainer_state.json")  # a regular file, size-capped
     run_id = state.get("wandb_id")

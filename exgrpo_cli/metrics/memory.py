@@ -1,6 +1,6 @@
 """Peak memory per phase of a step (`memory/<phase>_peak_gb`), to compare with the memory plan.
 
-Where it sits: around the step's stages (train/loop.py), like the timers. On a GPU it is the
+Where it sits: around the step's stages (step/loop.py), like the timers. On a GPU it is the
 peak of torch's allocator on this rank's device during the phase (reset at its start); on a CPU
 it is the process's peak resident memory during the phase (Linux: VmHWM, reset through
 /proc/self/clear_refs), which also counts what is not torch's (the Python heap, the reward
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from exgrpo_cli.proc_memory import SELF_STATUS, proc_bytes
+from exgrpo_cli.host import SELF_STATUS, proc_bytes
 
 GB = 2**30
 _CLEAR = Path("/proc/self/clear_refs")

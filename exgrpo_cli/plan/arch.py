@@ -14,7 +14,7 @@ load a model. A model none of the steps can describe stops the run with one `Usa
 naming the id, where it looked and how to point `model.path` at a local folder.
 
 Parameter counts assume a Llama/Qwen2-style decoder (what the trainer shards layer by layer, see
-policy/distributed.py): per layer q/k/v/o projections (+ q/k/v biases when `attention_bias`), a
+parallel/fsdp.py): per layer q/k/v/o projections (+ q/k/v biases when `attention_bias`), a
 gated MLP (gate, up, down) and two RMSNorms; a root unit of embeddings, the output head when it is
 not tied, and the final norm. For the presets' models these formulas give the published counts
 exactly (Qwen2.5-7B 7,615,616,512; Llama-3.1-8B 8,030,261,248; Qwen2.5-Math-1.5B 1,543,714,304).
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from exgrpo_cli.config import ArchConfig, ModelConfig
-from exgrpo_cli.config_checks import ARCH_REQUIRED
+from exgrpo_cli.config.checks import ARCH_REQUIRED
+from exgrpo_cli.config.schema import ArchConfig, ModelConfig
 from exgrpo_cli.errors import UsageError
 
 HUB_TIMEOUT_S = 10.0  # longest wait for config.json from the hub before giving up
@@ -345,7 +345,7 @@ def preset_archs() -> list[tuple[str, Arch, bool]]:
     conf/model/ preset that carries complete numbers."""
     from omegaconf import OmegaConf
 
-    from exgrpo_cli.paths import config_dir
+    from exgrpo_cli.config.paths import config_dir
 
     found = []
     for file in sorted(Path(config_dir(), "model").glob("*.yaml")):

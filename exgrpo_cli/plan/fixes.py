@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from exgrpo_cli.parallel.placement import OFFLOAD_MODES
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.memory import Plan, PlanInputs, plan_memory
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 VLLM_SHARES = (0.4, 0.3, 0.2)  # smaller vLLM shares tried (a smaller KV cache: slower rollouts)
 MAX_RANKS = 128

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exgrpo_cli.parallel.placement import Offload
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.settings import PlanInputs, ceil_div
-from exgrpo_cli.policy.placement import Offload
 
 GiB = 2**30
 MiB = 2**20

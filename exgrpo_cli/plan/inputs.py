@@ -12,11 +12,11 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.config_checks import parse_plan_devices
+from exgrpo_cli.config.checks import parse_plan_devices
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import UsageError
+from exgrpo_cli.parallel.placement import OFFLOAD_MODES
 from exgrpo_cli.plan.memory import AUTO_TOKEN_BUDGET, GiB, PlanInputs
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ATTENTION = {"flash_attention_2": "flash", "sdpa": "sdpa", "eager": "eager"}
@@ -134,8 +134,8 @@ def attention_kind(cfg: ExgrpoConfig, devices: Devices) -> str:
 
 
 def inputs_from_config(cfg: ExgrpoConfig, devices: Devices) -> PlanInputs:
+    from exgrpo_cli.config.registry import pick
     from exgrpo_cli.plan.engines import ENGINE_MEMORY
-    from exgrpo_cli.registry import pick
 
     m, r, a = cfg.model, cfg.rollout, cfg.algo
     engine = pick(ENGINE_MEMORY, "rollout.engine", r.engine)

@@ -12,7 +12,7 @@ plan's notes); the trainer refuses target modules that match nothing in the mode
 
 from __future__ import annotations
 
-from exgrpo_cli.config_checks import vllm_max_lora_rank
+from exgrpo_cli.config.checks import vllm_max_lora_rank
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.settings import PlanInputs, Term, ceil_div
 

@@ -133,7 +133,7 @@ def gathered_terms(arch: Arch, x: PlanInputs) -> list[Term]:
       root gathered      c P_r from the root's forward to the end of its backward (it is not
                          resharded after forward); in the rollout only with the HF engine, whose
                          forwards gather it (the trainer reshards it after the replay candidates'
-                         no-grad scoring forward, train/loop.py)
+                         no-grad scoring forward, step/loop.py)
       layers in flight   2 c P_l: the layer computing and the next one prefetched
       layer grad reduce  P_l (c + r): one layer's unsharded gradient and its reduce-scatter input
       root grad reduce   P_r (c + r + r/N) at the backward's end: the root's unsharded gradients,
@@ -287,7 +287,7 @@ def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
             f"{arch.max_positions} positions (max_position_embeddings): lower model.max_response_tokens"
         )
     # in host memory: everything with offload=all (weights, gradients, two moments), only AdamW's
-    # two fp32 moments with offload=optimizer (policy/offload.HostAdamW, one pinned buffer)
+    # two fp32 moments with offload=optimizer (parallel/offload.HostAdamW, one pinned buffer)
     mode = x.offload
     per_param = 4 * x.weight_bytes if mode.params_on_host else 2 * 4 if mode.moments_on_host else 0
     host = per_param * ceil_div(arch.params, x.ranks)

@@ -1,7 +1,7 @@
 """A model folder's config.json checked against its weights and the memory before anything loads.
 
 Where it sits: before a command builds a model from a local folder (train and resume in
-train/setup.py, on every rank; eval per model; inspect-buffer's scoring): a checkpoint's `model/`
+run/setup.py, on every rank; eval per model; inspect-buffer's scoring): a checkpoint's `model/`
 or any model.path. transformers allocates what
 config.json describes: a crafted config with 50,000 layers builds a huge module tree, and its
 missing weights are initialised at random with a warning. So the config's parameter count (the
@@ -15,9 +15,9 @@ import json
 import struct
 from pathlib import Path
 
+from exgrpo_cli.checkpoint import safe_read
 from exgrpo_cli.errors import UsageError
-from exgrpo_cli.policy import safe_read
-from exgrpo_cli.proc_memory import MEMINFO, proc_bytes
+from exgrpo_cli.host import MEMINFO, proc_bytes
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header

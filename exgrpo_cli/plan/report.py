@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.plan.arch import Arch, preset_archs
 from exgrpo_cli.plan.fixes import Fix, lora_fixes, more_devices, runtime_fixes, smaller_models

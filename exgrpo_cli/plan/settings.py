@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from exgrpo_cli.parallel.placement import Offload
 from exgrpo_cli.plan.arch import Arch
-from exgrpo_cli.policy.placement import Offload
 
 MARGIN = 0.10  # share of a device's memory the plan leaves free (fragmentation, estimates' error)
 
@@ -79,7 +79,7 @@ class PlanInputs:
     @property
     def fsdp(self) -> bool:
         """The trainer shards with FSDP2 from two ranks on, and on a GPU from one (so that mixed
-        precision and offload apply there: policy/distributed.shards_alone). Not on one CPU
+        precision and offload apply there: parallel/fsdp.shards_alone). Not on one CPU
         process, whatever trainer.offload says (the trainer refuses offload=all there, and
         offload=optimizer is HostAdamW on a plain model)."""
         return self.ranks > 1 or self.device == "cuda"
@@ -92,7 +92,7 @@ class PlanInputs:
 
     @property
     def reduce_bytes(self) -> int:
-        """r: gradients are reduce-scattered in fp32 under mixed precision (policy/distributed.py)."""
+        """r: gradients are reduce-scattered in fp32 under mixed precision (parallel/fsdp.py)."""
         return 4 if self.compute_bytes != self.weight_bytes else self.weight_bytes
 
     @property

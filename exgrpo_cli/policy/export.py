@@ -1,6 +1,6 @@
 """The trained weights as a Hugging Face folder, gathered one parameter at a time.
 
-Where it sits: in every checkpoint (train/state.py). `from_pretrained` and vLLM load the folder as
+Where it sits: in every checkpoint (step/state.py). `from_pretrained` and vLLM load the folder as
 they load any HF model: `config.json`, `generation_config.json`, the tokenizer, and the weights in
 safetensors shards (`model.safetensors`, or `model-0000k-of-0000n.safetensors` with
 `model.safetensors.index.json` beyond one shard). Under FSDP2 each parameter is all-gathered on
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from exgrpo_cli.parallel.offload import gather_full
 from exgrpo_cli.policy import lora
-from exgrpo_cli.policy.offload import gather_full
 
 if TYPE_CHECKING:
-    from exgrpo_cli.policy.sharding import DataParallel
+    from exgrpo_cli.parallel.sharding import DataParallel
 
 MAX_SHARD_BYTES = 2 * 2**30
 INDEX = "model.safetensors.index.json"

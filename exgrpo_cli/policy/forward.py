@@ -1,7 +1,7 @@
 """Teacher-forced forward passes over prompt+response sequences, scoring only response tokens.
 
 Where it sits in the step: every forward of the trainer's model outside generation. The update
-(train/update.py) runs its loss forward and pi_old's no-grad pass through `forward_logprobs`, the
+(step/update.py) runs its loss forward and pi_old's no-grad pass through `forward_logprobs`, the
 replay candidates' scoring (policy/scoring.py) its no-grad one; `synced_micro_batches` cuts their
 rows into memory-sized micro-batches, the same number on every rank.
 
@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from exgrpo_cli.algo.logprobs import chunked_token_logprobs, token_entropy, token_logprobs
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.policy.head import head_compute_dtype
-from exgrpo_cli.policy.sharding import DataParallel
 
 
 @dataclass

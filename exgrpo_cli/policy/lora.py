@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
-from exgrpo_cli.config import LoraConfig, ModelConfig
+from exgrpo_cli.config.schema import LoraConfig, ModelConfig
 from exgrpo_cli.errors import UsageError
-from exgrpo_cli.policy.distributed import MIXED_PRECISION
-from exgrpo_cli.policy.offload import gather_full
+from exgrpo_cli.parallel.fsdp import MIXED_PRECISION, copy_full_into
+from exgrpo_cli.parallel.offload import gather_full
 
 if TYPE_CHECKING:
-    from exgrpo_cli.policy.sharding import DataParallel
+    from exgrpo_cli.parallel.sharding import DataParallel
 
 ADAPTER_DIR = "adapter"  # a checkpoint's folder for the adapter (PEFT format)
 WEIGHTS = "adapter_model.safetensors"
@@ -168,7 +168,7 @@ def save_adapter(model: torch.nn.Module, folder: Path, dist: DataParallel | None
 
 def read_adapter_config(folder: Path) -> dict[str, Any]:
     """adapter_config.json as data (a size cap, a mapping), never trusted to choose code."""
-    from exgrpo_cli.policy import safe_read
+    from exgrpo_cli.checkpoint import safe_read
 
     record = safe_read.read_json(folder / CONFIG, MAX_ADAPTER_CONFIG_BYTES)
     if not isinstance(record, dict):
@@ -193,13 +193,7 @@ def load_adapter(model: torch.nn.Module, folder: Path) -> None:
             full, p = saved[name], cast(Any, param)  # a DTensor under FSDP2
             if tuple(full.shape) != tuple(p.shape):
                 raise ValueError(f"{folder / WEIGHTS}: {name} is {tuple(full.shape)}, not {tuple(p.shape)}")
-            if hasattr(p, "device_mesh"):  # an FSDP2 shard: this rank's part of the full tensor
-                from torch.distributed.tensor import distribute_tensor
-
-                local = distribute_tensor(full.to(p.dtype), p.device_mesh, p.placements).to_local()
-                p.to_local().copy_(local)
-            else:
-                p.copy_(full)
+            copy_full_into(p, full)  # an FSDP2 shard takes this rank's part of it
 
 
 def recorded_shapes(folder: Path) -> dict[str, tuple[int, int]]:

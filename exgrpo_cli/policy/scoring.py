@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from exgrpo_cli.algo.logprobs import CandidateScore, masked_mean
-from exgrpo_cli.policy.distributed import local_dist
+from exgrpo_cli.parallel.fsdp import local_dist
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.policy.forward import forward_logprobs, synced_micro_batches
-from exgrpo_cli.policy.sharding import DataParallel
 
 
 @torch.no_grad()

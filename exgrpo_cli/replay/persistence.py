@@ -53,7 +53,7 @@ def load_buffer(directory: str) -> dict[str, Any]:
 
 def _read_index(path: str) -> Any:
     """index.json, read only as a regular file (no link, FIFO or device) of at most MAX_INDEX_BYTES
-    (replay imports nothing above it, so this is not policy/safe_read.py)."""
+    (replay imports nothing above it, so this is not checkpoint/safe_read.py)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fd)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from exgrpo_cli.config import RewardModelConfig
+from exgrpo_cli.config.schema import RewardModelConfig
 from exgrpo_cli.data.types import Question, answer_only_questions
 from exgrpo_cli.errors import ExgrpoError
 from exgrpo_cli.reward.scorer import ScoreResult

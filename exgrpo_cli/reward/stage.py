@@ -1,8 +1,8 @@
 """The reward stage's choice (`reward.kind`) and what every kind shares: the correctness threshold
 and the stop after steps of total failure.
 
-Place in the train step: built once with the trainer (train/setup.py), then called after the
-rollouts with this rank's responses and their data rows (train/reward_step.py) and by validation.
+Place in the train step: built once with the trainer (run/setup.py), then called after the
+rollouts with this rank's responses and their data rows (step/reward.py) and by validation.
 A backend scores a call's responses; `Reward` wraps it with `reward.correct_at` (a response is
 correct when its reward is >= it: what retires a question, fills the buckets' counts and decides
 pass@n) and counts the steps in a row on which every item failed.
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from exgrpo_cli.config import RewardConfig
+from exgrpo_cli.config.schema import RewardConfig
 from exgrpo_cli.errors import ExgrpoError
 from exgrpo_cli.reward.scorer import RewardScorer, ScoreResult
 

@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from exgrpo_cli.config import ConfigError
+from exgrpo_cli.config.schema import ConfigError
 from exgrpo_cli.data.types import Question, answer_only_questions
 from exgrpo_cli.reward.scorer import ScoreResult
 from exgrpo_cli.reward.verify import worker_setup

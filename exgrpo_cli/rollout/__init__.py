@@ -18,7 +18,7 @@ from exgrpo_cli.rollout.base import Rollout, RolloutEngine, SamplingSpec
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from exgrpo_cli.config import ExgrpoConfig
+    from exgrpo_cli.config.schema import ExgrpoConfig
 
 __all__ = ["ENGINES", "EngineSpec", "Rollout", "RolloutEngine", "SamplingSpec", "build_engine"]
 
@@ -66,6 +66,6 @@ ENGINES: dict[str, EngineSpec] = {
 def build_engine(
     cfg: ExgrpoConfig, model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase
 ) -> RolloutEngine:
-    from exgrpo_cli.registry import pick
+    from exgrpo_cli.config.registry import pick
 
     return pick(ENGINES, "rollout.engine", cfg.rollout.engine).build(cfg, model, tokenizer)

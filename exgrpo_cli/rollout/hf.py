@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from exgrpo_cli.policy.distributed import is_sharded, module_device
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.parallel.fsdp import is_sharded, module_device
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
 from exgrpo_cli.rollout.sampling import SampledBatch, sample
 

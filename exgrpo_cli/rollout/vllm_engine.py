@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec, eos_token_ids
 from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD
 from exgrpo_cli.rollout.vllm_launch import (
@@ -58,7 +58,7 @@ from exgrpo_cli.rollout.vllm_weights import (
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from exgrpo_cli.config import ExgrpoConfig
+    from exgrpo_cli.config.schema import ExgrpoConfig
 
 log = logging.getLogger(__name__)
 

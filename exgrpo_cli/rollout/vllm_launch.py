@@ -81,7 +81,7 @@ def launcher_kwargs(
         bind_engine_device(device_index)
     tp_group = None
     if tp > 1:
-        from exgrpo_cli.policy.tensor_parallel import TensorParallelGroup
+        from exgrpo_cli.parallel.tensor_parallel import TensorParallelGroup
 
         tp_group = TensorParallelGroup(world, tp)
     return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}, tp_group

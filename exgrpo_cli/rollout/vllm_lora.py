@@ -6,7 +6,7 @@ Two ways to get the adapter to vLLM, chosen by `rollout.lora_sync`:
   merged   (the default, provisional) vLLM knows nothing of LoRA: each sync sends every base
            weight, the adapted ones as W + (alpha / r) B A under the base's own names, through the
            ordinary weight sync. A full-model sync per step; generation as fast as without LoRA,
-           and the sync checksum (train/divergence.py) compares merged weights.
+           and the sync checksum (step/divergence.py) compares merged weights.
   adapter  vLLM runs with LoRA on (`enable_lora`, its own LoRA kernels and buffers). The frozen base
            goes to vLLM once, and again after every sleep that dropped it (with rollout.sleep_mode
            on CUDA: each step's level-2 sleep); each sync writes the adapter in PEFT's format to
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from exgrpo_cli.config_checks import LORA_SYNCS, lora_sync_problem, vllm_max_lora_rank
+from exgrpo_cli.config.checks import LORA_SYNCS, lora_sync_problem, vllm_max_lora_rank
 from exgrpo_cli.policy.lora import WEIGHTS, is_adapter_name, merged_tensors, save_adapter
 from exgrpo_cli.rollout.vllm_weights import named_tensors
 
@@ -121,7 +121,7 @@ class LoraSync:
         self, model: torch.nn.Module, names: list[str], dtype: torch.dtype
     ) -> dict[str, tuple[int, int]]:
         """{plain name: (bits checksum, elements)} of these tensors as the sync sent them (merged,
-        or the frozen base), for train/divergence.check_synced_weights. Gathers: every rank calls it."""
+        or the frozen base), for step/divergence.check_synced_weights. Gathers: every rank calls it."""
         from exgrpo_cli.rollout.vllm_ext import bits_checksum
 
         wanted = set(names)

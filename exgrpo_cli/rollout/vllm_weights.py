@@ -67,8 +67,8 @@ def named_tensors(
     """(name, full tensor) pairs, one at a time, floating-point ones cast to `dtype` (None: as
     they are). An FSDP2 DTensor shard is cast before its gather, so the all-gather moves `dtype`
     bytes; the gathered tensor is this one parameter only. A shard offloaded to host memory
-    (trainer.offload=all) is gathered on the GPU: NCCL refuses CPU tensors (policy/offload.py)."""
-    from exgrpo_cli.policy.offload import gather_full
+    (trainer.offload=all) is gathered on the GPU: NCCL refuses CPU tensors (parallel/offload.py)."""
+    from exgrpo_cli.parallel.offload import gather_full
 
     items = model.items() if isinstance(model, Mapping) else model.state_dict().items()
     for name, t in items:

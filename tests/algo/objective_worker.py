@@ -20,10 +20,10 @@ from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import Aggregation, AggregationSettings, official
 from exgrpo_cli.algo.losses import ExgrpoLoss
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.parallel import fsdp as D
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
-from exgrpo_cli.train.update import policy_update
+from exgrpo_cli.step.update import policy_update
 
 from conftest import tiny_qwen2
 

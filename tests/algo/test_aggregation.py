@@ -22,7 +22,7 @@ from exgrpo_cli.algo.aggregation import (
     official,
 )
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
 
 from conftest import REPO, tiny_qwen2, worker_env

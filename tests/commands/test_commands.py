@@ -17,9 +17,9 @@ from omegaconf import DictConfig
 import exgrpo_cli.commands.train as train_command
 from exgrpo_cli import commands
 from exgrpo_cli.commands.compose import with_overrides
-from exgrpo_cli.config import ConfigError, ExgrpoConfig, register_configs
+from exgrpo_cli.config.paths import config_dir
+from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig, register_configs
 from exgrpo_cli.errors import ExgrpoError, UsageError, exit_on_error
-from exgrpo_cli.paths import config_dir
 
 from conftest import REPO, cli_env, run_cli
 
@@ -206,7 +206,7 @@ PRINT_PRESET = """
 import sys
 import exgrpo_cli.commands.inspect_buffer as command
 command.run = lambda cfg: print("preset=" + cfg.model.preset)
-from exgrpo_cli.cli import main
+from exgrpo_cli.cli.main import main
 main(sys.argv[1:])
 """
 
@@ -245,7 +245,7 @@ FINAL = {"val/accuracy": 0.5, "loss/total": -0.25, "reward/accuracy": 2 / 3}
 def test_train_prints_the_summary_on_rank_0_only(
     rank: str | None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import exgrpo_cli.train.run as train_run
+    import exgrpo_cli.run.training as train_run
 
     calls: list[ExgrpoConfig] = []
 
@@ -302,7 +302,7 @@ def test_a_rank_that_crashes_logs_the_traceback_and_exits_1_without_a_line(
 ) -> None:
     import logging
 
-    import exgrpo_cli.train.run as train_run
+    import exgrpo_cli.run.training as train_run
 
     def crash(cfg: ExgrpoConfig) -> dict[str, float]:
         raise RuntimeError("a bug")

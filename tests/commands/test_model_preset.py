@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from exgrpo_cli.commands.model_preset import check_model_preset, problem
-from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
 
 from conftest import run_cli
 

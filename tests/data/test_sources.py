@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from exgrpo_cli.config import DataConfig
+from exgrpo_cli.config.schema import DataConfig
 from exgrpo_cli.data.bad_rows import (
     INVALID_JSON,
     INVALID_UTF8,
@@ -237,10 +237,10 @@ def test_skips_are_counted_per_file_and_later_ones_go_to_the_training_file(tmp_p
     val_path.write_bytes(GOOD[4] + b"[]\n[]\n")
     train, val, report = load_questions(_cfg(train_path, val_path=str(val_path)))
     assert (len(train), len(val)) == (4, 1)
-    # train/setup.py's prompt length filter, once the tokenizer is there: the first question's
+    # run/setup.py's prompt length filter, once the tokenizer is there: the first question's
     # prompt counts 300 tokens here, the others 10
     from exgrpo_cli.data.templates import get_template
-    from exgrpo_cli.train.setup import filter_long
+    from exgrpo_cli.run.setup import filter_long
 
     def tokenizer(text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
         return {"input_ids": [0] * (300 if train[0].question in text else 10)}

@@ -12,7 +12,7 @@ from exgrpo_cli.data.types import Question
 from exgrpo_cli.evaluation.validate import sample_and_grade
 from exgrpo_cli.reward.scorer import ScoreResult
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec
-from exgrpo_cli.train.loop import Trainer
+from exgrpo_cli.step.loop import Trainer
 
 from conftest import TINY
 

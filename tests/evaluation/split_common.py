@@ -10,8 +10,8 @@ from exgrpo_cli.algo.logprobs import ENTROPY
 from exgrpo_cli.data.synthetic import train_and_val
 from exgrpo_cli.data.templates import TEMPLATES
 from exgrpo_cli.evaluation.validate import sample_and_grade
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.policy.scoring import score_candidates
-from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.reward import RewardScorer
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.rollout.hf import HFEngine

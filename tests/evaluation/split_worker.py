@@ -10,8 +10,8 @@ import sys
 import torch
 from split_common import run_both  # noqa: E402  (beside this file)
 
-from exgrpo_cli.config import ModelConfig
-from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.config.schema import ModelConfig
+from exgrpo_cli.parallel import fsdp as D
 from exgrpo_cli.policy.model import load_model, load_tokenizer
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_cli.config import DataConfig, ExgrpoConfig
+from exgrpo_cli.config.schema import DataConfig, ExgrpoConfig
 from exgrpo_cli.data.templates import TEMPLATES
 from exgrpo_cli.evaluation import benchmarks as B
 
@@ -233,7 +233,7 @@ def test_paper_suite_presets(suite: str):
 
     from omegaconf import OmegaConf
 
-    from exgrpo_cli.config import EvalConfig
+    from exgrpo_cli.config.schema import EvalConfig
 
     preset = OmegaConf.to_container(OmegaConf.load(CONF_EVAL / f"{suite}.yaml"))
     assert preset["max_new_tokens"] == 8192

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from exgrpo_cli.commands.train import check_data_here, data_problems
-from exgrpo_cli.config import EvalConfig, ExgrpoConfig
+from exgrpo_cli.config.schema import EvalConfig, ExgrpoConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.evaluation import benchmarks as B
 

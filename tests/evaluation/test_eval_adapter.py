@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from exgrpo_cli.config import LoraConfig, ModelConfig
-from exgrpo_cli.policy import checkpoint as ckpt
+from exgrpo_cli.checkpoint import store as ckpt
+from exgrpo_cli.config.schema import LoraConfig, ModelConfig
 from exgrpo_cli.policy import lora
 from exgrpo_cli.policy.export import export_hf
 from exgrpo_cli.policy.model import load_model

@@ -77,7 +77,7 @@ def test_several_models_with_vllm_on_several_ranks_are_refused_before_any_rank_s
 
 
 def test_the_refusal_names_only_engines_that_need_it() -> None:
-    from exgrpo_cli.config import ConfigError, ExgrpoConfig
+    from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
     from exgrpo_cli.evaluation.runner import check_one_engine_per_rank
 
     cfg = ExgrpoConfig()

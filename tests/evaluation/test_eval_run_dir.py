@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.evaluation import report
 from exgrpo_cli.metrics.logger import MetricLogger
 
@@ -30,7 +30,7 @@ def test_eval_with_wandb_keeps_a_runs_metrics(tmp_path: Path, monkeypatch: pytes
 
 def test_skipped_benchmark_rows_are_counted_for_the_console(tmp_path: Path) -> None:
     """The count was only in the log; the runner prints `LoadedBenchmark.skipped` on stderr."""
-    from exgrpo_cli.config import DataConfig
+    from exgrpo_cli.config.schema import DataConfig
     from exgrpo_cli.evaluation.benchmarks import load_custom
 
     rows = [{"prompt": "1+1?", "ground_truth": "2"}, {"prompt": "", "ground_truth": "3"}, {"prompt": "2+2?"}]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.evaluation import regrade, runner
 from exgrpo_cli.evaluation import report as R
 from exgrpo_cli.evaluation.benchmarks import REGISTRY
@@ -165,7 +165,7 @@ def test_regrade_uses_each_rows_answer_rule():
 
 
 def test_regrade_says_when_rows_record_no_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    from exgrpo_cli.config import ExgrpoConfig
+    from exgrpo_cli.config.schema import ExgrpoConfig
 
     ruled = {**gen_row("m", "aime24", "q0", 0, "\\boxed{1}", "1"), "think_rule": "whole"}
     old = gen_row("m", "aime24", "q0", 1, "<think>a</think>\\boxed{1}", "1")
@@ -176,7 +176,7 @@ def test_regrade_says_when_rows_record_no_rule(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_read_generations_refuses_an_unknown_think_rule(tmp_path: Path):
-    from exgrpo_cli.config import ConfigError
+    from exgrpo_cli.config.schema import ConfigError
 
     row = gen_row("m", "aime24", "q0", 0, "r", "1")
     path = tmp_path / "g.jsonl"
@@ -186,7 +186,7 @@ def test_read_generations_refuses_an_unknown_think_rule(tmp_path: Path):
 
 
 def test_read_generations_refuses_incomplete_rows(tmp_path: Path):
-    from exgrpo_cli.config import ConfigError
+    from exgrpo_cli.config.schema import ConfigError
 
     path = tmp_path / "g.jsonl"
     path.write_text(json.dumps({"model": "m", "benchmark": "x"}) + "\n")
@@ -208,7 +208,7 @@ def test_models_to_run_labels_and_paths(tmp_path: Path):
     (ckpt / "COMPLETE").write_text(json.dumps({"step": 10}))  # written before manifests: not verifiable
     assert runner.resolve_model_path(str(tmp_path / "run")) == str(ckpt / "model")
     assert runner.resolve_model_path(str(ckpt)) == str(ckpt / "model")
-    from exgrpo_cli.config import ConfigError
+    from exgrpo_cli.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="no such folder"):
         runner.resolve_model_path(str(tmp_path / "nope"))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from exgrpo_cli.config import ModelConfig
+from exgrpo_cli.config.schema import ModelConfig
 from exgrpo_cli.policy.model import load_model, load_tokenizer
 
 from conftest import torchrun, worker_env

@@ -49,13 +49,13 @@ def test_rows_without_a_source_count_as_the_official_unknown() -> None:
 
 
 def test_the_training_validation_logs_the_per_source_scores() -> None:
-    """train/run.py `validate`: what every validation of `exgrpo train` logs (and what
+    """run/training.py `validate`: what every validation of `exgrpo train` logs (and what
     checkpoints/best compares under trainer.best_metric)."""
     from exgrpo_cli.data.templates import TEMPLATES
-    from exgrpo_cli.policy.sharding import DataParallel
+    from exgrpo_cli.parallel.sharding import DataParallel
     from exgrpo_cli.reward.scorer import ScoreResult
     from exgrpo_cli.rollout.base import Rollout
-    from exgrpo_cli.train.run import validate
+    from exgrpo_cli.run.training import validate
 
     class Engine:
         def generate(self, prompts: Any, n: list[int], spec: Any) -> list[Rollout]:

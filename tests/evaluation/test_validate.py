@@ -8,8 +8,8 @@ import pytest
 from exgrpo_cli.data.templates import TEMPLATES
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.evaluation.validate import sample_and_grade
-from exgrpo_cli.policy import sharding as S
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.parallel import sharding as S
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.reward.scorer import ScoreResult
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec
 

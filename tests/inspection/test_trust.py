@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exgrpo_cli.config import COMMAND_ONLY, ExgrpoConfig, with_own_command_only
+from exgrpo_cli.config.schema import COMMAND_ONLY, ExgrpoConfig, with_own_command_only
 from exgrpo_cli.inspection.show import show_question
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 

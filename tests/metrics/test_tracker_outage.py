@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from exgrpo_cli.config import LoggerConfig, WandbConfig
+from exgrpo_cli.config.schema import LoggerConfig, WandbConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.metrics import logger as logger_mod
 from exgrpo_cli.metrics.logger import MetricLogger, probe_server

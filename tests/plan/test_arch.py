@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from exgrpo_cli.config import ArchConfig, ModelConfig
-from exgrpo_cli.paths import config_dir
+from exgrpo_cli.config.paths import config_dir
+from exgrpo_cli.config.schema import ArchConfig, ModelConfig
 from exgrpo_cli.plan import arch as A
 from exgrpo_cli.plan.arch import Arch, ArchitectureUnavailable, arch_from_config_json, resolve_architecture
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig
-from exgrpo_cli.config_checks import parse_plan_devices, validate
-from exgrpo_cli.variants import check_variants
+from exgrpo_cli.commands.variants import check_variants
+from exgrpo_cli.config.checks import parse_plan_devices, validate
+from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from exgrpo_cli.commands.train import weights_source
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 
 from conftest import run_cli
 

@@ -8,13 +8,13 @@ import dataclasses
 import pytest
 from plan.test_memory import X
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
+from exgrpo_cli.parallel.placement import OFFLOAD_MODES
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.fixes import knobs, more_devices, runtime_fixes
 from exgrpo_cli.plan.inputs import Devices, inputs_from_config, planned_devices
 from exgrpo_cli.plan.memory import GiB, PlanInputs, plan_memory
 from exgrpo_cli.plan.report import PlanDoesNotFit, check_memory, format_plan
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 QWEN7 = Arch(3584, 18944, 28, 28, 4, 152064, False, 131072, attention_bias=True, source="test")
 # test_memory's inputs (flash attention, checkpointing, vLLM at half the memory, no offload) on one

@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from exgrpo_cli.parallel.placement import NO_OFFLOAD
 from exgrpo_cli.plan.arch import arch_from_config_json
 from exgrpo_cli.plan.engines import ENGINE_MEMORY
 from exgrpo_cli.plan.memory import BACKWARD, STEP, GiB, PlanInputs, plan_memory
 from exgrpo_cli.policy.forward import forward_logprobs, pack
-from exgrpo_cli.policy.placement import NO_OFFLOAD
 
 CONFIG = dict(
     model_type="qwen2",
@@ -62,7 +62,7 @@ def _planned(checkpointing: bool, phase: int) -> int:
 def test_measured_peaks_are_within_the_plan(checkpointing: bool) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from exgrpo_cli.policy.distributed import close_distributed, init_distributed, wrap_fsdp2
+    from exgrpo_cli.parallel.fsdp import close_distributed, init_distributed, wrap_fsdp2
     from exgrpo_cli.policy.model import enable_checkpointing
 
     torch.manual_seed(0)
@@ -71,7 +71,7 @@ def test_measured_peaks_are_within_the_plan(checkpointing: bool) -> None:
     dist = init_distributed(device="cuda")  # the trainer's one-GPU run: a one-rank NCCL group
     model = Qwen2ForCausalLM(cfg).to("cuda", torch.bfloat16)
     enable_checkpointing(model, checkpointing)  # the trainer's kind (non-reentrant)
-    model = wrap_fsdp2(model, dist)  # FSDP2 on one rank, as train/setup.py wraps it
+    model = wrap_fsdp2(model, dist)  # FSDP2 on one rank, as run/setup.py wraps it
     model.config.use_cache = False
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.config_checks import validate
+from exgrpo_cli.config.checks import validate
+from exgrpo_cli.config.schema import ExgrpoConfig
+from exgrpo_cli.parallel.placement import OFFLOAD_MODES
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.host import (
     PROCESS_BYTES,
@@ -26,7 +27,6 @@ from exgrpo_cli.plan.host import (
 from exgrpo_cli.plan.inputs import planned_devices
 from exgrpo_cli.plan.memory import GiB, PlanInputs, plan_memory
 from exgrpo_cli.plan.report import PlanDoesNotFit, check_memory
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 from conftest import run_cli
 
@@ -126,7 +126,7 @@ def test_the_host_settings_are_checked() -> None:
 
 
 def test_validation_sleeps_at_the_configured_level(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exgrpo_cli.train import run
+    from exgrpo_cli.run import training as run
 
     levels: list[bool] = []
     engine = SimpleNamespace(release=lambda keep_weights=False: levels.append(keep_weights))

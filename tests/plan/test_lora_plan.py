@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from plan.test_memory import TOY, X
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig
-from exgrpo_cli.config_checks import validate
+from exgrpo_cli.config.checks import validate
+from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.fixes import LORA_NOTE, lora_fixes
 from exgrpo_cli.plan.lora import adapter_params, largest_adapter_param, vllm_lora_buffer_bytes

@@ -12,6 +12,7 @@ import inspect
 
 import pytest
 
+from exgrpo_cli.parallel.placement import OFFLOAD_MODES
 from exgrpo_cli.plan.activations import (
     LOGIT_TEMPS,
     activation_bytes_per_token,
@@ -29,7 +30,6 @@ from exgrpo_cli.plan.memory import (
     plan_memory,
     vllm_workspace_bytes,
 )
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
 
 TOY = Arch(
     hidden_size=8,
@@ -168,7 +168,7 @@ def test_one_cpu_process_is_never_sharded_whatever_the_offload() -> None:
 
 
 def test_one_gpu_shards_with_fsdp2_and_its_mixed_precision() -> None:
-    """On a GPU FSDP2 wraps even one rank (policy/distributed.shards_alone), so its bf16 compute
+    """On a GPU FSDP2 wraps even one rank (parallel/fsdp.shards_alone), so its bf16 compute
     and offload apply there too."""
     one = dataclasses.replace(X, ranks=1)
     assert one.fsdp and plan_memory(TOY, one).inputs.compute_bytes == 2

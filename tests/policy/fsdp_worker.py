@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.offload import gather_full as full  # a DTensor shard's full tensor, else the tensor
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.checkpoint import optimizer_files
+from exgrpo_cli.parallel import fsdp as D
+from exgrpo_cli.parallel.offload import gather_full as full  # a DTensor shard's full tensor, else the tensor
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.rollout.vllm_weights import named_tensors
 
 from conftest import tiny_qwen2
@@ -176,7 +177,7 @@ def main(out_path: str) -> None:
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model2, dict(sd) if dist.is_main else {}, options=options)
     legacy = copy.deepcopy(ref_opt.state_dict()) if dist.is_main else {}
-    D.load_full_optimizer_state_dict(model2, opt2, legacy, dist)
+    optimizer_files.load_full_optimizer_state_dict(model2, opt2, legacy, dist)
     sd2 = gathered_weights(model2, dist)
     ref_state = ref_opt.state_dict()["state"]
     resumed_diff = max(

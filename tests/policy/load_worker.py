@@ -14,8 +14,9 @@ import torch
 from fsdp_worker import build, full, gathered_weights, mean_token_nll  # noqa: E402  (the tests folder is on sys.path)
 from safetensors.torch import save_file
 
-from exgrpo_cli.config import ModelConfig
-from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.checkpoint import optimizer_files
+from exgrpo_cli.config.schema import ModelConfig
+from exgrpo_cli.parallel import fsdp as D
 from exgrpo_cli.policy.model import load_sharded
 
 STOP_IDS = [2, 7]
@@ -57,7 +58,7 @@ def main(out_dir: str) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss.backward()
     opt.step()
-    D.save_optimizer(model, opt, out / "optimizer", dist)
+    optimizer_files.save_optimizer(model, opt, out / "optimizer", dist)
     # AdamW's full state by the one-process layout's parameter ids, gathered (a collective)
     moments = {f"{i}.{k}": full(v) for i, p in enumerate(model.parameters()) for k, v in opt.state[p].items()}
     weights = {n: full(p.detach()).clone() for n, p in model.named_parameters()}

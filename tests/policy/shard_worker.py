@@ -21,10 +21,11 @@ import sys
 
 import torch
 
-from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.offload import HostAdamW
-from exgrpo_cli.policy.offload import gather_full as full  # a DTensor shard's full tensor, else the tensor
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.checkpoint import optimizer_files
+from exgrpo_cli.parallel import fsdp as D
+from exgrpo_cli.parallel.offload import HostAdamW
+from exgrpo_cli.parallel.offload import gather_full as full  # a DTensor shard's full tensor, else the tensor
+from exgrpo_cli.parallel.sharding import DataParallel
 
 LR, STEPS = 1e-2, 3
 
@@ -114,7 +115,7 @@ def one_rank_fsdp(dist: DataParallel) -> dict[str, float]:
     model = fully_shard(build(), mesh=mesh)
     set_model_state_dict(model, ref.state_dict(), options=StateDictOptions(full_state_dict=True))
     opt = torch.optim.AdamW(model.parameters(), lr=0.5)
-    D.load_full_optimizer_state_dict(model, opt, legacy, dist)
+    optimizer_files.load_full_optimizer_state_dict(model, opt, legacy, dist)
     assert opt.param_groups[0]["lr"] == LR
     assert all(isinstance(opt.state[p]["exp_avg"], DTensor) for p in model.parameters())
     for m, o in ((model, opt), (ref, ref_opt)):
@@ -128,12 +129,12 @@ def one_rank_fsdp(dist: DataParallel) -> dict[str, float]:
     assert legacy_diff < 1e-6, legacy_diff
 
     with tempfile.TemporaryDirectory() as tmp:
-        D.save_optimizer(model, opt, Path(tmp), dist)
+        optimizer_files.save_optimizer(model, opt, Path(tmp), dist)
         again = fully_shard(build(), mesh=mesh)
         again_opt = torch.optim.AdamW(again.parameters(), lr=0.5)
         again(x).sum().backward()  # AdamW's state exists once it has stepped
         again_opt.step()
-        D.load_optimizer(again, again_opt, Path(tmp), dist)
+        optimizer_files.load_optimizer(again, again_opt, Path(tmp), dist)
     files_diff = max(
         float((full(opt.state[p][k]) - full(again_opt.state[q][k])).abs().max())
         for p, q in zip(model.parameters(), again.parameters())

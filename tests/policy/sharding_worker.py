@@ -1,4 +1,4 @@
-"""One rank of the 2-rank check of policy/sharding.py, launched by tests/policy/test_sharding.py
+"""One rank of the 2-rank check of parallel/sharding.py, launched by tests/policy/test_sharding.py
 under torchrun (gloo, CPU): `python sharding_worker.py OUT_JSON`. Every rank works out its share of
 7 items, the shares are merged, scalars reduced and rank 0's value shared over gloo; rank 0
 writes what it got to OUT_JSON. What the ranks do with a wrong split or diverged digests is plain
@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.parallel import fsdp as D
 
 
 def main(out: str) -> None:

@@ -1,5 +1,5 @@
 """FSDP2 on CPU/gloo with two ranks against a one-process reference (see fsdp_worker.py), and the
-one-rank fallbacks of exgrpo_cli.policy.distributed."""
+one-rank fallbacks of exgrpo_cli.parallel.fsdp."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 import torch
 from policy.gloo_ranks import run_gloo_ranks
 
-from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.checkpoint import optimizer_files
+from exgrpo_cli.parallel import fsdp as D
+from exgrpo_cli.parallel.sharding import DataParallel
 
 from conftest import REPO, worker_env
 
@@ -46,7 +47,7 @@ def test_single_rank_is_plain_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
     opt.step()
     osd = opt.state_dict()  # a legacy checkpoint's layout
     fresh = torch.optim.AdamW(model.parameters())
-    D.load_full_optimizer_state_dict(model, fresh, osd, dist)
+    optimizer_files.load_full_optimizer_state_dict(model, fresh, osd, dist)
     assert torch.equal(fresh.state[model.weight]["exp_avg"], opt.state[model.weight]["exp_avg"])
 
 
@@ -75,7 +76,7 @@ def test_rank0_reads_the_weights_and_a_two_rank_optimizer_resumes_on_one(tmp_pat
     model = worker.build()
     model.load_state_dict(load_file(str(tmp_path / "weights.safetensors")), strict=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    D.load_optimizer(model, opt, tmp_path / "optimizer", DataParallel())
+    optimizer_files.load_optimizer(model, opt, tmp_path / "optimizer", DataParallel())
     expected = load_file(str(tmp_path / "optimizer_full.safetensors"))
     state = opt.state_dict()["state"]
     assert len(state) == len({k.split(".")[0] for k in expected})

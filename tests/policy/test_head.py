@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from exgrpo_cli.algo.logprobs import chunked_token_logprobs, token_logprobs
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.policy.forward import forward_logprobs, pack
 from exgrpo_cli.policy.head import FP32OutputHead, head_compute_dtype, use_fp32_head

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from exgrpo_cli.config import ExgrpoConfig, LoraConfig, ModelConfig
+from exgrpo_cli.config.schema import ExgrpoConfig, LoraConfig, ModelConfig
 from exgrpo_cli.errors import UsageError
+from exgrpo_cli.parallel.offload import HostAdamW
 from exgrpo_cli.policy import lora
 from exgrpo_cli.policy.export import export_hf
 from exgrpo_cli.policy.model import load_model
-from exgrpo_cli.policy.offload import HostAdamW
 
 IDS = torch.tensor([[5, 17, 40, 3, 99, 12, 7, 64]])
 
@@ -88,8 +88,8 @@ def test_refusals_name_the_problem(tiny_model: Path) -> None:
 
 
 def test_range_checks() -> None:
-    from exgrpo_cli.config import ConfigError
-    from exgrpo_cli.config_checks import validate
+    from exgrpo_cli.config.checks import validate
+    from exgrpo_cli.config.schema import ConfigError
 
     for bad in ({"rank": -1}, {"alpha": 0.0}, {"dropout": 1.0}, {"target_modules": []}):
         cfg = ExgrpoConfig()

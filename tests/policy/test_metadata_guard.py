@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from exgrpo_cli.policy import checkpoint as ckpt
-from exgrpo_cli.policy.distributed import load_optimizer, read_optimizer_tensors, save_optimizer
-from exgrpo_cli.policy.metadata_guard import METADATA_FILE, NotDataError, read_metadata, refusal
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.checkpoint import store as ckpt
+from exgrpo_cli.checkpoint.metadata_guard import METADATA_FILE, NotDataError, read_metadata, refusal
+from exgrpo_cli.checkpoint.optimizer_files import load_optimizer, read_optimizer_tensors, save_optimizer
+from exgrpo_cli.parallel.sharding import DataParallel
 
 
 class _Touch:

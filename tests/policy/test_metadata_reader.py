@@ -18,7 +18,7 @@ import pytest
 import torch
 from policy.test_metadata_guard import _trained
 
-from exgrpo_cli.policy.metadata_guard import (
+from exgrpo_cli.checkpoint.metadata_guard import (
     MAX_MESSAGE,
     METADATA_FILE,
     NotDataError,
@@ -78,7 +78,7 @@ def test_a_refused_torch_name_imports_nothing(tmp_path: Path) -> None:
     (tmp_path / METADATA_FILE).write_bytes(crafted)
     code = (
         "import sys, torch; from pathlib import Path\n"
-        "from exgrpo_cli.policy.metadata_guard import refusal\n"
+        "from exgrpo_cli.checkpoint.metadata_guard import refusal\n"
         "assert 'torch.onnx' not in sys.modules\n"
         f"print(refusal(Path({str(tmp_path)!r})) is not None, 'torch.onnx' in sys.modules)\n"
     )

@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from exgrpo_cli.config import ModelConfig
-from exgrpo_cli.policy import distributed as D
-from exgrpo_cli.policy import sharding as S
+from exgrpo_cli.checkpoint import optimizer_files
+from exgrpo_cli.config.schema import ModelConfig
+from exgrpo_cli.parallel import fsdp as D
+from exgrpo_cli.parallel import sharding as S
+from exgrpo_cli.parallel.offload import HostAdamW
+from exgrpo_cli.parallel.placement import OFFLOAD_MODES
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.policy.model import load_model, materialize
-from exgrpo_cli.policy.offload import HostAdamW
-from exgrpo_cli.policy.placement import OFFLOAD_MODES
-from exgrpo_cli.policy.sharding import DataParallel
 
 
 def _steps(opt_cls: type[torch.optim.Optimizer], **kw: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -45,10 +46,10 @@ def test_host_adamw_is_adamw() -> None:
 
 def test_host_adamw_state_round_trips_in_place(tmp_path: Path) -> None:
     model, opt = _steps(HostAdamW)
-    D.save_optimizer(model, opt, tmp_path, DataParallel())
+    optimizer_files.save_optimizer(model, opt, tmp_path, DataParallel())
     fresh = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
     opt2 = HostAdamW(fresh.parameters(), lr=0.5)
-    D.load_optimizer(fresh, opt2, tmp_path, DataParallel())
+    optimizer_files.load_optimizer(fresh, opt2, tmp_path, DataParallel())
     assert opt2.param_groups[0]["lr"] == 1e-2 and opt2.param_groups[0]["betas"] == (0.9, 0.99)
     for p, q in zip(model.parameters(), fresh.parameters()):
         assert torch.equal(opt.state[p]["exp_avg_sq"], opt2.state[q]["exp_avg_sq"])
@@ -172,7 +173,7 @@ def test_the_checkpoint_export_gathers_on_the_compute_device(
 def test_grad_clipping_of_offloaded_gradients_reduces_one_scalar_on_the_compute_device(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from exgrpo_cli.policy import offload
+    from exgrpo_cli.parallel import offload
 
     params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
     params[0].grad, params[1].grad = torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 4.0])

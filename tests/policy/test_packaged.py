@@ -11,9 +11,9 @@ from typing import NoReturn
 
 import pytest
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig
+from exgrpo_cli.commands.variants import check_variants
+from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
 from exgrpo_cli.policy import packaged
-from exgrpo_cli.variants import check_variants
 
 from conftest import run_cli
 

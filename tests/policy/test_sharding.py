@@ -1,4 +1,4 @@
-"""policy/sharding.py: which items are a rank's, and every rank's results put back together.
+"""parallel/sharding.py: which items are a rank's, and every rank's results put back together.
 
 One process (nothing exchanged), two ranks simulated by threads exchanging objects (the step's
 use: rewards and log-probs keyed by group), and two real gloo ranks (sharding_worker.py)."""
@@ -13,8 +13,8 @@ import pytest
 from policy.gloo_ranks import run_gloo_ranks
 from thread_ranks import Exchange, run_ranks
 
-from exgrpo_cli.policy import sharding as S
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.parallel import sharding as S
+from exgrpo_cli.parallel.sharding import DataParallel
 
 WORKER = Path(__file__).resolve().parent / "sharding_worker.py"
 

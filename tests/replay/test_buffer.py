@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay import QUESTION_SELECTION, ExperienceBuffer, bucket_probabilities
 from exgrpo_cli.replay.mixing import Group, Response

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.indexed_set import IndexedSet
 from exgrpo_cli.replay.selection import QUESTION_SELECTION

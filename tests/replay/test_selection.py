@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.replay import (
     QUESTION_SELECTION,
     ExperienceBuffer,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from exgrpo_cli.config import RewardModelConfig
+from exgrpo_cli.config.schema import RewardModelConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.reward.reward_model import ModelReward, RewardModelError
 

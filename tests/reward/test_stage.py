@@ -1,5 +1,5 @@
 """The reward stage shared by every kind: the threshold of "correct", the failure streak, and the
-step's grading and metrics (reward/stage.py, train/reward_step.py)."""
+step's grading and metrics (reward/stage.py, step/reward.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, Response
 from exgrpo_cli.reward.scorer import ScoreResult
 from exgrpo_cli.reward.stage import REWARDS, Reward, RewardFailed
-from exgrpo_cli.train.reward_step import grade_step
+from exgrpo_cli.step.reward import grade_step
 
 
 class Fixed:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_cli.config import ConfigError
+from exgrpo_cli.config.schema import ConfigError
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.reward.user_function import FunctionReward, call_arguments, check_output, load_function
 

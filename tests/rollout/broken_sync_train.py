@@ -21,6 +21,6 @@ def consume_only(self: Any, weights: Iterable[Any] | Mapping[str, Any]) -> int:
 vllm_ext.WeightSyncExtension.exgrpo_reload_weights = consume_only  # type: ignore[method-assign]
 
 if __name__ == "__main__":
-    from exgrpo_cli.cli import main
+    from exgrpo_cli.cli.main import main
 
     main(sys.argv[1:])

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from exgrpo_cli.config import LoraConfig
+from exgrpo_cli.config.schema import LoraConfig
 from exgrpo_cli.policy.lora import apply_lora
 
 from conftest import tiny_qwen2

@@ -20,7 +20,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from exgrpo_cli.config import ExgrpoConfig  # noqa: E402
+from exgrpo_cli.config.schema import ExgrpoConfig  # noqa: E402
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec  # noqa: E402
 from exgrpo_cli.rollout.vllm_engine import VLLMEngine  # noqa: E402
 

@@ -31,12 +31,12 @@ from rollout.test_vllm_engine import (  # noqa: E402
 )
 from rollout.test_vllm_train import train_on_vllm  # noqa: E402
 
-from exgrpo_cli.config import ExgrpoConfig, LoraConfig  # noqa: E402
+from exgrpo_cli.config.schema import ExgrpoConfig, LoraConfig  # noqa: E402
+from exgrpo_cli.parallel.sharding import DataParallel  # noqa: E402
 from exgrpo_cli.policy.lora import apply_lora  # noqa: E402
-from exgrpo_cli.policy.sharding import DataParallel  # noqa: E402
 from exgrpo_cli.rollout.base import SamplingSpec  # noqa: E402
 from exgrpo_cli.rollout.vllm_engine import VLLMEngine  # noqa: E402
-from exgrpo_cli.train.divergence import EngineDivergence, check_synced_weights  # noqa: E402
+from exgrpo_cli.step.divergence import EngineDivergence, check_synced_weights  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 # the engine tests' module-scoped fixtures, here too: the random model's folder, one thread

@@ -37,8 +37,8 @@ def main(out_dir: Path, mode: str, tp: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from exgrpo_cli.config import ExgrpoConfig
-    from exgrpo_cli.policy import distributed as D
+    from exgrpo_cli.config.schema import ExgrpoConfig
+    from exgrpo_cli.parallel import fsdp as D
     from exgrpo_cli.rollout import vllm_engine
     from exgrpo_cli.rollout.base import SamplingSpec
 

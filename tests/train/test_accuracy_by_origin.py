@@ -2,7 +2,7 @@
 
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.mixing import Group, Response
-from exgrpo_cli.train.metrics import accuracy_by_origin
+from exgrpo_cli.step.metrics import accuracy_by_origin
 
 
 def _group(uid: str, rewards: list[float], replayed_reward: float | None = None) -> Group:

@@ -37,7 +37,7 @@ def test_keep_best_keeps_the_best_validation_checkpoint_for_eval(tiny_model: Pat
 
 
 def _published(root: Path, step: int) -> Path:
-    from exgrpo_cli.policy import checkpoint as ckpt
+    from exgrpo_cli.checkpoint import store as ckpt
 
     def write(tmp: Path) -> None:
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step}))
@@ -52,9 +52,9 @@ def test_the_best_score_comes_from_the_resumed_state_not_from_an_abandoned_futur
     0.2), not with checkpoints/best left by the abandoned steps (0.9)."""
     from types import SimpleNamespace
 
-    from exgrpo_cli.policy import checkpoint as ckpt
-    from exgrpo_cli.policy.sharding import DataParallel
-    from exgrpo_cli.train.run import _Best
+    from exgrpo_cli.checkpoint import store as ckpt
+    from exgrpo_cli.parallel.sharding import DataParallel
+    from exgrpo_cli.run.training import _Best
 
     root = tmp_path / "checkpoints"
     ckpt.keep_best(root, _published(root, 5), 5, 0.9, "val/accuracy")  # the abandoned future's best
@@ -70,9 +70,9 @@ def test_a_stop_between_the_save_and_the_best_link_is_finished_at_resume(tmp_pat
     as checkpoints/best: the resumed run links it."""
     from types import SimpleNamespace
 
-    from exgrpo_cli.policy import checkpoint as ckpt
-    from exgrpo_cli.policy.sharding import DataParallel
-    from exgrpo_cli.train.run import _Best
+    from exgrpo_cli.checkpoint import store as ckpt
+    from exgrpo_cli.parallel.sharding import DataParallel
+    from exgrpo_cli.run.training import _Best
 
     root = tmp_path / "checkpoints"
     ckpt.keep_best(root, _published(root, 1), 1, 0.2, "val/accuracy")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from exgrpo_cli.policy import checkpoint as ckpt
+from exgrpo_cli.checkpoint import store as ckpt
 
 
 def _write(payload: str) -> Callable[[Path], None]:
@@ -37,8 +37,8 @@ def test_latest_pointer_prune_and_torn_write(tmp_path: Path):
 def test_optimizer_state_round_trip(tmp_path: Path):
     """The optimizer state is written with torch.distributed.checkpoint (one process here) and
     read back exactly, param groups included."""
-    from exgrpo_cli.policy.distributed import load_optimizer, read_optimizer_tensors, save_optimizer
-    from exgrpo_cli.policy.sharding import DataParallel
+    from exgrpo_cli.checkpoint.optimizer_files import load_optimizer, read_optimizer_tensors, save_optimizer
+    from exgrpo_cli.parallel.sharding import DataParallel
 
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)

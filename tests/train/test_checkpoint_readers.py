@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_cli.config import ConfigError
+from exgrpo_cli.checkpoint import store as ckpt
+from exgrpo_cli.config.schema import ConfigError
 from exgrpo_cli.evaluation.runner import resolve_model_path
-from exgrpo_cli.policy import checkpoint as ckpt
 
 from conftest import run_cli
 

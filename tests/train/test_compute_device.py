@@ -19,16 +19,16 @@ from update_plans import toy_plan
 
 from exgrpo_cli.algo import group_advantages
 from exgrpo_cli.algo.logprobs import NLL
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy import distributed as D
+from exgrpo_cli.parallel import fsdp as D
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.policy import scoring
 from exgrpo_cli.policy.forward import SequenceBatch
-from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
-from exgrpo_cli.train import update
-from exgrpo_cli.train.loop import Trainer
-from exgrpo_cli.train.setup import choices
+from exgrpo_cli.run.setup import choices
+from exgrpo_cli.step import update
+from exgrpo_cli.step.loop import Trainer
 
 META = torch.device("meta")
 

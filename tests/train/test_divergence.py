@@ -18,19 +18,19 @@ import torch
 from update_plans import toy_plan
 
 from exgrpo_cli.algo import group_advantages
-from exgrpo_cli.config import ModelConfig
+from exgrpo_cli.config.schema import ModelConfig
 from exgrpo_cli.data.types import Question
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.policy.model import load_model, load_tokenizer
-from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
-from exgrpo_cli.train.divergence import (
+from exgrpo_cli.step.divergence import (
     EngineDivergence,
     check_engine_logprobs,
     engine_check,
     nucleus_slack,
 )
-from exgrpo_cli.train.offpolicy import offpolicy_sums
-from exgrpo_cli.train.update import policy_update
+from exgrpo_cli.step.offpolicy import offpolicy_sums
+from exgrpo_cli.step.update import policy_update
 
 from conftest import FAKE_VLLM_ENV, metrics, run_cli
 
@@ -45,7 +45,7 @@ def _batch(engine_logp: list[float], replayed_logp: list[float]) -> object:
 
 
 def _gaps(trainer: dict[int, list[float]], batch: object) -> object:
-    """The fresh-token sums the update hands the check (train/offpolicy.py)."""
+    """The fresh-token sums the update hands the check (step/offpolicy.py)."""
     return offpolicy_sums(trainer, batch, None).mismatch  # type: ignore[arg-type]
 
 

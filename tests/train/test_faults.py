@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from policy.test_metadata_guard import _Touch
 
-from exgrpo_cli.policy import checkpoint as ckpt
+from exgrpo_cli.checkpoint import store as ckpt
 
 from conftest import SMALL_RUN, SharedRun, metrics, run_cli, shared_train_run, train_ok
 from shared_artefacts import private_copy

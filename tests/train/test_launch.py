@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_cli.config import ConfigError, ExgrpoConfig
-from exgrpo_cli.config_checks import validate
-from exgrpo_cli.train.launch import resolve_nproc
+from exgrpo_cli.config.checks import validate
+from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
+from exgrpo_cli.run.launch import resolve_nproc
 
 from conftest import REPO, SMALL_RUN, cli_env, metrics, run_cli
 

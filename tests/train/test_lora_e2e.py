@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 from train.test_resume import ARGS as RESUME_ARGS
 
-from exgrpo_cli.policy import checkpoint as ckpt
-from exgrpo_cli.policy.distributed import read_optimizer_tensors
+from exgrpo_cli.checkpoint import store as ckpt
+from exgrpo_cli.checkpoint.optimizer_files import read_optimizer_tensors
 
 from conftest import (
     SMALL_RUN,
@@ -61,7 +61,7 @@ def reference(request: pytest.FixtureRequest) -> Path:
 
 def test_the_checkpoint_holds_the_adapter_and_only_its_optimizer_state(reference: Path) -> None:
     ck = reference / "checkpoints" / "step_4"
-    # checksums of every file, the optimizer metadata read as data (policy/metadata_guard.py)
+    # checksums of every file, the optimizer metadata read as data (checkpoint/metadata_guard.py)
     assert ckpt.verify(ck) is None
     adapter = load_file(str(ck / "adapter" / "adapter_model.safetensors"))
     assert adapter and all(".lora_A." in k or ".lora_B." in k for k in adapter)

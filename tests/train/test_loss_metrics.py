@@ -12,9 +12,9 @@ import pytest
 from thread_ranks import run_ranks, thread_world
 
 from exgrpo_cli.algo.losses import LossStats
-from exgrpo_cli.policy.sharding import DataParallel
-from exgrpo_cli.train import metrics
-from exgrpo_cli.train.update import UpdateResult
+from exgrpo_cli.parallel.sharding import DataParallel
+from exgrpo_cli.step import metrics
+from exgrpo_cli.step.update import UpdateResult
 
 # rank 0 replays nothing; rank 1 has three times the fresh tokens, and replays
 RANKS = [

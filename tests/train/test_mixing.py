@@ -8,8 +8,8 @@ import torch
 from exgrpo_cli.algo import group_advantages
 from exgrpo_cli.data.sampler import QuestionSampler
 from exgrpo_cli.data.types import Question
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.policy.forward import micro_batches, pack, synced_micro_batches
-from exgrpo_cli.policy.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch, split_groups, update_order
 from exgrpo_cli.replay.schedule import DelayedStart
 
@@ -93,7 +93,7 @@ def test_pack_left_pads_prompts_and_right_pads_responses():
 def test_response_logprobs_match_each_row_alone(tiny_model: Path):
     """Padding on both sides and the response-only projection change nothing: each row's
     log-probs and entropies equal those of the row run alone without padding."""
-    from exgrpo_cli.config import ModelConfig
+    from exgrpo_cli.config.schema import ModelConfig
     from exgrpo_cli.policy.forward import forward_logprobs
     from exgrpo_cli.policy.model import load_model
 
@@ -138,7 +138,7 @@ def test_sampler_epochs_skip_retired_from_next_epoch_and_resume_exactly():
 
 
 def test_step_rngs_are_independent_of_history():
-    from exgrpo_cli.train.step_context import step_rng
+    from exgrpo_cli.step.loop import step_rng
 
     a = step_rng(0, 5, 2).integers(1 << 30, size=3)
     step_rng(0, 4, 2).integers(1 << 30, size=100)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from exgrpo_cli.replay.schedule import DelayedStart
-from exgrpo_cli.train.notices import (
+from exgrpo_cli.run.notices import (
     MIN_WAIT_STEPS,
     delayed_start_warning,
     replay_status,
@@ -44,7 +44,7 @@ def _warnings(
     total: int, start: int = 1, active_from: int | None = None, ratio: float = 0.5, threshold: float = 0.35
 ) -> list[tuple[int, str]]:
     """(step, message) for each warning of a run from `start` to `total`, keeping `warned` as
-    train/run.py does."""
+    run/training.py does."""
     said: list[tuple[int, str]] = []
     warned = False
     for step in range(start, total + 1):
@@ -130,7 +130,7 @@ def test_summary_is_silent_with_replay_off() -> None:
 
 
 def test_a_run_of_the_real_switch_says_each_thing_once() -> None:
-    """The calls train/run.py makes, step by step, around DelayedStart."""
+    """The calls run/training.py makes, step by step, around DelayedStart."""
     switch = DelayedStart(0.35)
     total, fires_at = 100, 30
     statuses, warnings = [], []

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 from toy_trainer import toy_state, toy_trainer
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response
-from exgrpo_cli.train.loop import Trainer
+from exgrpo_cli.step.loop import Trainer
 
 
 def _trainer(cfg: ExgrpoConfig) -> Trainer:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_cli.train.offpolicy import TREND_MIN_RISE, MismatchWatch
+from exgrpo_cli.step.offpolicy import TREND_MIN_RISE, MismatchWatch
 
 from conftest import FAKE_VLLM_ENV, metrics, train_ok
 

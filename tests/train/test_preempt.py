@@ -14,9 +14,9 @@ import pytest
 from slurm_stub import stub_scontrol
 
 from exgrpo_cli.errors import ExgrpoError
-from exgrpo_cli.slurm import run_name, slurm_job_id
-from exgrpo_cli.train import preempt
-from exgrpo_cli.train.preempt import STOP, STOP_AND_REQUEUE, StopRequested
+from exgrpo_cli.host import run_name, slurm_job_id
+from exgrpo_cli.run import preempt
+from exgrpo_cli.run.preempt import STOP, STOP_AND_REQUEUE, StopRequested
 
 
 @pytest.fixture
@@ -82,9 +82,9 @@ def test_the_default_run_dir_of_a_slurm_job(no_slurm: pytest.MonkeyPatch) -> Non
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from exgrpo_cli.config import register_configs
-    from exgrpo_cli.paths import config_dir
-    from exgrpo_cli.slurm import register_run_name_resolver
+    from exgrpo_cli.config.paths import config_dir
+    from exgrpo_cli.config.schema import register_configs
+    from exgrpo_cli.host import register_run_name_resolver
 
     register_configs()
     register_run_name_resolver()  # as the CLI does
@@ -124,7 +124,7 @@ def test_under_submitit_its_own_handler_requeues(tmp_path: Path, no_slurm: pytes
 
 
 def test_the_step_a_rank_died_in(tmp_path: Path) -> None:
-    from exgrpo_cli.train.rank_failure import step_in_flight
+    from exgrpo_cli.run.rank_failure import step_in_flight
 
     assert step_in_flight(tmp_path, 10) == "before step 1 (while starting)"
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n')

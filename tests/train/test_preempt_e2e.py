@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from slurm_stub import stub_scontrol
 
-from exgrpo_cli.policy.checkpoint import verify
-from exgrpo_cli.train.launch import rank_pids
+from exgrpo_cli.checkpoint.store import verify
+from exgrpo_cli.run.launch import rank_pids
 
 from conftest import SMALL_RUN, cli_env, metrics
 

@@ -9,7 +9,7 @@ import pytest
 from thread_ranks import run_ranks, thread_world
 
 from exgrpo_cli.errors import UsageError
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.parallel.sharding import DataParallel
 
 
 def _two_ranks(load: Any) -> list[Any]:

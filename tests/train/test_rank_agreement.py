@@ -14,14 +14,14 @@ import pytest
 from thread_ranks import Exchange, run_ranks
 from toy_trainer import toy_state, toy_trainer
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy import sharding as S
+from exgrpo_cli.parallel import sharding as S
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.mixing import Group, Response, build_mixed_batch
 from exgrpo_cli.reward.stage import Reward
-from exgrpo_cli.train.loop import Trainer
-from exgrpo_cli.train.state import RunState
+from exgrpo_cli.step.loop import Trainer
+from exgrpo_cli.step.state import RunState
 
 
 class Tok:
@@ -135,7 +135,7 @@ def test_stored_logprobs_are_gathered_from_the_rank_that_trained_them(
 ) -> None:
     """Each rank computes the trainer log-probs of its own groups only; every rank must store the
     same values, so they are all-gathered before the buffer update."""
-    from exgrpo_cli.train.update import UpdateResult
+    from exgrpo_cli.step.update import UpdateResult
 
     monkeypatch.setattr(S, "all_gather_object", Exchange(2))
 
@@ -157,7 +157,7 @@ def test_stored_logprobs_are_gathered_from_the_rank_that_trained_them(
 def test_no_gather_when_the_buffer_stores_no_trainer_logprobs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before the delayed start (the buffer collects nothing) and with the engine's log-probs
     stored, no rank gathers anything: every rank decides alike from the same groups and switch."""
-    from exgrpo_cli.train.update import UpdateResult
+    from exgrpo_cli.step.update import UpdateResult
 
     def no_gather(*args: object) -> None:
         raise AssertionError("gathered log-probs nobody stores")

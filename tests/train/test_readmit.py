@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from toy_trainer import toy_state, toy_trainer
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.mixing import Group, Response
-from exgrpo_cli.train.loop import Trainer
+from exgrpo_cli.step.loop import Trainer
 
 from conftest import SMALL_RUN, metrics, train_ok
 

@@ -1,6 +1,6 @@
 """A train step draws from none of the global RNGs (Python, NumPy, torch's CPU generator).
 
-Why a checkpoint may hold rank 0's global RNG states only (train/state.py): every random draw of a
+Why a checkpoint may hold rank 0's global RNG states only (step/state.py): every random draw of a
 step comes from generators derived from (trainer.seed, step), so a resumed rank repeats its steps
 whatever the global states are. Here: three steps of the built-in default at toy sizes, replay on
 from the first (candidate selection, replayed rows and the buffer included), leave them untouched.
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.train.setup import build_trainer
+from exgrpo_cli.config.schema import ExgrpoConfig
+from exgrpo_cli.run.setup import build_trainer
 
 
 def test_train_steps_leave_the_global_rngs_alone(tiny_model: Path) -> None:

@@ -21,11 +21,11 @@ from update_plans import toy_plan
 
 from exgrpo_cli.algo import group_advantages
 from exgrpo_cli.algo.rollout_correction import RolloutCorrection
-from exgrpo_cli.config import ModelConfig
+from exgrpo_cli.config.schema import ModelConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.policy.model import load_model, load_tokenizer
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
-from exgrpo_cli.train.update import UpdateResult, policy_update
+from exgrpo_cli.step.update import UpdateResult, policy_update
 
 from conftest import run_cli
 

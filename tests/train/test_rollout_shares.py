@@ -13,14 +13,14 @@ import pytest
 from thread_ranks import Exchange, run_ranks
 from toy_trainer import toy_state, toy_trainer
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.policy import sharding as S
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.parallel import sharding as S
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.replay.experience import Experience
 from exgrpo_cli.replay.mixing import Group
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec
-from exgrpo_cli.train.loop import Trainer
+from exgrpo_cli.step.loop import Trainer
 
 K = 4  # rollout.n
 STEP = 7

@@ -17,11 +17,11 @@ import pytest
 import torch
 from train.test_checkpoint import _write
 
-from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.policy import checkpoint as ckpt
-from exgrpo_cli.policy.sharding import DataParallel
-from exgrpo_cli.train import run_lock
-from exgrpo_cli.train.setup import ResumeRefused, check_resume_data, decide_resume
+from exgrpo_cli.checkpoint import store as ckpt
+from exgrpo_cli.config.schema import ExgrpoConfig
+from exgrpo_cli.parallel.sharding import DataParallel
+from exgrpo_cli.run import lock as run_lock
+from exgrpo_cli.run.setup import ResumeRefused, check_resume_data, decide_resume
 
 
 def _cfg(out: Path, **trainer: object) -> ExgrpoConfig:
@@ -170,7 +170,7 @@ def test_verify_refuses_what_is_not_a_listed_regular_file(tmp_path: Path, kind: 
 
 
 def _saved_optimizer(folder: Path, lr: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    from exgrpo_cli.policy.distributed import save_optimizer
+    from exgrpo_cli.checkpoint.optimizer_files import save_optimizer
 
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -182,8 +182,8 @@ def _saved_optimizer(folder: Path, lr: float) -> tuple[torch.nn.Module, torch.op
 
 def test_resume_keeps_the_configs_hyper_parameters_and_no_crafted_flag(tmp_path: Path) -> None:
     """The old load kept the checkpoint's lr and took any key of param_groups.json (maximize)."""
-    from exgrpo_cli.policy.distributed import PARAM_GROUPS, load_optimizer
-    from exgrpo_cli.policy.optimizer_groups import own_hyper, restore_hyper
+    from exgrpo_cli.checkpoint.optimizer_files import PARAM_GROUPS, load_optimizer
+    from exgrpo_cli.checkpoint.optimizer_groups import own_hyper, restore_hyper
 
     _saved_optimizer(tmp_path, lr=0.1)
     groups = json.loads((tmp_path / PARAM_GROUPS).read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from inspection.test_trust import crafted_model
 
-from exgrpo_cli.policy import checkpoint as ckpt
+from exgrpo_cli.checkpoint import store as ckpt
 
 from conftest import SMALL_RUN, run_cli, train_ok
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_cli.policy.distributed import free_port
+from exgrpo_cli.parallel.fsdp import free_port
 
 from conftest import REPO, SMALL_RUN, cli_env, metrics, run_captured
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from exgrpo_cli.config import ExgrpoConfig
-from exgrpo_cli.train import setup
+from exgrpo_cli.config.schema import ExgrpoConfig
+from exgrpo_cli.run import setup
 
 
 class StandInEngine:

@@ -14,11 +14,11 @@ import pytest
 import torch
 from thread_ranks import run_ranks, thread_world
 
-from exgrpo_cli.config import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import ExgrpoError, UsageError
-from exgrpo_cli.policy.sharding import DataParallel
-from exgrpo_cli.train import run
-from exgrpo_cli.train.preempt import StopRequested
+from exgrpo_cli.parallel.sharding import DataParallel
+from exgrpo_cli.run import training as run
+from exgrpo_cli.run.preempt import StopRequested
 
 
 def _cfg(questions: int, updates: int) -> ExgrpoConfig:
@@ -104,7 +104,7 @@ def test_offload_all_on_one_cpu_process_is_refused() -> None:
 def test_a_training_set_smaller_than_a_step_is_refused_before_the_model_loads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from exgrpo_cli.train import setup
+    from exgrpo_cli.run import setup
 
     def no_model(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was loaded before the refusal")

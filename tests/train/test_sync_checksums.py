@@ -1,4 +1,4 @@
-"""Stale but intact weights after a sync (train/divergence.check_synced_weights): a reload that
+"""Stale but intact weights after a sync (step/divergence.check_synced_weights): a reload that
 leaves the engine's previous weights in place samples from the policy one update old, a log-prob
 gap far below `rollout.max_logprob_diff`; the checksum of two synced tensors as the engine holds
 them catches it. With the stand-in vLLM (tests/rollout/fake_vllm) built on the tiny model, on a CPU,
@@ -14,10 +14,10 @@ import pytest
 import torch
 from train.test_divergence import ARGS  # the same short vLLM stand-in run
 
-from exgrpo_cli.policy.sharding import DataParallel
+from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.rollout.vllm_ext import CHECKSUM_MOD, bits_checksum
-from exgrpo_cli.train.divergence import EngineDivergence, check_synced_weights, checksum_names
+from exgrpo_cli.step.divergence import EngineDivergence, check_synced_weights, checksum_names
 
 from conftest import FAKE_VLLM_ENV, metrics, run_cli
 

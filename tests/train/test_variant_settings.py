@@ -14,16 +14,16 @@ import torch
 from toy_trainer import toy_state, toy_trainer
 
 from exgrpo_cli.algo.losses import POLICY_LOSSES, ExgrpoLoss, LossInputs
-from exgrpo_cli.config import AlgoConfig, ExgrpoConfig, ReplayConfig
+from exgrpo_cli.commands.variants import check_variants
+from exgrpo_cli.config.schema import AlgoConfig, ExgrpoConfig, ReplayConfig
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.selection import QUESTION_SELECTION, BucketedQuestions
-from exgrpo_cli.train.loop import Trainer
-from exgrpo_cli.variants import check_variants
+from exgrpo_cli.step.loop import Trainer
 
 
 @dataclass
-class ToyAlgo(AlgoConfig):  # the toy loss's own key, as config.py would declare it
+class ToyAlgo(AlgoConfig):  # the toy loss's own key, as config/schema.py would declare it
     toy_scale: float = field(default=1.0, metadata={"help": "the toy loss's factor"})
 
 

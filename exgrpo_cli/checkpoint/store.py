@@ -1,0 +1,380 @@
+"""Checkpoints on disk: written atomically by every rank, verified before they are trusted.
+
+Where it sits: around the step. `RunState.save` (step/state.py) hands `save_checkpoint` a
+`write(folder)` that every rank runs into the same temporary folder (rank 0 writes the model, the
+buffer and the trainer state; every rank its own part of the sharded optimizer state). Then every
+file's SHA-256 is taken (the ranks share the hashing), and rank 0 writes `COMPLETE` with that
+manifest, fsyncs, renames the folder into place and points `latest` at it. A run killed midway
+leaves a `.tmp-step_<N>` folder without `COMPLETE`: never resumed, removed at the next start.
+
+Before a checkpoint is trusted (resume, eval, inspect-buffer), `verify` re-hashes the files it
+will read against the manifest. A checkpoint that fails is quarantined: renamed to
+`corrupt-step_<N>` (so that `keep_checkpoints` never counts it and nothing resumes it) with a
+`QUARANTINED.txt` saying which file failed; resume then falls back to the newest one that verifies.
+Pruning only ever removes checkpoints older than the one just written and verified.
+
+Layout of `<output_dir>/checkpoints/step_<N>/` (step/state.py writes it):
+  model/         HF folder: AutoModelForCausalLM.from_pretrained (and vLLM) load it
+  optimizer/     the optimizer state, one file per rank (torch.distributed.checkpoint)
+  replay/        the experience buffer; rng.safetensors; trainer_state.json
+  COMPLETE       {"step", "format", "world_size", "files": {path: {"bytes", "sha256"}}}
+
+With trainer.keep_best, `checkpoints/best/` holds the checkpoint of the best validation score so
+far (hard links to a published step_<N>'s files, plus BEST.json with its step and score): outside
+the step_* rotation, so never pruned nor resumed, and readable by `exgrpo eval` like any checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import math
+import os
+import secrets
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from exgrpo_cli.checkpoint import safe_read
+from exgrpo_cli.checkpoint.files import (
+    COMPLETE,
+    _files,
+    _fsync_tree,
+    _shared_digests,
+    file_sha256,  # noqa: F401 - re-exported: callers use ckpt.file_sha256
+    optimizer_state_from_files,  # noqa: F401 - re-exported
+    os_error_in,
+    write_json,
+)
+from exgrpo_cli.checkpoint.safe_read import read_json
+from exgrpo_cli.errors import ExgrpoError, UsageError
+from exgrpo_cli.parallel.sharding import DataParallel
+
+log = logging.getLogger(__name__)
+
+LATEST = "latest"
+OPTIMIZER = "optimizer/"  # the sharded optimizer state's folder in a checkpoint
+BEST = "best"
+BEST_SCORE = "BEST.json"
+FORMAT = 2
+QUARANTINE_PREFIX = "corrupt-"
+# Fault injection for the tests: set to a step number, the process SIGKILLs itself midway through
+# writing that checkpoint, or its write fails as on a full disk (ENOSPC)
+FAULT_KILL_IN_CHECKPOINT = "EXGRPO_FAULT_KILL_IN_CHECKPOINT"
+FAULT_DISK_FULL_IN_CHECKPOINT = "EXGRPO_FAULT_DISK_FULL_IN_CHECKPOINT"
+
+
+class CheckpointError(UsageError):
+    """A checkpoint named by the user cannot be used, or none of a run's checkpoints verifies."""
+
+
+class CheckpointLoadError(ExgrpoError):
+    """A checkpoint that verified fails to load: quarantined and fallen back from like a corrupt one."""
+
+
+class CheckpointWriteError(ExgrpoError):
+    """Writing a checkpoint failed (disk full, I/O error): the previous checkpoints are intact."""
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def save_checkpoint(
+    ckpt_root: Path, step: int, write: Callable[[Path], None], keep: int, dist: DataParallel | None = None
+) -> Path | None:
+    """Run `write(tmp)` on every rank, then publish step_<step> atomically (see the module
+    docstring). A collective under torchrun: every rank calls it. Returns the checkpoint's path on
+    rank 0 (None elsewhere). A failed write raises CheckpointWriteError on every rank and leaves
+    the published checkpoints as they were."""
+    dist = dist or DataParallel()
+    main = dist.is_main
+    final, parent = ckpt_root / f"step_{step}", ckpt_root / f".tmp-step_{step}"
+    # each writer (a run: its rank 0's choice, shared) has its own folder under .tmp-step_<N>: two
+    # processes that ever write into one run dir never mix their files (the run lock should
+    # prevent it; this makes it harmless)
+    writer = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}" if main else ""
+    writer = dist.from_main(writer)
+    tmp = parent / writer
+    if main:
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    error = None
+    try:
+        write(tmp)
+    except BaseException as err:  # torch's writer raises a BaseException around a rank's OSError
+        cause = os_error_in(err)
+        if cause is None:
+            raise
+        error = f"{type(cause).__name__}: {str(cause)[:300]}"
+    errors = [e for e in dist.gather(error) if e]
+    if errors:
+        raise CheckpointWriteError(
+            f"writing checkpoint step_{step} failed ({errors[0]}); the checkpoints already in "
+            f"{ckpt_root} are intact, and the next start removes the partial one and resumes from them"
+        )
+    if main and os.environ.get(FAULT_KILL_IN_CHECKPOINT) == str(step):
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()  # every rank's files are written before anyone hashes them
+    names = _files(tmp) if main else []
+    names = dist.from_main(names)
+    digests = _shared_digests(tmp, names, dist)
+    if main:
+        write_json(
+            tmp / COMPLETE, {"step": step, "format": FORMAT, "world_size": dist.world_size, "files": digests}
+        )
+        _fsync_tree(tmp)
+        if final.exists():  # a re-save of the same step (e.g. the final one): replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        with contextlib.suppress(OSError):  # another writer's folder still in it: removed at a start
+            parent.rmdir()
+        pointer_tmp = ckpt_root / f".{LATEST}.tmp"
+        pointer_tmp.write_text(final.name)
+        with open(pointer_tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(pointer_tmp, ckpt_root / LATEST)
+        _prune(ckpt_root, keep, protect=final)
+    dist.barrier()  # nobody reads or deletes checkpoints while rank 0 publishes one
+    return final if main else None
+
+
+def disk_fault(step: int) -> None:
+    """The disk-full fault of the tests (FAULT_DISK_FULL_IN_CHECKPOINT): call it where a rank writes
+    files on its own, never inside a collective (the other ranks would wait for it)."""
+    if os.environ.get(FAULT_DISK_FULL_IN_CHECKPOINT) == str(step):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "checkpoint (fault injection)")
+
+
+def _step_of(p: Path) -> int:
+    return int(p.name.split("_")[1])
+
+
+def _prune(ckpt_root: Path, keep: int, protect: Path) -> None:
+    """Keep the newest `keep` checkpoints; `protect` was just written and verified, so everything
+    removed here is older than a verified checkpoint. Quarantined ones are never touched."""
+    done = sorted(complete_checkpoints(ckpt_root), key=_step_of)
+    for old in done[:-keep]:
+        if old != protect and _step_of(old) < _step_of(protect):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def clean_torn(ckpt_root: Path) -> list[Path]:
+    """Remove leftovers of writes that were killed or failed; returns what was removed."""
+    stale = list(ckpt_root.glob(".tmp-step_*")) if ckpt_root.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def complete_checkpoints(ckpt_root: Path) -> list[Path]:
+    if not ckpt_root.is_dir():
+        return []
+    return [p for p in ckpt_root.glob("step_*") if (p / COMPLETE).is_file()]
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The checkpoint `latest` names if complete, else the newest complete one, else None
+    (not verified: see `latest_verified`)."""
+    candidates = resume_candidates(ckpt_root)
+    return candidates[0] if candidates else None
+
+
+def resume_candidates(ckpt_root: Path) -> list[Path]:
+    """The complete checkpoints a resume may take, best first: the one `latest` names, then the
+    older ones, newest first. Newer ones than `latest` are left out: a run rolled back with
+    trainer.resume=<older step> abandoned them (it replaces each as it saves that step again).
+    Without a usable pointer, every complete checkpoint, newest first."""
+    done = sorted(complete_checkpoints(ckpt_root), key=_step_of, reverse=True)
+    try:  # a folder name: a regular file of a few bytes (a huge sparse one is never read whole)
+        name = safe_read.read_regular(ckpt_root / LATEST, 256).decode("utf-8", "replace").strip()
+    except safe_read.UnsafeFile:
+        name = ""
+    if name:
+        named = ckpt_root / name
+        if named in done:
+            return [named] + [p for p in done if _step_of(p) < _step_of(named)]
+    return done
+
+
+# files of ours beside a checkpoint's manifest, at its top level: never listed in it
+SIDECARS = (BEST_SCORE, "QUARANTINED.txt")
+
+
+def verify(folder: Path, prefix: str = "", dist: DataParallel | None = None) -> str | None:
+    """None when every file of checkpoint `folder` under `prefix` ("" = all, "model/", "replay/")
+    has the size and SHA-256 its COMPLETE manifest records, else the first problem, naming the
+    file. Refused as well: anything in the folder that is not a regular file or directory (a
+    symlink, a FIFO, a device), a file the manifest does not list, a manifest without its file
+    list. A checkpoint written before manifests existed (a marker without a format) passes with a
+    warning. When the optimizer state is covered, its metadata must also be data. Collective when
+    `dist` is distributed (the ranks share the hashing)."""
+    marker = folder / COMPLETE
+    if not marker.is_file():
+        return f"{folder}: no {COMPLETE} marker (a torn or foreign folder)"
+    try:
+        record = read_json(marker)
+    except (ValueError, OSError) as err:  # UnsafeFile and JSONDecodeError are ValueErrors
+        return f"{marker}: unreadable ({str(err)[:200]})"
+    odd = safe_read.irregular_entry(folder)
+    if odd is not None:
+        return odd
+    manifest = record.get("files") if isinstance(record, dict) else None
+    if manifest is None and isinstance(record, dict) and "format" not in record:
+        log.warning("%s predates checkpoint checksums: its files cannot be verified", folder)
+    else:
+        reason = _manifest_shape(folder, manifest)
+        if reason is None and isinstance(manifest, dict):  # a dict whenever the shape passed
+            reason = _manifest_problem(folder, manifest, prefix, dist or DataParallel())
+        if reason is not None:
+            return reason
+    if OPTIMIZER.startswith(prefix):
+        # the checksums say the file is as written, not that what was written is data: the
+        # metadata torch would unpickle is parsed as data first (checkpoint/metadata_guard.py)
+        from exgrpo_cli.checkpoint.metadata_guard import refusal
+
+        return refusal(folder / OPTIMIZER)
+    return None
+
+
+def _manifest_shape(folder: Path, manifest: Any) -> str | None:
+    """A problem with the manifest's own shape, or a file on disk that it does not list."""
+    marker = folder / COMPLETE
+    if not isinstance(manifest, dict):
+        return f"{marker}: a manifest without its file list"
+    for name, entry in manifest.items():
+        parts = PurePosixPath(name).parts
+        if not parts or PurePosixPath(name).is_absolute() or ".." in parts or name == COMPLETE:
+            return f"{marker}: lists {name[:100]!r}, not a file inside the checkpoint"
+        ok = isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+        if not ok or isinstance(entry.get("bytes"), bool) or not isinstance(entry.get("bytes"), int):
+            return f"{marker}: the entry of {name[:100]!r} is not a size and a checksum"
+    unlisted = [n for n in _files(folder) if n not in manifest and n not in SIDECARS]
+    if unlisted:
+        return f"{folder / unlisted[0]}: not listed in the manifest (added after the checkpoint was written)"
+    return None
+
+
+def _manifest_problem(folder: Path, manifest: dict[str, Any], prefix: str, dist: DataParallel) -> str | None:
+    wanted = sorted(n for n in manifest if n.startswith(prefix))
+    found = _shared_digests(folder, wanted, dist)
+    for name in wanted:
+        got, want = found.get(name), manifest[name]
+        if got is None:
+            return f"{folder / name}: missing"
+        if got["bytes"] != want["bytes"]:
+            return f"{folder / name}: {got['bytes']} bytes, the manifest says {want['bytes']}"
+        if got["sha256"] != want["sha256"]:
+            return f"{folder / name}: checksum mismatch (the file changed after it was written)"
+    return None
+
+
+def quarantine_target(folder: Path) -> Path:
+    """Where `quarantine` will move `folder`: computed before anything in it is parsed."""
+    target = folder.parent / f"{QUARANTINE_PREFIX}{folder.name}"
+    if target.exists():
+        target = folder.parent / f"{QUARANTINE_PREFIX}{folder.name}-{int(time.time())}"
+    return target
+
+
+def quarantine(folder: Path, reason: str, target: Path | None = None) -> Path:
+    """Rename a checkpoint that failed verification (or loading) out of the way, with the reason
+    beside it (at most 2000 characters)."""
+    target = target if target is not None else quarantine_target(folder)
+    os.replace(folder, target)
+    (target / "QUARANTINED.txt").write_text(reason[:2000] + "\n")
+    return target
+
+
+def latest_verified(ckpt_root: Path, dist: DataParallel | None = None) -> tuple[Path | None, list[str]]:
+    """The first checkpoint of `resume_candidates` (`latest`'s, then older ones) that verifies,
+    quarantining those before it that do not (rank 0 renames; a collective under torchrun).
+    Returns (checkpoint or None, warnings). Raises CheckpointError when there are checkpoints and
+    none verifies."""
+    dist = dist or DataParallel()
+    warnings: list[str] = []
+    for folder in resume_candidates(ckpt_root):
+        target = quarantine_target(folder)  # before anything untrusted is parsed
+        reason = verify(folder, dist=dist)
+        if reason is None:
+            return folder, warnings
+        if dist.is_main:
+            quarantine(folder, reason, target)
+        dist.barrier()
+        warnings.append(
+            f"checkpoint {folder.name} failed verification ({reason}); quarantined as "
+            f"{QUARANTINE_PREFIX}{folder.name}, resuming from an older one if any verifies"
+        )
+    if warnings:
+        raise CheckpointError(
+            f"no checkpoint in {ckpt_root} verifies ({'; '.join(warnings)}); nothing was deleted. "
+            "Start over with trainer.resume=never trainer.overwrite=true, or point trainer.resume "
+            "at a good copy"
+        )
+    return None, warnings
+
+
+# ----------------------------------------------------------------------------- the best checkpoint
+
+
+def best_record(ckpt_root: Path) -> dict[str, Any] | None:
+    """{"step", "score", "metric"} of `ckpt_root/best`, or None when there is none. A swap that was
+    killed midway (only `.old-best` left) is finished first."""
+    best, old = ckpt_root / BEST, ckpt_root / f".old-{BEST}"
+    if not best.is_dir() and old.is_dir():
+        os.replace(old, best)
+    record = best / BEST_SCORE
+    if not (best / COMPLETE).is_file() or not os.path.lexists(record):
+        return None
+    return check_best(record)
+
+
+def check_best(path: Path) -> dict[str, Any]:
+    """BEST.json's content: an object with "step" (an int >= 0), "score" (a finite number) and
+    optionally "metric" (a string naming the criterion, e.g. "val/accuracy"), nothing else.
+    Raises CheckpointError for anything else (a malformed file, named)."""
+    try:
+        rec = read_json(path, limit=4096)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: malformed ({str(err)[:200]})") from None
+    ok = isinstance(rec, dict) and {"step", "score"} <= set(rec) <= {"step", "score", "metric"}
+    step, score = (rec.get("step"), rec.get("score")) if isinstance(rec, dict) else (None, None)
+    ok = ok and isinstance(step, int) and not isinstance(step, bool) and step >= 0
+    ok = ok and isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score)
+    ok = ok and isinstance(rec.get("metric", ""), str)
+    if not ok:
+        raise CheckpointError(
+            f'{path}: malformed (wants {{"step": int >= 0, "score": a finite number, "metric": a name}})'
+        )
+    return dict(rec)
+
+
+def keep_best(ckpt_root: Path, folder: Path, step: int, score: float, metric: str) -> Path:
+    """Make checkpoint `folder` (published, verified) the run's best: `ckpt_root/best` becomes a
+    copy of it made of hard links (no bytes copied; a plain copy where the filesystem has none),
+    swapped in atomically. Rank 0 only."""
+    tmp, best, old = ckpt_root / f".tmp-{BEST}", ckpt_root / BEST, ckpt_root / f".old-{BEST}"
+    for leftover in (tmp, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    for src in sorted(p for p in folder.rglob("*") if p.is_file()):
+        dst = tmp / src.relative_to(folder)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    write_json(tmp / BEST_SCORE, {"step": step, "score": score, "metric": metric})
+    _fsync_tree(tmp)
+    if best.exists():
+        os.replace(best, old)
+    os.replace(tmp, best)
+    shutil.rmtree(old, ignore_errors=True)
+    return best

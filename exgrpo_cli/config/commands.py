@@ -1,0 +1,75 @@
+"""The schema's sections of the other commands: `eval`, `ablation` and `inspect` (part of the one
+schema, exgrpo_cli/config/schema.py, which assembles the sections)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EvalConfig:
+    suite: str = field(default="synthetic", metadata={"help": "synthetic | id | ood | paper | custom"})
+    benchmarks: list[str] = field(default_factory=list, metadata={"help": "filled by the suite preset"})
+    data_dir: str = field(default="", metadata={"help": "folder with the official benchmark files"})
+    path: str = field(default="", metadata={"help": "custom suite: a local parquet/jsonl file"})
+    k: int = field(default=1, metadata={"help": "pass@k reported besides avg@n"})
+    n: int = field(default=0, metadata={"help": "samples per question (0: each benchmark's paper default)"})
+    temperature: float = field(default=0.6, metadata={"help": "sampling temperature of the evaluation"})
+    top_p: float = field(
+        default=1.0, metadata={"help": "nucleus sampling threshold of the evaluation (1: off)"}
+    )
+    max_new_tokens: int = field(default=0, metadata={"help": "0: the model preset's max_response_tokens"})
+    limit: int = field(default=0, metadata={"help": "first N questions of each benchmark (0: all)"})
+    regrade: str = field(
+        default="", metadata={"help": "a generations.jsonl to grade again without generating"}
+    )
+    compare: list[str] = field(default_factory=list, metadata={"help": "several checkpoints in one table"})
+    adapter: str = field(
+        default="",
+        metadata={"help": "a LoRA checkpoint (or run, or adapter folder) evaluated on its base, model.path"},
+    )
+    output_dir: str = field(default="", metadata={"help": "default: the Hydra run dir"})
+    batch_size: int = field(default=64, metadata={"help": "prompts per generate call"})
+
+
+@dataclass
+class AblationConfig:
+    name: str = field(default="", metadata={"help": "the ablation's name (its preset file names it)"})
+    seeds: int = field(
+        default=3, metadata={"help": "runs per variant, with trainer.seed, trainer.seed+1, ..."}
+    )
+    variants: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "name -> list of overrides (first: baseline)"}
+    )
+    base: list[str] = field(
+        default_factory=list, metadata={"help": "overrides of every run (the command line's win)"}
+    )
+    baseline: str = field(
+        default="", metadata={"help": 'the variant the differences are taken against ("": the first)'}
+    )
+    compare_to: dict[str, str] = field(
+        default_factory=dict, metadata={"help": "variant -> its own reference (else baseline)"}
+    )
+    sweep_dir: str = field(
+        default="",
+        metadata={"help": 'where the runs go ("": this command\'s run dir); finished runs are kept'},
+    )
+    dry_run: bool = field(
+        default=False, metadata={"help": "print the runs' `exgrpo train` commands and stop"}
+    )
+    summarize: str = field(default="", metadata={"help": "a sweep dir: only redo the summary"})
+
+
+@dataclass
+class InspectConfig:
+    target: str = field(default="", metadata={"help": "a run dir or a checkpoint dir"})
+    format: str = field(default="text", metadata={"help": "text | json"})
+    plot: bool = field(default=False, metadata={"help": "draw the buffer's plots (PNG) into inspect.out_dir"})
+    out_dir: str = field(
+        default="", metadata={"help": 'where inspect.plot writes buffer.png ("": this command\'s run dir)'}
+    )
+    show: str = field(default="", metadata={"help": "a question id: print its stored responses"})
+    score: bool = field(
+        default=False, metadata={"help": "with show: entropy of each response under the checkpoint's policy"}
+    )

@@ -1,0 +1,376 @@
+"""Building a training run before its first step: process group, resume decision, data, model,
+run state, rollout engine, grader and the variants the config names.
+
+Where it sits: once, before the loop of run/training.py. Everything that can refuse (the resume
+decision, the data) runs before any weights load. `build_trainer` builds the parts without a run
+directory or logging, so benchmarks and tests get exactly what `exgrpo train` trains with.
+
+Resume (`trainer.resume`): auto continues from the latest complete checkpoint of
+`trainer.output_dir`; never starts fresh (and refuses a non-empty dir unless
+`trainer.overwrite=true`); a path resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import random
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from exgrpo_cli.algo.aggregation import AGGREGATIONS, AggregationSettings
+from exgrpo_cli.algo.losses import POLICY_LOSSES
+from exgrpo_cli.checkpoint import store as ckpt
+from exgrpo_cli.config.paths import hydra_config
+from exgrpo_cli.config.registry import pick
+from exgrpo_cli.config.schema import ExgrpoConfig
+from exgrpo_cli.data.bad_rows import PROMPT_TOO_LONG, DataError, LoadReport
+from exgrpo_cli.data.sampler import FRESH_DRAWS, QuestionSampler, check_pool_size
+from exgrpo_cli.data.sources import load_questions
+from exgrpo_cli.data.template_budget import check_template
+from exgrpo_cli.data.templates import Template, get_template
+from exgrpo_cli.data.types import Question
+from exgrpo_cli.errors import UsageError
+from exgrpo_cli.evaluation.val_scores import check_best_metric
+from exgrpo_cli.parallel import fsdp as D
+from exgrpo_cli.parallel.offload import HostAdamW
+from exgrpo_cli.parallel.placement import OFFLOAD_MODES, Offload
+from exgrpo_cli.parallel.sharding import DataParallel
+from exgrpo_cli.plan.model_bounds import check_model
+from exgrpo_cli.policy import lora
+from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer, resolve_path
+from exgrpo_cli.replay.buffer import ExperienceBuffer
+from exgrpo_cli.replay.schedule import DelayedStart
+from exgrpo_cli.replay.selection import QUESTION_SELECTION
+from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
+from exgrpo_cli.reward.stage import REWARDS, Reward, build_reward
+from exgrpo_cli.rollout import build_engine
+from exgrpo_cli.step.loop import Choices, Trainer
+from exgrpo_cli.step.state import RunState
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+
+class ResumeRefused(UsageError):
+    """trainer.resume cannot be honoured; nothing was changed on disk."""
+
+
+def _kept(root: Path) -> list[Path]:
+    """What a fresh start would delete: published, best and quarantined checkpoints."""
+    if not root.is_dir():
+        return []
+    found = ckpt.complete_checkpoints(root) + sorted(root.glob(f"{ckpt.QUARANTINE_PREFIX}*"))
+    return found + [p for p in (root / ckpt.BEST,) if p.is_dir()]
+
+
+def _refuse_or_clear(cfg: ExgrpoConfig) -> str | None:
+    """trainer.resume=never: a refusal when the output dir holds checkpoints, the best one or
+    quarantined ones (unless trainer.overwrite), naming what would go; else the old checkpoints
+    are removed (rank 0 alone calls this)."""
+    out = Path(cfg.trainer.output_dir)
+    root = out / "checkpoints"
+    kept = _kept(root)
+    if kept and not cfg.trainer.overwrite:
+        names = ", ".join(p.name for p in kept[:6]) + (f" and {len(kept) - 6} more" if len(kept) > 6 else "")
+        return (
+            f"{out} already holds checkpoints ({names}); trainer.resume=never refuses to delete them "
+            "(set trainer.overwrite=true to delete them, or resume=auto)"
+        )
+    if root.exists():  # overwrite=true: the old run's checkpoints must not mix with the new ones
+        shutil.rmtree(root)
+    return None
+
+
+def _nothing_to_resume(root: Path) -> None:
+    """resume=auto found no checkpoint to resume: a start from scratch would replace `best/` and
+    empty metrics.jsonl, so a dir that still holds the best or quarantined checkpoints refuses."""
+    kept = [p for p in _kept(root) if p.name == ckpt.BEST or p.name.startswith(ckpt.QUARANTINE_PREFIX)]
+    if kept:
+        best = root / ckpt.BEST
+        hint = f"trainer.resume={best}" if best.is_dir() else "trainer.resume=<a good checkpoint>"
+        raise ResumeRefused(
+            f"{root} holds no checkpoint to resume, only {', '.join(p.name for p in kept[:4])}: "
+            f"a fresh start would replace them; resume from one with {hint}, or start over with "
+            "trainer.resume=never trainer.overwrite=true"
+        )
+
+
+def decide_resume(cfg: ExgrpoConfig, ranks: DataParallel) -> tuple[Path | None, list[str]]:
+    """The checkpoint to resume from (None: a fresh start) and warnings to show. A collective:
+    the ranks share the verification of the checkpoint's files; rank 0 alone removes or
+    quarantines anything. `auto` takes the newest checkpoint that verifies (quarantining newer
+    ones that do not, and refusing with exit 2 when none does); an explicit path must verify."""
+    root = Path(cfg.trainer.output_dir) / "checkpoints"
+    r = cfg.trainer.resume
+    warnings: list[str] = []
+    if ranks.is_main:
+        torn = ckpt.clean_torn(root)
+        warnings += [f"removed {p.name}: a checkpoint whose writing did not finish" for p in torn]
+    ranks.barrier()
+    if r == "auto":
+        found, more = ckpt.latest_verified(root, ranks)
+        if found is None:
+            _nothing_to_resume(root)
+        return found, warnings + more
+    if r == "never":
+        refusal = ranks.from_main(_refuse_or_clear(cfg) if ranks.is_main else None)
+        if refusal:
+            raise ResumeRefused(refusal)
+        return None, warnings
+    path = Path(r)
+    if not (path / ckpt.COMPLETE).is_file():
+        raise ResumeRefused(f"trainer.resume={r} is not a complete checkpoint folder")
+    reason = ckpt.verify(path, dist=ranks)
+    if reason:
+        raise ResumeRefused(f"trainer.resume={r} does not verify: {reason}")
+    return path, warnings
+
+
+def make_optimizer(cfg: ExgrpoConfig, model: torch.nn.Module, offload: Offload) -> torch.optim.Optimizer:
+    a = cfg.algo
+    # trainer.offload=optimizer: the same AdamW with its moments in host memory
+    cls = HostAdamW if offload.host_adamw else torch.optim.AdamW
+    return cls(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=a.lr,
+        weight_decay=a.weight_decay,
+        betas=(a.betas[0], a.betas[1]),
+    )
+
+
+def choices(cfg: ExgrpoConfig) -> Choices:
+    return Choices(
+        loss=pick(POLICY_LOSSES, "algo.loss", cfg.algo.loss),
+        aggregation=pick(AGGREGATIONS, "algo.aggregation", cfg.algo.aggregation)(
+            AggregationSettings(**dataclasses.asdict(cfg.algo.official_batch))
+        ),
+        trajectory=pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection),
+        questions=pick(QUESTION_SELECTION, "replay.question_selection", cfg.replay.question_selection)(cfg),
+        draw=pick(FRESH_DRAWS, "data.draw", cfg.data.draw),
+    )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_trainer(
+    cfg: ExgrpoConfig,
+    device: torch.device,
+    ranks: DataParallel | None = None,
+    resume_from: Path | None = None,
+) -> tuple[Trainer, list[Question], LoadReport]:
+    """The trainer of a run (resumed from `resume_from` when given), its held-out questions and
+    the report of skipped data rows. Seeds the global RNGs first, as a run does. Without `ranks`:
+    one process computing on `device`."""
+    ranks = ranks if ranks is not None else DataParallel(device=device)
+    seed_everything(cfg.trainer.seed)
+    # rank 0 first: a hub dataset or tokenizer is downloaded once, the other ranks read its copy
+    train_qs, val_qs, report = ranks.main_first(
+        lambda: load_questions(cfg.data, answer_required=REWARDS[cfg.reward.kind].needs_answer)
+    )
+    if cfg.trainer.val_questions:
+        val_qs = val_qs[: cfg.trainer.val_questions]
+    model_cfg = cfg.model
+    # LoRA resumes the base of the command and the checkpoint's adapter (refused first if they differ)
+    adapter = lora.resume_adapter(cfg.model.lora, cfg.model.path, resume_from) if resume_from else None
+    if resume_from is not None and adapter is None:  # weights from the checkpoint, the rest from the config
+        model_cfg = dataclasses.replace(cfg.model, path=str(resume_from / "model"), gguf_file="")
+    on_gpu = ranks.device.type == "cuda"  # model.lora: the frozen base in the compute dtype
+    model_cfg = lora.frozen_base_dtype(model_cfg, cfg.trainer.fsdp_mixed_precision, on_gpu)
+    tokenizer = ranks.main_first(lambda: load_tokenizer(model_cfg))
+    template = get_template(cfg.model.template)
+    # rendered for every question below: first once, under a time and memory budget
+    check_template(template, tokenizer, f"model {model_cfg.path}")
+    check_model(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype)  # config.json vs weights, memory
+    lora.check_base(model_cfg, resolve_path(model_cfg.path))  # model.lora's rank and targets
+    train_qs = filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
+    check_pool_size(len(train_qs), cfg.algo.questions_per_step)  # the first step draws that many
+    fingerprint = data_fingerprint(train_qs)
+    new_data = resume_from is not None and check_resume_data(cfg, resume_from, fingerprint)
+    check_best_metric(cfg.trainer.best_metric, cfg.trainer.keep_best, val_qs)  # before the weights load
+    offload = OFFLOAD_MODES[cfg.trainer.offload]  # the one lookup: every part below gets the mode
+
+    # shard before the optimizer is built: fully_shard swaps the parameters for DTensors
+    def shard(m: PreTrainedModel) -> PreTrainedModel:
+        t = cfg.trainer
+        return D.wrap_fsdp2(m, ranks, mixed_precision=t.fsdp_mixed_precision or None, offload=offload)
+
+    if ranks.distributed:  # under torchrun rank 0 alone reads the weights; the others get their shards
+        model = load_sharded(model_cfg, ranks, shard, offload=offload)
+    elif D.shards_alone(ranks):  # one GPU: loaded in host memory, FSDP2 places (or offloads) it
+        model = shard(load_model(model_cfg, torch.device("cpu")))
+    else:
+        model = load_model(model_cfg, device)
+    if adapter is not None and (wrong := lora.base_mismatch(adapter, cfg.model.path, model)):
+        raise ResumeRefused(wrong)  # the shapes: the name was checked before the load
+    if lora.is_lora(model):
+        log.info("%s", lora.describe(model))
+    # every rank, at this same point (vLLM's start-up all-reduces the ranks' free memory), and
+    # before the optimizer state takes memory; a vLLM engine empties torch's cache first
+    engine = build_engine(cfg, model, tokenizer)
+    scorer: Reward | None = None
+    try:
+        state = RunState(
+            model=model,
+            optimizer=make_optimizer(cfg, model, offload),
+            sampler=QuestionSampler(train_qs, cfg.trainer.seed),
+            buffer=ExperienceBuffer(
+                cfg.rollout.n,
+                cfg.replay.bucket_edges,
+                cfg.replay.max_experiences,
+                cfg.replay.bucket_by,
+                cfg.replay.max_age,
+            ),
+            switch=DelayedStart(cfg.replay.start_threshold),
+            seed=cfg.trainer.seed,
+            data_fingerprint=fingerprint,
+        )
+        if resume_from is not None:
+            _load_checkpoint(state, resume_from, ranks, new_data)
+        scorer = build_reward(cfg.reward, template.requires_think, ranks.device)
+        trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), parallel=ranks)
+    except BaseException:
+        # the caller closes the engine and grader of the trainer it gets; without one (a checkpoint
+        # that does not load, ...) they are closed here: vLLM's workers and GPU memory, the
+        # grader's worker processes would outlive the failed start
+        if scorer is not None:
+            scorer.close()
+        engine.close()
+        raise
+    return trainer, val_qs, report
+
+
+def data_fingerprint(questions: list[Question]) -> str:
+    """A digest of the training questions' ids in pool order (what the sampler indexes)."""
+    h = hashlib.blake2b(digest_size=8)
+    for q in questions:
+        h.update(q.uid.encode() + b"\0")
+    return h.hexdigest()
+
+
+def check_resume_data(cfg: ExgrpoConfig, folder: Path, fingerprint: str) -> bool:
+    """Before the model loads: refuse (ResumeRefused, one line) a resume whose rollout.n or
+    replay.bucket_by differs from the checkpoint's, or whose questions differ unless
+    trainer.resume_new_data; returns whether the run continues on new data. Checkpoints written
+    before fingerprints: not checked."""
+    try:
+        state = ckpt.read_json(folder / "trainer_state.json")
+        index = ckpt.read_json(folder / "replay" / "index.json")
+        saved_n, saved_rule = index.get("group_size"), index.get("bucket_by", "count")
+    except (OSError, ValueError, AttributeError) as err:
+        raise ckpt.CheckpointLoadError(f"{folder} does not load: {str(err)[:300]}") from None
+    if not isinstance(state, dict):
+        raise ckpt.CheckpointLoadError(f"{folder} does not load: trainer_state.json is not a mapping")
+    if saved_n != cfg.rollout.n:
+        raise ResumeRefused(
+            f"rollout.n={cfg.rollout.n}, but {folder} was trained with rollout.n={str(saved_n)[:20]} "
+            "(its replay buffer holds groups of that size): resume with that value, or start a new run"
+        )
+    if saved_rule != cfg.replay.bucket_by:  # its buckets' levels would mean another thing
+        raise ResumeRefused(
+            f"replay.bucket_by={cfg.replay.bucket_by}, but the replay buffer of {folder} is bucketed by "
+            f"{str(saved_rule)[:20]}: resume with that rule, or start a new run"
+        )
+    saved = state.get("data_fingerprint")
+    if not saved or saved == fingerprint:
+        return False
+    if not cfg.trainer.resume_new_data:
+        raise ResumeRefused(
+            f"the training questions differ from those of {folder} (data fingerprint {fingerprint}, "
+            f"the checkpoint's {str(saved)[:20]}): resume with the same data.*, or set "
+            "trainer.resume_new_data=true to continue on the new questions (the sampler starts afresh)"
+        )
+    log.warning("trainer.resume_new_data: continuing %s on other questions", folder)
+    return True
+
+
+def _load_checkpoint(state: RunState, folder: Path, ranks: DataParallel, new_data: bool) -> None:
+    """`state.load`, any failure of which (after verify passed) is a CheckpointLoadError: resume
+    quarantines the checkpoint and falls back as for one that fails verification."""
+    try:
+        notes = state.load(folder, ranks, new_data)
+    except Exception as err:  # noqa: BLE001 - whatever a crafted file trips
+        raise ckpt.CheckpointLoadError(
+            f"{folder} does not load: {type(err).__name__}: {str(err)[:300]}"
+        ) from None
+    for note in notes:
+        log.warning("%s", note)
+        if ranks.is_main:
+            print(f"exgrpo train: warning: {note}", file=sys.stderr)
+
+
+def filter_long(
+    questions: list[Question], template: Template, tokenizer: Any, limit: int, report: LoadReport
+) -> list[Question]:
+    kept = []
+    for q in questions:
+        n = len(template.prompt_ids(q, tokenizer))
+        if n <= limit:
+            kept.append(q)
+        else:
+            report.skip(
+                f"{q.uid}: prompt of {n} tokens > model.max_prompt_tokens={limit}", False, PROMPT_TOO_LONG
+            )
+    if not kept:
+        raise DataError(f"every prompt is longer than model.max_prompt_tokens={limit}")
+    return kept
+
+
+def warn_low_precision_weights(cfg: ExgrpoConfig) -> None:
+    """bf16 keeps 8 bits of mantissa: an AdamW step of ~lr on a weight of ~1e-2 rounds away when
+    lr is 1e-6 (the paper's), so bf16 *weights* may not train at all. Mixed precision keeps fp32
+    master weights and computes in bf16; say so once, at start-up, where it is still cheap to fix.
+    Not with model.lora: the base is frozen in bf16 and the trained adapters are float32."""
+    if lora.lora_on(cfg.model.lora):
+        return
+    msg = (
+        f"model.dtype={cfg.model.dtype}: the trained weights themselves are {cfg.model.dtype}; "
+        f"updates below ~1/256 of a weight round away (algo.lr={cfg.algo.lr:g}). For training prefer "
+        "model.dtype=float32 trainer.fsdp_mixed_precision=bf16 (fp32 master weights, bf16 compute "
+        "and vLLM) under torchrun"
+    )
+    log.warning(msg)
+    print(f"exgrpo train: warning: {msg}", file=sys.stderr)
+
+
+def share_run_dir(cfg: ExgrpoConfig, ranks: DataParallel) -> ExgrpoConfig:
+    """torchrun: each rank resolved Hydra's timestamped run dir on its own, and start-up skew can
+    put two ranks a second apart, i.e. in two dirs. Rank 0's is the run's: the others adopt it,
+    write their log to `<its hydra dir>/<job>.rank<k>.log`, and remove the stray dir Hydra made
+    for them when it holds nothing but Hydra's own files."""
+    if not ranks.distributed:
+        return cfg
+    hc = hydra_config()  # None outside @hydra.main (e.g. from a test)
+    own = str(hc.runtime.output_dir) if hc is not None else None
+    out0, hydra0 = ranks.from_main((cfg.trainer.output_dir, own))
+    if ranks.is_main or own is None or hydra0 is None:
+        return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=out0))
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        name = Path(h.baseFilename)
+        if name.parent != Path(own):
+            continue
+        new = logging.FileHandler(Path(hydra0) / f"{name.stem}.rank{ranks.rank}{name.suffix}")
+        new.setFormatter(h.formatter)
+        new.setLevel(h.level)
+        root.removeHandler(h)
+        h.close()
+        root.addHandler(new)
+    stray = Path(own)
+    if stray.resolve() not in (Path(hydra0).resolve(), Path(out0).resolve()) and stray.is_dir():
+        hydra_only = all(p.name == ".hydra" or p.suffix == ".log" for p in stray.iterdir())
+        if hydra_only:
+            shutil.rmtree(stray, ignore_errors=True)
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=out0))
