@@ -73,6 +73,10 @@ class CheckpointError(UsageError):
     """A checkpoint named by the user cannot be used, or none of a run's checkpoints verifies."""
 
 
+class ResumeRefused(UsageError):
+    """trainer.resume cannot be honoured; nothing was changed on disk."""
+
+
 class CheckpointLoadError(ExgrpoError):
     """A checkpoint that verified fails to load: quarantined and fallen back from like a corrupt one."""
 

@@ -1,4 +1,5 @@
-"""The policy model and what runs on it: loading (model.py, packaged.py), low-rank adapters
+"""The policy model and what runs on it: the one way a run loads it (load.py: load_policy), the
+model and its tokenizer (model.py, packaged.py), low-rank adapters
 (lora.py), an fp32 head (head.py), the log-prob forwards (forward.py), the replay candidates'
 scoring (scoring.py) and the HF export (export.py).
 

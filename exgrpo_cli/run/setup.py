@@ -27,24 +27,23 @@ import torch
 from exgrpo_cli.algo.aggregation import AGGREGATIONS, AggregationSettings
 from exgrpo_cli.algo.losses import POLICY_LOSSES
 from exgrpo_cli.checkpoint import store as ckpt
+from exgrpo_cli.checkpoint.store import ResumeRefused
 from exgrpo_cli.config.paths import hydra_config
 from exgrpo_cli.config.registry import pick
-from exgrpo_cli.config.schema import ExgrpoConfig
+from exgrpo_cli.config.schema import ExgrpoConfig, ModelConfig
 from exgrpo_cli.data.bad_rows import PROMPT_TOO_LONG, DataError, LoadReport
 from exgrpo_cli.data.sampler import FRESH_DRAWS, QuestionSampler, check_pool_size
 from exgrpo_cli.data.sources import load_questions
 from exgrpo_cli.data.template_budget import check_template
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
-from exgrpo_cli.errors import UsageError
 from exgrpo_cli.evaluation.val_scores import check_best_metric
-from exgrpo_cli.parallel import fsdp as D
 from exgrpo_cli.parallel.offload import HostAdamW
 from exgrpo_cli.parallel.placement import OFFLOAD_MODES, Offload
 from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.plan.model_bounds import check_model
 from exgrpo_cli.policy import lora
-from exgrpo_cli.policy.model import load_model, load_sharded, load_tokenizer, resolve_path
+from exgrpo_cli.policy.load import load_policy
 from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.replay.selection import QUESTION_SELECTION
@@ -55,13 +54,9 @@ from exgrpo_cli.step.loop import Choices, Trainer
 from exgrpo_cli.step.state import RunState
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
-
-
-class ResumeRefused(UsageError):
-    """trainer.resume cannot be honoured; nothing was changed on disk."""
 
 
 def _kept(root: Path) -> list[Path]:
@@ -182,41 +177,27 @@ def build_trainer(
     )
     if cfg.trainer.val_questions:
         val_qs = val_qs[: cfg.trainer.val_questions]
-    model_cfg = cfg.model
-    # LoRA resumes the base of the command and the checkpoint's adapter (refused first if they differ)
-    adapter = lora.resume_adapter(cfg.model.lora, cfg.model.path, resume_from) if resume_from else None
-    if resume_from is not None and adapter is None:  # weights from the checkpoint, the rest from the config
-        model_cfg = dataclasses.replace(cfg.model, path=str(resume_from / "model"), gguf_file="")
-    on_gpu = ranks.device.type == "cuda"  # model.lora: the frozen base in the compute dtype
-    model_cfg = lora.frozen_base_dtype(model_cfg, cfg.trainer.fsdp_mixed_precision, on_gpu)
-    tokenizer = ranks.main_first(lambda: load_tokenizer(model_cfg))
-    template = get_template(cfg.model.template)
-    # rendered for every question below: first once, under a time and memory budget
-    check_template(template, tokenizer, f"model {model_cfg.path}")
-    check_model(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype)  # config.json vs weights, memory
-    lora.check_base(model_cfg, resolve_path(model_cfg.path))  # model.lora's rank and targets
-    train_qs = filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
-    check_pool_size(len(train_qs), cfg.algo.questions_per_step)  # the first step draws that many
-    fingerprint = data_fingerprint(train_qs)
-    new_data = resume_from is not None and check_resume_data(cfg, resume_from, fingerprint)
-    check_best_metric(cfg.trainer.best_metric, cfg.trainer.keep_best, val_qs)  # before the weights load
     offload = OFFLOAD_MODES[cfg.trainer.offload]  # the one lookup: every part below gets the mode
+    template = get_template(cfg.model.template)
+    fingerprint = ""
+    new_data = False
 
-    # shard before the optimizer is built: fully_shard swaps the parameters for DTensors
-    def shard(m: PreTrainedModel) -> PreTrainedModel:
-        t = cfg.trainer
-        return D.wrap_fsdp2(m, ranks, mixed_precision=t.fsdp_mixed_precision or None, offload=offload)
+    # what needs the tokenizer but not the weights: a refusal here comes before any weight is read
+    def before_weights(source: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+        nonlocal train_qs, fingerprint, new_data
+        # rendered for every question below: first once, under a time and memory budget
+        check_template(template, tokenizer, f"model {source.path}")
+        check_model(source.path, source.gguf_file, source.dtype)  # config.json vs weights, memory
+        train_qs = filter_long(train_qs, template, tokenizer, cfg.model.max_prompt_tokens, report)
+        check_pool_size(len(train_qs), cfg.algo.questions_per_step)  # the first step draws that many
+        fingerprint = data_fingerprint(train_qs)
+        new_data = resume_from is not None and check_resume_data(cfg, resume_from, fingerprint)
+        check_best_metric(cfg.trainer.best_metric, cfg.trainer.keep_best, val_qs)
 
-    if ranks.distributed:  # under torchrun rank 0 alone reads the weights; the others get their shards
-        model = load_sharded(model_cfg, ranks, shard, offload=offload)
-    elif D.shards_alone(ranks):  # one GPU: loaded in host memory, FSDP2 places (or offloads) it
-        model = shard(load_model(model_cfg, torch.device("cpu")))
-    else:
-        model = load_model(model_cfg, device)
-    if adapter is not None and (wrong := lora.base_mismatch(adapter, cfg.model.path, model)):
-        raise ResumeRefused(wrong)  # the shapes: the name was checked before the load
-    if lora.is_lora(model):
-        log.info("%s", lora.describe(model))
+    policy = load_policy(
+        cfg.model, ranks, offload, cfg.trainer.fsdp_mixed_precision, resume_from, before_weights
+    )
+    model, tokenizer = policy.model, policy.tokenizer
     # every rank, at this same point (vLLM's start-up all-reduces the ranks' free memory), and
     # before the optimizer state takes memory; a vLLM engine empties torch's cache first
     engine = build_engine(cfg, model, tokenizer)

@@ -104,12 +104,13 @@ def test_offload_all_on_one_cpu_process_is_refused() -> None:
 def test_a_training_set_smaller_than_a_step_is_refused_before_the_model_loads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from exgrpo_cli.policy import load
     from exgrpo_cli.run import setup
 
     def no_model(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(setup, "load_model", no_model)
+    monkeypatch.setattr(load, "load_model", no_model)
     cfg = _cfg(8, 1)
     synthetic = dataclasses.replace(cfg.data.synthetic, num_train=5, num_val=4)
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, synthetic=synthetic))
