@@ -1,8 +1,8 @@
 """The package's import graph (function-level imports included): no cycles, between modules or
 between folders (exgrpo_cli/<folder> as one node: a folder that imports another which imports it
-back is one layer, however its modules are wired), and lower layers never import upward: algo/
-imports nothing of the package, replay/ only algo/ (and the plain Question type of
-data/types.py, a leaf), config/schema.py only the errors module and its section modules (leaves)."""
+back is one layer, however its modules are wired), and every import goes down one floor table
+(FLOORS): a folder imports its own modules and the folders on lower floors, never one on its own
+floor or above (step/ never imports run/)."""
 
 from __future__ import annotations
 
@@ -128,19 +128,78 @@ def test_a_function_level_import_closes_a_folder_cycle() -> None:
     assert cycles(folder_graph(graph)) == [["exgrpo_cli.plan", "exgrpo_cli.rollout"]]
 
 
-def _imports_of(prefix: str, graph: dict[str, set[str]]) -> set[str]:
-    return {t for m, ts in graph.items() if m == prefix or m.startswith(prefix + ".") for t in ts}
+# The floor table: a module imports only modules of its own folder and of folders on lower floors.
+# Folders on one floor do not import each other. The leaves at the bottom import nothing of the
+# package. run/ sits above evaluation/: a run's validation is the evaluation's sampling and grading.
+FLOORS: list[tuple[str, ...]] = [
+    ("errors", "host", "algo"),
+    ("config",),
+    ("data",),
+    ("replay",),
+    ("parallel",),
+    ("checkpoint",),
+    ("metrics",),
+    ("policy",),
+    ("rollout", "reward", "plan"),
+    ("step", "evaluation"),
+    ("run",),
+    ("inspection", "ablation"),
+    ("commands",),
+    ("cli",),
+    ("__main__",),
+]
+FLOOR = {folder: n for n, folders in enumerate(FLOORS) for folder in folders}
 
 
-def test_lower_layers_never_import_upward() -> None:
+def _folder(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else ""  # "" is the package's own __init__
+
+
+def floor_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that breaks the floor table, as the rule it breaks."""
+    out = []
+    for mod in sorted(graph):
+        here = _folder(mod)
+        if here == "":
+            continue  # the package's __init__: a docstring and the version
+        for target in sorted(graph[mod]):
+            there = _folder(target)
+            if there == here:
+                continue
+            if here not in FLOOR or there not in FLOOR:
+                out.append(f"{mod} -> {target}: {here if here not in FLOOR else there}/ has no floor in FLOORS")
+            elif FLOOR[there] >= FLOOR[here]:
+                out.append(
+                    f"{mod} -> {target}: {here}/ (floor {FLOOR[here]}) may import only lower floors, "
+                    f"not {there}/ (floor {FLOOR[there]})"
+                )
+    return out
+
+
+def test_every_import_goes_down_the_floor_table() -> None:
     graph = import_graph()
-    assert {t for t in _imports_of("exgrpo_cli.algo", graph) if not t.startswith("exgrpo_cli.algo")} == set()
-    replay = {t for t in _imports_of("exgrpo_cli.replay", graph) if not t.startswith("exgrpo_cli.replay")}
-    assert graph["exgrpo_cli.data.types"] == set()  # a leaf: plain dataclasses
-    allowed = {"exgrpo_cli.algo", "exgrpo_cli.data.types"} | {
-        m for m in graph if m.startswith("exgrpo_cli.algo.")
-    }
-    assert replay <= allowed, replay
+    assert {_folder(m) for m in graph} - {""} == set(FLOOR)  # every folder has a floor, none is stale
+    assert floor_breaches(graph) == []
+
+
+def test_a_step_module_importing_run_breaks_the_table() -> None:
+    graph = import_graph()
+    graph["exgrpo_cli.step.loop"] = graph["exgrpo_cli.step.loop"] | {"exgrpo_cli.run.training"}
+    assert floor_breaches(graph) == [
+        "exgrpo_cli.step.loop -> exgrpo_cli.run.training: step/ (floor 9) may import only lower floors, "
+        "not run/ (floor 10)"
+    ]
+    same_floor = {"exgrpo_cli.rollout.hf": {"exgrpo_cli.reward.stage"}, "exgrpo_cli.reward.stage": set()}
+    assert floor_breaches(same_floor) == [
+        "exgrpo_cli.rollout.hf -> exgrpo_cli.reward.stage: rollout/ (floor 8) may import only lower floors, "
+        "not reward/ (floor 8)"
+    ]
+
+
+def test_the_schema_is_plain_data() -> None:
+    """config/schema.py builds on its section modules (plain dataclasses) and the errors only."""
+    graph = import_graph()
     sections = {"exgrpo_cli.config.model", "exgrpo_cli.config.train", "exgrpo_cli.config.commands"}
     assert graph["exgrpo_cli.config.schema"] <= {"exgrpo_cli.errors"} | sections
-    assert all(graph[m] == set() for m in sections)  # the schema's sections: plain dataclasses
+    assert all(graph[m] == set() for m in sections)
