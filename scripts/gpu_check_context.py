@@ -143,8 +143,8 @@ class Context:
             props = torch.cuda.get_device_properties(0)
             self.record(device=props.name, device_bytes=int(props.total_memory))
         self.meter = Meter(self.device)
-        self.dist: DataParallel | None = None  # what policy_update gets
-        self.wrap_dist: DataParallel | None = None  # what wrap_fsdp2 gets
+        self.parallel: DataParallel | None = None  # what policy_update gets
+        self.wrap_parallel: DataParallel | None = None  # what wrap_fsdp2 gets
 
     @property
     def device_bytes(self) -> int:
@@ -184,7 +184,7 @@ class Context:
         from exgrpo_cli.parallel.sharding import DataParallel
 
         if not self.dry:
-            self.dist = self.wrap_dist = init_distributed(device="cuda")
+            self.parallel = self.wrap_parallel = init_distributed(device="cuda")
             return
         import torch.distributed as tdist
 
@@ -199,8 +199,8 @@ class Context:
             def distributed(self) -> bool:
                 return True
 
-        self.dist = DataParallel()
-        self.wrap_dist = OneRankGroup()
+        self.parallel = DataParallel()
+        self.wrap_parallel = OneRankGroup()
 
 
 def host_memory_bytes() -> int:
@@ -282,8 +282,8 @@ def build_policy(ctx: Context, hf_config: Qwen2Config, offload: str, seed: int =
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32, attn_implementation=impl)
     enable_checkpointing(model, True)
-    assert ctx.wrap_dist is not None, "Context.distributed() first"
-    wrap_fsdp2(model, ctx.wrap_dist, mixed_precision="bf16", offload=OFFLOAD_MODES[offload])
+    assert ctx.wrap_parallel is not None, "Context.distributed() first"
+    wrap_fsdp2(model, ctx.wrap_parallel, mixed_precision="bf16", offload=OFFLOAD_MODES[offload])
     model.to_empty(device="cpu" if offload == "all" else ctx.device)
     random_init(model, float(hf_config.initializer_range), seed)
     restore_rotary(model, hf_config)

@@ -195,7 +195,7 @@ def section_update(ctx: Context) -> None:
         ctx.meter.empty_cache()  # the forward/backward from an emptied cache, as the step below
         ctx.meter.reset()
         t0 = time.perf_counter()
-        res = policy_update(model, optimizer, batch, adv, settings, pad_id=0, dist=ctx.dist)
+        res = policy_update(model, optimizer, batch, adv, settings, pad_id=0, parallel=ctx.parallel)
         ctx.meter.sync()
         took = time.perf_counter() - t0
         updates.append(

@@ -109,11 +109,11 @@ def section_vllm(ctx: Context) -> None:
     )
     ctx.stage("trainer model")
     ctx.distributed()
-    assert ctx.wrap_dist is not None
+    assert ctx.wrap_parallel is not None
     t = cfg.trainer
     model = wrap_fsdp2(
         load_model(cfg.model, torch.device("cpu")),
-        ctx.wrap_dist,
+        ctx.wrap_parallel,
         mixed_precision=t.fsdp_mixed_precision or None,
         offload=OFFLOAD_MODES[t.offload],
     )
@@ -147,7 +147,7 @@ def section_vllm(ctx: Context) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         plan = update_plan(replace(s, response_tokens=32, micro_batch_tokens=0), ctx.device)
         for _ in range(3):
-            policy_update(model, optimizer, batch, adv, plan, pad_id=pad, dist=ctx.dist)
+            policy_update(model, optimizer, batch, adv, plan, pad_id=pad, parallel=ctx.parallel)
         outs = engine.generate(prompts, [4] * len(prompts), replace(spec, seed=1))
         stale, _ = trainer_logprobs_diff(model, prompts, outs, pad, ctx.device)
         ctx.record(diff_stale=stale)

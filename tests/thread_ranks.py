@@ -21,8 +21,8 @@ class Exchange:
         self.slots: list = [None] * world
         self.barrier = threading.Barrier(world, timeout=30)
 
-    def __call__(self, obj: object, dist: DataParallel) -> list:
-        self.slots[dist.rank] = obj
+    def __call__(self, obj: object, parallel: DataParallel) -> list:
+        self.slots[parallel.rank] = obj
         self.barrier.wait()
         out = list(self.slots)
         self.barrier.wait()  # nobody overwrites a slot before everyone has read them
@@ -34,8 +34,8 @@ def thread_world(monkeypatch: pytest.MonkeyPatch, world: int) -> None:
     gather = Exchange(world)
     reduce = {"mean": lambda v: sum(v) / world, "sum": sum, "max": max, "min": min}
 
-    def all_reduce(values: dict[str, float], ranks: DataParallel, op: str = "mean") -> dict[str, float]:
-        every = gather(dict(values), ranks)
+    def all_reduce(values: dict[str, float], parallel: DataParallel, op: str = "mean") -> dict[str, float]:
+        every = gather(dict(values), parallel)
         return {k: float(reduce[op]([v[k] for v in every])) for k in values}
 
     monkeypatch.setattr(S, "all_gather_object", gather)

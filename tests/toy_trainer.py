@@ -33,5 +33,5 @@ def toy_trainer(
 ) -> Trainer:
     """`parts`: tokenizer, template, engine, scorer (None when not given)."""
     given = dict.fromkeys(("tokenizer", "template", "engine", "scorer")) | parts
-    ranks = DataParallel(rank=rank, world_size=world)
-    return Trainer(cfg, state or toy_state(), **given, choices=choices(cfg), parallel=ranks)
+    parallel = DataParallel(rank=rank, world_size=world)
+    return Trainer(cfg, state or toy_state(), **given, choices=choices(cfg), parallel=parallel)

@@ -48,15 +48,15 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
-def _shared_digests(folder: Path, names: list[str], dist: DataParallel) -> dict[str, dict[str, Any]]:
+def _shared_digests(folder: Path, names: list[str], parallel: DataParallel) -> dict[str, dict[str, Any]]:
     """{name: {"bytes", "sha256"}} of `names` under `folder`, each rank hashing every W-th file
     (missing files are left out)."""
     mine = {}
-    for name in [names[i] for i in dist.mine(len(names))]:
+    for name in [names[i] for i in parallel.mine(len(names))]:
         path = folder / name
         if path.is_file():
             mine[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    return {k: v for part in dist.gather(mine) for k, v in part.items()}
+    return {k: v for part in parallel.gather(mine) for k, v in part.items()}
 
 
 # ----------------------------------------------------------------------------- legacy optimizer files

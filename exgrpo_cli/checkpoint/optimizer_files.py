@@ -34,7 +34,7 @@ def load_full_optimizer_state_dict(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     state: dict[str, Any],
-    dist: DataParallel,
+    parallel: DataParallel,
 ) -> None:
     """A checkpoint's full optimizer state in the plain `optimizer.state_dict()` layout (integer
     parameter ids; what checkpoints written before the sharded format hold) into `optimizer`:
@@ -47,7 +47,7 @@ def load_full_optimizer_state_dict(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     sd: dict[str, Any] = {}
-    if dist.is_main:
+    if parallel.is_main:
         names = _fqn_order(model, optimizer)
         groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
         # copies all the way down: the broadcast swaps the values for DTensor shards in place
@@ -67,7 +67,7 @@ def _quiet_single_process() -> Iterator[None]:
 
 
 def save_optimizer(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, dist: DataParallel
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, parallel: DataParallel
 ) -> None:
     """The optimizer state into `folder`, each rank writing its own shard of it (no gather: at 7B
     the full fp32 AdamW state is ~61 GB), with torch.distributed.checkpoint, which can reshard it
@@ -78,13 +78,13 @@ def save_optimizer(
 
     osd = get_optimizer_state_dict(model, optimizer)
     with _quiet_single_process():
-        dcp.save({"state": osd["state"]}, checkpoint_id=str(folder), no_dist=not dist.distributed)
-    if dist.is_main:
+        dcp.save({"state": osd["state"]}, checkpoint_id=str(folder), no_dist=not parallel.distributed)
+    if parallel.is_main:
         (folder / PARAM_GROUPS).write_text(json.dumps(osd["param_groups"], indent=1))
 
 
 def load_optimizer(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, dist: DataParallel
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, parallel: DataParallel
 ) -> None:
     """Inverse of `save_optimizer`, whatever the number of ranks that wrote it. The state is read
     into the optimizer's own (initialised) state tensors, where they are: no second copy, and an
@@ -100,7 +100,7 @@ def load_optimizer(
     reader = data_only_reader(folder)
     osd = get_optimizer_state_dict(model, optimizer)  # the optimizer's own state tensors, by name
     with _quiet_single_process():
-        dcp.load({"state": osd["state"]}, storage_reader=reader, no_dist=not dist.distributed)
+        dcp.load({"state": osd["state"]}, storage_reader=reader, no_dist=not parallel.distributed)
     from exgrpo_cli.checkpoint.optimizer_groups import check_saved_groups
     from exgrpo_cli.checkpoint.safe_read import read_json
 

@@ -89,24 +89,24 @@ class CheckpointWriteError(ExgrpoError):
 
 
 def save_checkpoint(
-    ckpt_root: Path, step: int, write: Callable[[Path], None], keep: int, dist: DataParallel | None = None
+    ckpt_root: Path, step: int, write: Callable[[Path], None], keep: int, parallel: DataParallel | None = None
 ) -> Path | None:
     """Run `write(tmp)` on every rank, then publish step_<step> atomically (see the module
     docstring). A collective under torchrun: every rank calls it. Returns the checkpoint's path on
     rank 0 (None elsewhere). A failed write raises CheckpointWriteError on every rank and leaves
     the published checkpoints as they were."""
-    dist = dist or DataParallel()
-    main = dist.is_main
+    parallel = parallel or DataParallel()
+    main = parallel.is_main
     final, parent = ckpt_root / f"step_{step}", ckpt_root / f".tmp-step_{step}"
     # each writer (a run: its rank 0's choice, shared) has its own folder under .tmp-step_<N>: two
     # processes that ever write into one run dir never mix their files (the run lock should
     # prevent it; this makes it harmless)
     writer = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}" if main else ""
-    writer = dist.from_main(writer)
+    writer = parallel.from_main(writer)
     tmp = parent / writer
     if main:
         tmp.mkdir(parents=True)
-    dist.barrier()
+    parallel.barrier()
     error = None
     try:
         write(tmp)
@@ -115,7 +115,7 @@ def save_checkpoint(
         if cause is None:
             raise
         error = f"{type(cause).__name__}: {str(cause)[:300]}"
-    errors = [e for e in dist.gather(error) if e]
+    errors = [e for e in parallel.gather(error) if e]
     if errors:
         raise CheckpointWriteError(
             f"writing checkpoint step_{step} failed ({errors[0]}); the checkpoints already in "
@@ -123,13 +123,14 @@ def save_checkpoint(
         )
     if main and os.environ.get(FAULT_KILL_IN_CHECKPOINT) == str(step):
         os.kill(os.getpid(), signal.SIGKILL)
-    dist.barrier()  # every rank's files are written before anyone hashes them
+    parallel.barrier()  # every rank's files are written before anyone hashes them
     names = _files(tmp) if main else []
-    names = dist.from_main(names)
-    digests = _shared_digests(tmp, names, dist)
+    names = parallel.from_main(names)
+    digests = _shared_digests(tmp, names, parallel)
     if main:
         write_json(
-            tmp / COMPLETE, {"step": step, "format": FORMAT, "world_size": dist.world_size, "files": digests}
+            tmp / COMPLETE,
+            {"step": step, "format": FORMAT, "world_size": parallel.world_size, "files": digests},
         )
         _fsync_tree(tmp)
         if final.exists():  # a re-save of the same step (e.g. the final one): replace it
@@ -143,7 +144,7 @@ def save_checkpoint(
             os.fsync(fh.fileno())
         os.replace(pointer_tmp, ckpt_root / LATEST)
         _prune(ckpt_root, keep, protect=final)
-    dist.barrier()  # nobody reads or deletes checkpoints while rank 0 publishes one
+    parallel.barrier()  # nobody reads or deletes checkpoints while rank 0 publishes one
     return final if main else None
 
 
@@ -212,14 +213,14 @@ def resume_candidates(ckpt_root: Path) -> list[Path]:
 SIDECARS = (BEST_SCORE, "QUARANTINED.txt")
 
 
-def verify(folder: Path, prefix: str = "", dist: DataParallel | None = None) -> str | None:
+def verify(folder: Path, prefix: str = "", parallel: DataParallel | None = None) -> str | None:
     """None when every file of checkpoint `folder` under `prefix` ("" = all, "model/", "replay/")
     has the size and SHA-256 its COMPLETE manifest records, else the first problem, naming the
     file. Refused as well: anything in the folder that is not a regular file or directory (a
     symlink, a FIFO, a device), a file the manifest does not list, a manifest without its file
     list. A checkpoint written before manifests existed (a marker without a format) passes with a
     warning. When the optimizer state is covered, its metadata must also be data. Collective when
-    `dist` is distributed (the ranks share the hashing)."""
+    `parallel` is distributed (the ranks share the hashing)."""
     marker = folder / COMPLETE
     if not marker.is_file():
         return f"{folder}: no {COMPLETE} marker (a torn or foreign folder)"
@@ -236,7 +237,7 @@ def verify(folder: Path, prefix: str = "", dist: DataParallel | None = None) -> 
     else:
         reason = _manifest_shape(folder, manifest)
         if reason is None and isinstance(manifest, dict):  # a dict whenever the shape passed
-            reason = _manifest_problem(folder, manifest, prefix, dist or DataParallel())
+            reason = _manifest_problem(folder, manifest, prefix, parallel or DataParallel())
         if reason is not None:
             return reason
     if OPTIMIZER.startswith(prefix):
@@ -266,9 +267,11 @@ def _manifest_shape(folder: Path, manifest: Any) -> str | None:
     return None
 
 
-def _manifest_problem(folder: Path, manifest: dict[str, Any], prefix: str, dist: DataParallel) -> str | None:
+def _manifest_problem(
+    folder: Path, manifest: dict[str, Any], prefix: str, parallel: DataParallel
+) -> str | None:
     wanted = sorted(n for n in manifest if n.startswith(prefix))
-    found = _shared_digests(folder, wanted, dist)
+    found = _shared_digests(folder, wanted, parallel)
     for name in wanted:
         got, want = found.get(name), manifest[name]
         if got is None:
@@ -297,21 +300,21 @@ def quarantine(folder: Path, reason: str, target: Path | None = None) -> Path:
     return target
 
 
-def latest_verified(ckpt_root: Path, dist: DataParallel | None = None) -> tuple[Path | None, list[str]]:
+def latest_verified(ckpt_root: Path, parallel: DataParallel | None = None) -> tuple[Path | None, list[str]]:
     """The first checkpoint of `resume_candidates` (`latest`'s, then older ones) that verifies,
     quarantining those before it that do not (rank 0 renames; a collective under torchrun).
     Returns (checkpoint or None, warnings). Raises CheckpointError when there are checkpoints and
     none verifies."""
-    dist = dist or DataParallel()
+    parallel = parallel or DataParallel()
     warnings: list[str] = []
     for folder in resume_candidates(ckpt_root):
         target = quarantine_target(folder)  # before anything untrusted is parsed
-        reason = verify(folder, dist=dist)
+        reason = verify(folder, parallel=parallel)
         if reason is None:
             return folder, warnings
-        if dist.is_main:
+        if parallel.is_main:
             quarantine(folder, reason, target)
-        dist.barrier()
+        parallel.barrier()
         warnings.append(
             f"checkpoint {folder.name} failed verification ({reason}); quarantined as "
             f"{QUARANTINE_PREFIX}{folder.name}, resuming from an older one if any verifies"

@@ -39,9 +39,9 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, Any] | None:
     from exgrpo_cli.parallel import fsdp as D
     from exgrpo_cli.run.launch import launched_rank
 
-    ranks = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
+    parallel = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
     try:
         with exit_on_error("eval", say=launched_rank() == 0):
-            return run_eval(cfg, ranks)
+            return run_eval(cfg, parallel)
     finally:
         D.close_distributed()

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from exgrpo_cli.parallel.sharding import DataParallel
 
 
-def adapter_folder(value: str, dist: DataParallel | None = None) -> Path:
+def adapter_folder(value: str, parallel: DataParallel | None = None) -> Path:
     """The adapter folder eval.adapter names: a checkpoint (its adapter/, verified), a run dir (its
     latest checkpoint's) or a folder in peft's format. ConfigError otherwise."""
     from exgrpo_cli.checkpoint import store as ckpt
@@ -37,7 +37,9 @@ def adapter_folder(value: str, dist: DataParallel | None = None) -> Path:
         p = found if found is not None else p
     if (p / lora.ADAPTER_DIR / lora.CONFIG).is_file():
         reason = (
-            ckpt.verify(p, prefix=f"{lora.ADAPTER_DIR}/", dist=dist) if (p / ckpt.COMPLETE).exists() else None
+            ckpt.verify(p, prefix=f"{lora.ADAPTER_DIR}/", parallel=parallel)
+            if (p / ckpt.COMPLETE).exists()
+            else None
         )
         if reason:
             raise ConfigError(f"invalid eval.adapter={value!r}: the checkpoint does not verify: {reason}")
@@ -50,7 +52,7 @@ def adapter_folder(value: str, dist: DataParallel | None = None) -> Path:
     return p
 
 
-def with_adapter(cfg: ExgrpoConfig, dist: DataParallel | None = None) -> ExgrpoConfig:
+def with_adapter(cfg: ExgrpoConfig, parallel: DataParallel | None = None) -> ExgrpoConfig:
     """`cfg` with eval.adapter resolved to its folder and model.lora set to the adapter's settings;
     `cfg` itself without eval.adapter. Refuses (ConfigError, before any model loads) an adapter
     whose recorded base is not model.path, eval.compare beside it, and an engine that does not run
@@ -64,7 +66,7 @@ def with_adapter(cfg: ExgrpoConfig, dist: DataParallel | None = None) -> ExgrpoC
 
     if not pick(ENGINES, "rollout.engine", cfg.rollout.engine).needs_trainer_model:
         raise ConfigError(f"eval.adapter runs on rollout=hf only (rollout.engine={cfg.rollout.engine})")
-    folder = adapter_folder(cfg.eval.adapter, dist)
+    folder = adapter_folder(cfg.eval.adapter, parallel)
     try:
         settings = lora.lora_settings(folder)
         recorded = str(lora.read_adapter_config(folder).get("base_model_name_or_path") or "")

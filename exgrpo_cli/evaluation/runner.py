@@ -70,11 +70,11 @@ def output_dir(cfg: ExgrpoConfig) -> Path:
     return Path(cfg.eval.output_dir or cfg.trainer.output_dir)
 
 
-def resolve_model_path(path: str, ranks: DataParallel | None = None) -> str:
+def resolve_model_path(path: str, parallel: DataParallel | None = None) -> str:
     """A model folder, a training checkpoint (its model/ folder), a run dir (its latest
     checkpoint), a HF id or builtin:tiny. Raises ConfigError for a local path that holds no model,
     or whose checkpoint's model files fail their checksums. Collective under several ranks
-    (`ranks`): they hash the files together."""
+    (`parallel`): they hash the files together."""
     if path.startswith("builtin:"):
         return path
     p = Path(path).expanduser()
@@ -93,7 +93,7 @@ def resolve_model_path(path: str, ranks: DataParallel | None = None) -> str:
                 "checkpoint (model/) or run (checkpoints/)"
             )
         if (folder.parent / ckpt.COMPLETE).is_file():  # a checkpoint's weights: check what is read
-            reason = ckpt.verify(folder.parent, prefix="model/", dist=ranks)  # ranks share the hashing
+            reason = ckpt.verify(folder.parent, prefix="model/", parallel=parallel)  # ranks share the hashing
             if reason:
                 raise ConfigError(f"invalid model path {path!r}: the checkpoint does not verify: {reason}")
         return str(folder)
@@ -102,7 +102,7 @@ def resolve_model_path(path: str, ranks: DataParallel | None = None) -> str:
     return path  # a Hugging Face id
 
 
-def models_to_run(cfg: ExgrpoConfig, ranks: DataParallel | None = None) -> list[tuple[str, str]]:
+def models_to_run(cfg: ExgrpoConfig, parallel: DataParallel | None = None) -> list[tuple[str, str]]:
     """(label, resolved path) per model: eval.compare when given, else model.path. Labels key the
     results and the generation rows, so a repeated entry gets a #2, #3 suffix."""
     names = list(cfg.eval.compare) or [cfg.model.path]
@@ -113,7 +113,7 @@ def models_to_run(cfg: ExgrpoConfig, ranks: DataParallel | None = None) -> list[
             i += 1
             label = f"{name}#{i}"
         seen.add(label)
-        out.append((label, resolve_model_path(name, ranks)))
+        out.append((label, resolve_model_path(name, parallel)))
     return out
 
 
@@ -195,7 +195,7 @@ def evaluate_model(
     scorer: RewardScorer | Reward,
     gen_fh: TextIO,
     console: Console,
-    ranks: DataParallel,
+    parallel: DataParallel,
 ) -> ModelResult:
     """Every benchmark of `suite` on one model; writes its samples to `gen_fh` as it goes."""
     from exgrpo_cli.config.registry import pick
@@ -209,16 +209,16 @@ def evaluate_model(
     same = path == cfg.model.path
     model_cfg = dataclasses.replace(cfg.model, path=path, gguf_file=cfg.model.gguf_file if same else "")
     run_cfg = dataclasses.replace(cfg, model=model_cfg)
-    device = ranks.device  # a rank: its own GPU
+    device = parallel.device  # a rank: its own GPU
     # rank 0 first: a hub tokenizer or model is downloaded once, the other ranks read its copy
-    tokenizer = ranks.main_first(lambda: load_tokenizer(model_cfg))
+    tokenizer = parallel.main_first(lambda: load_tokenizer(model_cfg))
     check_template(template, tokenizer, f"model {path}")  # once, under a time and memory budget
     # an engine that loads the weights itself (vLLM) gets no HF copy: it would only take memory
     engine_spec = pick(ENGINES, "rollout.engine", cfg.rollout.engine)
     model = None
     if engine_spec.needs_trainer_model:
         check_model(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype)  # config.json vs weights, memory
-        model = ranks.main_first(lambda: load_model(model_cfg, device))
+        model = parallel.main_first(lambda: load_model(model_cfg, device))
         load_into(cfg, model)  # eval.adapter's weights on the base (model.lora layers built above)
     try:
         engine = build_engine(run_cfg, model, tokenizer)
@@ -254,7 +254,7 @@ def evaluate_model(
                     progress=tick,
                     data_system=not lb.bench.official,
                     rule_for_prompt=official_answer_rule if lb.bench.official else None,
-                    ranks=ranks,
+                    parallel=parallel,
                 )
             for row in _rows(label, lb, res, template.requires_think):
                 gen_fh.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -326,21 +326,21 @@ class _Progress:
             self.bar.stop()
 
 
-def eval_scorer(cfg: ExgrpoConfig, template: Template, ranks: DataParallel) -> RewardScorer | Reward:
+def eval_scorer(cfg: ExgrpoConfig, template: Template, parallel: DataParallel) -> RewardScorer | Reward:
     """reward=math (the default): the benchmarks' own grading, math or choice per benchmark, in
     up to 4 workers; any other reward.kind: the run's reward (reward/stage.py), as training uses it."""
     from exgrpo_cli.reward import RewardScorer
     from exgrpo_cli.reward.stage import build_reward
 
     if cfg.reward.kind != "math":
-        return build_reward(cfg.reward, template.requires_think, ranks.device)
-    workers = min(4, os.cpu_count() or 1) // ranks.world_size
+        return build_reward(cfg.reward, template.requires_think, parallel.device)
+    workers = min(4, os.cpu_count() or 1) // parallel.world_size
     return RewardScorer(requires_think=template.requires_think, workers=max(1, workers))
 
 
-def run_eval(cfg: ExgrpoConfig, ranks: DataParallel | None = None) -> dict[str, Any] | None:
+def run_eval(cfg: ExgrpoConfig, parallel: DataParallel | None = None) -> dict[str, Any] | None:
     """The whole `exgrpo eval` run (or a regrade); returns the results.json content. Under several
-    ranks (`ranks`) each samples and grades its share; rank 0 alone writes and returns the results."""
+    ranks (`parallel`) each samples and grades its share; rank 0 alone writes and returns the results."""
     out = output_dir(cfg)
     if cfg.eval.regrade:
         return regrade(cfg, cfg.eval.regrade, out)
@@ -348,30 +348,32 @@ def run_eval(cfg: ExgrpoConfig, ranks: DataParallel | None = None) -> dict[str, 
     from exgrpo_cli.parallel.fsdp import pick_device
     from exgrpo_cli.parallel.sharding import DataParallel
 
-    ranks = ranks if ranks is not None else DataParallel(device=pick_device(cfg.trainer.device))
-    main = ranks.is_main
+    parallel = parallel if parallel is not None else DataParallel(device=pick_device(cfg.trainer.device))
+    main = parallel.is_main
     console = Console(stderr=True, quiet=not main)
-    check_one_engine_per_rank(cfg, ranks.world_size)
-    cfg = with_adapter(cfg, ranks)  # eval.adapter: checked against model.path before any model loads
-    suite = ranks.main_first(lambda: load_suite(cfg))  # a missing file stops here, before any model loads
+    check_one_engine_per_rank(cfg, parallel.world_size)
+    cfg = with_adapter(cfg, parallel)  # eval.adapter: checked against model.path before any model loads
+    suite = parallel.main_first(lambda: load_suite(cfg))  # a missing file stops here, before any model loads
     for lb in suite:  # on the console too, not only in the log: a score over fewer rows than asked
         if lb.skipped:
             console.print(
                 f"warning: {lb.bench.title}: skipped {lb.skipped} rows without a usable question or answer"
             )
-    models = [(adapter_label(cfg, label), path) for label, path in models_to_run(cfg, ranks)]
+    models = [(adapter_label(cfg, label), path) for label, path in models_to_run(cfg, parallel)]
     if cfg.trainer.threads:
         import torch
 
         torch.set_num_threads(cfg.trainer.threads)
     template = get_template(cfg.model.template)
     out.mkdir(parents=True, exist_ok=True)
-    scorer = eval_scorer(cfg, template, ranks)
+    scorer = eval_scorer(cfg, template, parallel)
     results: list[ModelResult] = []
     try:
         with (out / GENERATIONS).open("w", encoding="utf-8") if main else open(os.devnull, "w") as fh:
             for label, path in models:
-                results.append(evaluate_model(cfg, label, path, suite, template, scorer, fh, console, ranks))
+                results.append(
+                    evaluate_model(cfg, label, path, suite, template, scorer, fh, console, parallel)
+                )
     finally:
         scorer.close()
     if not main:

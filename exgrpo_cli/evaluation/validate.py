@@ -61,25 +61,25 @@ def sample_and_grade(
     progress: Callable[[int], None] | None = None,
     data_system: bool = True,
     rule_for_prompt: Callable[[str], AnswerRule] | None = None,
-    ranks: DataParallel | None = None,
+    parallel: DataParallel | None = None,
 ) -> SampledResult:
     """Generate n responses per question (in chunks of `chunk` sequences) and grade them.
 
     `progress`, when given, is called with the number of questions generated after each chunk.
     `data_system=False` leaves the data's system message out of the prompts; `rule_for_prompt`,
     when given, picks the answer rule of each question's samples from its rendered prompt (else
-    the scorer grades with its own rule). Under torchrun (`ranks`), the ranks share the chunks and
+    the scorer grades with its own rule). Under torchrun (`parallel`), the ranks share the chunks and
     the grading, and every rank returns the whole result: the one a single process returns."""
     from exgrpo_cli.parallel.sharding import DataParallel  # deferred: torch
 
     texts_in = [template.render(q, tokenizer, data_system) for q in questions]
     rules = [] if rule_for_prompt is None else [rule_for_prompt(t) for t in texts_in]
     prompts = [template.prompt_ids(q, tokenizer, data_system) for q in questions]
-    ranks = ranks if ranks is not None else DataParallel()
-    texts = _sample_share(engine, tokenizer, prompts, n, spec, max(1, chunk // n), ranks, progress)
+    parallel = parallel if parallel is not None else DataParallel()
+    texts = _sample_share(engine, tokenizer, prompts, n, spec, max(1, chunk // n), parallel, progress)
     graded = _grade(sorted(texts), texts, questions, scorer, n, kinds, rules)
     # every rank gets every question's samples and grades
-    got = ranks.merge(graded.per_question, timeouts=graded.timeouts, errors=graded.errors)
+    got = parallel.merge(graded.per_question, timeouts=graded.timeouts, errors=graded.errors)
     per_question = got.in_order(len(questions))
     return SampledResult(
         questions,
@@ -101,7 +101,7 @@ def _sample_share(
     n: int,
     spec: SamplingSpec,
     per_call: int,
-    ranks: DataParallel,
+    parallel: DataParallel,
     progress: Callable[[int], None] | None,
 ) -> dict[int, list[str]]:
     """This rank's share of the chunks of `per_call` prompts, n decoded samples per prompt:
@@ -110,9 +110,9 @@ def _sample_share(
     # each rank samples its share of the chunks, with the chunk's own seed, so that the samples are
     # those one process draws; every rank makes as many calls (the equal-call rule, known here
     # without asking: `rounds`): a rank out of chunks takes part with an empty one
-    mine = [starts[i] for i in ranks.mine(len(starts))]
+    mine = [starts[i] for i in parallel.mine(len(starts))]
     texts: dict[int, list[str]] = {}
-    for k in range(ranks.rounds(len(starts))):
+    for k in range(parallel.rounds(len(starts))):
         if k >= len(mine):
             engine.generate([], [], spec)
             if progress is not None:
@@ -127,7 +127,7 @@ def _sample_share(
             by_q[r.prompt_index].append(decode_response(tokenizer, r.response_ids))
         texts.update(zip(idx, by_q))
         if progress is not None:  # the ranks go in step: after k+1 calls each, all ranks' chunks
-            done = ranks.done_after(k + 1, len(starts))
+            done = parallel.done_after(k + 1, len(starts))
             progress(starts[done] if done < len(starts) else len(prompts))
     return texts
 

@@ -128,15 +128,15 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return any(hasattr(p, "device_mesh") for p in model.parameters())
 
 
-def shards_alone(dist: DataParallel) -> bool:
+def shards_alone(parallel: DataParallel) -> bool:
     """FSDP2 wraps the model of a one-process run too when it runs on a GPU, so that mixed
     precision and offload apply there; a one-process CPU run stays plain PyTorch."""
-    return dist.distributed or dist.device.type == "cuda"
+    return parallel.distributed or parallel.device.type == "cuda"
 
 
 def wrap_fsdp2(
     model: M,
-    dist: DataParallel,
+    parallel: DataParallel,
     *,
     mixed_precision: str | None = None,
     offload: Offload = NO_OFFLOAD,
@@ -152,7 +152,7 @@ def wrap_fsdp2(
     Every rank must hold the same initial weights (or load them with `load_sharded`) since each
     keeps its own shard.
     """
-    if not shards_alone(dist):
+    if not shards_alone(parallel):
         return model
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -161,7 +161,7 @@ def wrap_fsdp2(
     if mixed_precision:
         if mixed_precision not in MIXED_PRECISION:
             raise ValueError(f"mixed_precision={mixed_precision!r}: use one of {sorted(MIXED_PRECISION)}")
-        if dist.device.type == "cuda":
+        if parallel.device.type == "cuda":
             # reduce in fp32: averaging bf16 gradients over ranks loses the small ones
             mp = MixedPrecisionPolicy(
                 param_dtype=getattr(torch, MIXED_PRECISION[mixed_precision]), reduce_dtype=torch.float32
@@ -171,8 +171,8 @@ def wrap_fsdp2(
                 "FSDP mixed precision %s ignored on a CPU (bf16 is ~100x slower there)", mixed_precision
             )
     on_host = offload.params_on_host
-    placement = CPUOffloadPolicy(pin_memory=dist.device.type == "cuda") if on_host else OffloadPolicy()
-    mesh = init_device_mesh(dist.device.type, (dist.world_size,))
+    placement = CPUOffloadPolicy(pin_memory=parallel.device.type == "cuda") if on_host else OffloadPolicy()
+    mesh = init_device_mesh(parallel.device.type, (parallel.world_size,))
     for layer in decoder_layers(model):
         fully_shard(
             layer,
@@ -189,9 +189,9 @@ def wrap_fsdp2(
 
 def fill_shards_from_main(
     model: torch.nn.Module,
-    weights: dict[str, torch.Tensor],
+    weights: dict[str, Any],
     buffers: dict[str, torch.Tensor],
-    dist: DataParallel,
+    parallel: DataParallel,
 ) -> None:
     """Rank 0's full `weights` (its state dict) and `buffers` broadcast into every rank's sharded
     `model`; the other ranks pass empty dicts. Buffers that are not in the state dict (rotary
@@ -203,12 +203,12 @@ def fill_shards_from_main(
         model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     )
     for name, buf in model.named_buffers():
-        if dist.is_main:
+        if parallel.is_main:
             buf.copy_(buffers[name])
-        dist.fill_from_main(buf)
+        parallel.fill_from_main(buf)
 
 
-def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
+def copy_full_into(param: Any, full: torch.Tensor) -> None:
     """A parameter's full value into `param`: this rank's part of it when `param` is an FSDP2
     shard (a DTensor), else the whole tensor."""
     if hasattr(param, "device_mesh"):

@@ -118,17 +118,17 @@ def gather_full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor()  # type: ignore[no-any-return]
 
 
-def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float, dist: DataParallel) -> float:
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float, parallel: DataParallel) -> float:
     """torch's clip_grad_norm_ (global norm under FSDP2), unless the gradients are offloaded to host
     memory on several ranks: torch's would all-reduce a host tensor over NCCL. Then each rank's
     squared norm is summed on the host, the ranks' sums reduced as one scalar on the compute
     device, and the gradients scaled as torch's does (coefficient max_norm / (norm + 1e-6), at
     most 1)."""
     grads = [p.grad for p in params if p.grad is not None]
-    if not dist.distributed or all(_local(g).device == dist.device for g in grads):
+    if not parallel.distributed or all(_local(g).device == parallel.device for g in grads):
         return float(torch.nn.utils.clip_grad_norm_(list(params), max_norm))
     local = sum(float(torch.linalg.vector_norm(_local(g), dtype=torch.float64)) ** 2 for g in grads)
-    norm = math.sqrt(dist.sum({"sq": local})["sq"])
+    norm = math.sqrt(parallel.sum({"sq": local})["sq"])
     coef = min(max_norm / (norm + 1e-6), 1.0)  # NaN stays NaN: the update is then skipped
     for g in grads:
         _local(g).mul_(coef)

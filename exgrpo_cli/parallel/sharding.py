@@ -229,21 +229,21 @@ class DataParallel:
 # (module functions so that tests can stand threads in for the ranks)
 
 
-def broadcast_object(obj: T, ranks: DataParallel, src: int = 0) -> T:
+def broadcast_object(obj: T, parallel: DataParallel, src: int = 0) -> T:
     """`obj` as rank `src` holds it, on every rank (pickled: keep it small, e.g. a question list)."""
     box = [obj]
     torch.distributed.broadcast_object_list(box, src=src)
     return box[0]
 
 
-def all_gather_object(obj: T, ranks: DataParallel) -> list[T]:
+def all_gather_object(obj: T, parallel: DataParallel) -> list[T]:
     """Every rank's `obj`, in rank order, on every rank (pickled: e.g. this rank's scored groups)."""
-    out: list[Any] = [None] * ranks.world_size
+    out: list[Any] = [None] * parallel.world_size
     torch.distributed.all_gather_object(out, obj)
     return out
 
 
-def all_reduce_dict(values: dict[str, float], ranks: DataParallel, op: str = "mean") -> dict[str, float]:
+def all_reduce_dict(values: dict[str, float], parallel: DataParallel, op: str = "mean") -> dict[str, float]:
     """Reduce many scalars in one collective (op: mean | sum | max | min). Every rank must pass
     the same keys; the key count travels along so that a mismatch fails loudly here instead of
     silently mixing up metrics."""
@@ -256,13 +256,13 @@ def all_reduce_dict(values: dict[str, float], ranks: DataParallel, op: str = "me
         "max": tdist.ReduceOp.MAX,
         "min": tdist.ReduceOp.MIN,
     }
-    buf = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=ranks.device)
+    buf = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=parallel.device)
     # max of (n, -n) over ranks: n_max and -n_min in one collective
-    count = torch.tensor([len(keys), -len(keys)], dtype=torch.float64, device=ranks.device)
+    count = torch.tensor([len(keys), -len(keys)], dtype=torch.float64, device=parallel.device)
     tdist.all_reduce(count, op=tdist.ReduceOp.MAX)
     if count[0].item() != -count[1].item():
         raise RuntimeError(f"all_reduce_dict: ranks passed different metric sets (this rank: {keys})")
     tdist.all_reduce(buf, op=ops[op])
     if op == "mean":
-        buf /= ranks.world_size
+        buf /= parallel.world_size
     return dict(zip(keys, buf.tolist()))

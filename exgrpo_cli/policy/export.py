@@ -36,13 +36,15 @@ def unique_state_names(model: torch.nn.Module) -> list[str]:
     return [name for name in model.state_dict() if name not in every or name in first]
 
 
-def export_hf(model: torch.nn.Module, folder: Path, tokenizer: Any, dist: DataParallel | None = None) -> None:
+def export_hf(
+    model: torch.nn.Module, folder: Path, tokenizer: Any, parallel: DataParallel | None = None
+) -> None:
     """Write `model` (possibly FSDP2-sharded) as an HF folder into `folder`. A collective under
     FSDP: every rank calls it in step; rank 0 writes. A failed write on rank 0 (disk full) still
     takes part in every gather, then raises its OSError."""
     from safetensors.torch import save_file
 
-    main = dist is None or dist.is_main
+    main = parallel is None or parallel.is_main
     names = unique_state_names(model)
     # model.lora: the adapted weights merged, under the plain model's names
     tensors = lora.merged_tensors(model, names) if lora.is_lora(model) else _plain(model, names)

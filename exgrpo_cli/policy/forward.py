@@ -106,7 +106,7 @@ def synced_micro_batches(
     token_budget: int,
     pad_id: int,
     device: torch.device,
-    dist: DataParallel,
+    parallel: DataParallel,
     max_rows: int | None = None,
 ) -> Iterator[tuple[SequenceBatch, bool]]:
     """`rows` packed into token-budget micro-batches (each cut further into pieces of at most
@@ -119,7 +119,7 @@ def synced_micro_batches(
     chunks = micro_batches(lengths, token_budget)
     if max_rows is not None:
         chunks = [c[start : start + max_rows] for c in chunks for start in range(0, len(c), max_rows)]
-    most = dist.equal_calls(len(chunks))
+    most = parallel.equal_calls(len(chunks))
     for k in range(most):
         if k < len(chunks):
             yield pack(prompts, responses, [rows[c] for c in chunks[k]], pad_id, device), False

@@ -147,12 +147,12 @@ def adapter_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p for n, p in model.named_parameters() if is_adapter_name(n)}
 
 
-def save_adapter(model: torch.nn.Module, folder: Path, dist: DataParallel | None = None) -> None:
+def save_adapter(model: torch.nn.Module, folder: Path, parallel: DataParallel | None = None) -> None:
     """Write the adapter in peft's format into `folder` (rank 0 writes; a collective under FSDP2:
     every rank calls it, each adapter tensor is all-gathered)."""
     from safetensors.torch import save_file
 
-    main = dist is None or dist.is_main
+    main = parallel is None or parallel.is_main
     tensors = {}
     for name, p in adapter_params(model).items():
         full = gather_full(p.detach())

@@ -140,7 +140,7 @@ def materialize(model: torch.nn.Module, device: torch.device, *, params_on_host:
 
 def load_sharded(
     cfg: ModelConfig,
-    dist: DataParallel,
+    parallel: DataParallel,
     shard: Callable[[PreTrainedModel], PreTrainedModel],
     offload: Offload = NO_OFFLOAD,
 ) -> PreTrainedModel:
@@ -152,17 +152,17 @@ def load_sharded(
     Collective: every rank calls it."""
     from transformers import AutoModelForCausalLM
 
-    full = load_model(cfg, torch.device("cpu")) if dist.is_main else None
+    full = load_model(cfg, torch.device("cpu")) if parallel.is_main else None
     # the generation config too: from_config derives one from config.json alone, and the engines
     # read their stop ids from it (rollout/base.eos_token_ids), so every rank must hold rank 0's
-    configs = dist.from_main((full.config, full.generation_config) if full is not None else None)
+    configs = parallel.from_main((full.config, full.generation_config) if full is not None else None)
     assert configs is not None  # rank 0 always sends them
     hf_config, generation_config = configs
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(
             hf_config,
             dtype=DTYPES[cfg.dtype],
-            attn_implementation=attn_implementation(cfg.attn_implementation, dist.device),
+            attn_implementation=attn_implementation(cfg.attn_implementation, parallel.device),
             trust_remote_code=cfg.trust_remote_code,
         )
     model.generation_config = generation_config
@@ -171,10 +171,10 @@ def load_sharded(
         use_fp32_head(model)
     model = apply_lora(model, cfg.lora, cfg.path)  # the same adapters as rank 0's, on the meta device
     model = shard(model)
-    materialize(model, dist.device, params_on_host=offload.params_on_host)
+    materialize(model, parallel.device, params_on_host=offload.params_on_host)
     weights = full.state_dict() if full is not None else {}
     source = dict(full.named_buffers()) if full is not None else {}
-    fill_shards_from_main(model, weights, source, dist)
+    fill_shards_from_main(model, weights, source, parallel)
     for module in model.modules():  # dynamic RoPE variants keep a copy of the initial frequencies
         inv_freq = getattr(module, "inv_freq", None)
         if hasattr(module, "original_inv_freq") and isinstance(inv_freq, torch.Tensor):

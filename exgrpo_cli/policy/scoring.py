@@ -29,20 +29,20 @@ def score_candidates(
     pad_id: int,
     token_budget: int,
     max_rows: int,
-    dist: DataParallel | None = None,
+    parallel: DataParallel | None = None,
 ) -> list[float]:
     """One score per (prompt, response) row: the mean over its response of `kind`'s per-token value.
 
-    Under torchrun (`dist`) each rank scores every W-th candidate and the scores are all-gathered:
+    Under torchrun (`parallel`) each rank scores every W-th candidate and the scores are all-gathered:
     every rank returns all of them. The forwards of an FSDP-sharded model are collectives, so every
     rank runs as many (a rank out of rows repeats one row and drops its score)."""
     if not responses:
         return []
-    dist = dist if dist is not None else local_dist(model)
-    mine = dist.mine(len(responses))
+    parallel = parallel if parallel is not None else local_dist(model)
+    mine = parallel.mine(len(responses))
     # the compute device: under CPU offload the parameters are in host memory
     passes = synced_micro_batches(
-        prompts, responses, mine, token_budget, pad_id, dist.device, dist, max_rows=max_rows
+        prompts, responses, mine, token_budget, pad_id, parallel.device, parallel, max_rows=max_rows
     )
     scores: dict[int, float] = {}
     was_training = model.training
@@ -63,4 +63,4 @@ def score_candidates(
         reshard = getattr(model, "reshard", None)
         if callable(reshard):
             reshard()
-    return dist.merge(scores).in_order(len(responses))
+    return parallel.merge(scores).in_order(len(responses))

@@ -83,8 +83,8 @@ class HFEngine:
         per_seq = max(spec.max_new_tokens, 1) * vocab * 4  # fp32 logits kept per sequence
         # an FSDP-sharded model (several ranks): every forward is a collective. A model each rank
         # holds whole (exgrpo eval's ranks) samples on its own, with exgrpo's loop
-        ranks = DataParallel.of_process_group(module_device(self.model))
-        synced = ranks.distributed and is_sharded(self.model)
+        parallel = DataParallel.of_process_group(module_device(self.model))
+        synced = parallel.distributed and is_sharded(self.model)
         own_loop = not (self.hf_generate or synced)
         # only HF generate keeps every step's logits: the own loop needs no logits budget
         chunk_size = (
@@ -92,7 +92,7 @@ class HFEngine:
         )
         starts: list[int | None] = list(range(0, len(flat), chunk_size))
         if synced:  # ... so every rank makes as many generate calls (an idle rank feeds a dummy row)
-            starts += [None] * (ranks.equal_calls(len(starts)) - len(starts))
+            starts += [None] * (parallel.equal_calls(len(starts)) - len(starts))
         try:
             for start in starts:
                 chunk = flat[start : start + chunk_size] if start is not None else [(-1, [self.pad_id])]

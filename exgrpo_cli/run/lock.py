@@ -200,11 +200,11 @@ class RunLock:
             pass
 
 
-def lock_run_dir(out: Path, ranks: DataParallel) -> RunLock | None:
+def lock_run_dir(out: Path, parallel: DataParallel) -> RunLock | None:
     """Rank 0 creates the run dir and takes its lock (returned; None on other ranks); its refusal,
     or a dir it cannot write, is every rank's (one line, exit 2)."""
     lock, failure = None, None
-    if ranks.is_main:
+    if parallel.is_main:
         try:
             out.mkdir(parents=True, exist_ok=True)
             lock = RunLock(out)
@@ -215,7 +215,7 @@ def lock_run_dir(out: Path, ranks: DataParallel) -> RunLock | None:
             failure = str(err)
         except OSError as err:
             failure = f"cannot write to the run dir {out}: {err.strerror or err}"
-    failure = ranks.from_main(failure)
+    failure = parallel.from_main(failure)
     if failure is not None:
         raise RunDirLocked(failure)
     return lock

@@ -99,7 +99,7 @@ def _nothing_to_resume(root: Path) -> None:
         )
 
 
-def decide_resume(cfg: ExgrpoConfig, ranks: DataParallel) -> tuple[Path | None, list[str]]:
+def decide_resume(cfg: ExgrpoConfig, parallel: DataParallel) -> tuple[Path | None, list[str]]:
     """The checkpoint to resume from (None: a fresh start) and warnings to show. A collective:
     the ranks share the verification of the checkpoint's files; rank 0 alone removes or
     quarantines anything. `auto` takes the newest checkpoint that verifies (quarantining newer
@@ -107,24 +107,24 @@ def decide_resume(cfg: ExgrpoConfig, ranks: DataParallel) -> tuple[Path | None, 
     root = Path(cfg.trainer.output_dir) / "checkpoints"
     r = cfg.trainer.resume
     warnings: list[str] = []
-    if ranks.is_main:
+    if parallel.is_main:
         torn = ckpt.clean_torn(root)
         warnings += [f"removed {p.name}: a checkpoint whose writing did not finish" for p in torn]
-    ranks.barrier()
+    parallel.barrier()
     if r == "auto":
-        found, more = ckpt.latest_verified(root, ranks)
+        found, more = ckpt.latest_verified(root, parallel)
         if found is None:
             _nothing_to_resume(root)
         return found, warnings + more
     if r == "never":
-        refusal = ranks.from_main(_refuse_or_clear(cfg) if ranks.is_main else None)
+        refusal = parallel.from_main(_refuse_or_clear(cfg) if parallel.is_main else None)
         if refusal:
             raise ResumeRefused(refusal)
         return None, warnings
     path = Path(r)
     if not (path / ckpt.COMPLETE).is_file():
         raise ResumeRefused(f"trainer.resume={r} is not a complete checkpoint folder")
-    reason = ckpt.verify(path, dist=ranks)
+    reason = ckpt.verify(path, parallel=parallel)
     if reason:
         raise ResumeRefused(f"trainer.resume={r} does not verify: {reason}")
     return path, warnings
@@ -163,16 +163,16 @@ def seed_everything(seed: int) -> None:
 def build_trainer(
     cfg: ExgrpoConfig,
     device: torch.device,
-    ranks: DataParallel | None = None,
+    parallel: DataParallel | None = None,
     resume_from: Path | None = None,
 ) -> tuple[Trainer, list[Question], LoadReport]:
     """The trainer of a run (resumed from `resume_from` when given), its held-out questions and
-    the report of skipped data rows. Seeds the global RNGs first, as a run does. Without `ranks`:
+    the report of skipped data rows. Seeds the global RNGs first, as a run does. Without `parallel`:
     one process computing on `device`."""
-    ranks = ranks if ranks is not None else DataParallel(device=device)
+    parallel = parallel if parallel is not None else DataParallel(device=device)
     seed_everything(cfg.trainer.seed)
     # rank 0 first: a hub dataset or tokenizer is downloaded once, the other ranks read its copy
-    train_qs, val_qs, report = ranks.main_first(
+    train_qs, val_qs, report = parallel.main_first(
         lambda: load_questions(cfg.data, answer_required=REWARDS[cfg.reward.kind].needs_answer)
     )
     if cfg.trainer.val_questions:
@@ -195,7 +195,7 @@ def build_trainer(
         check_best_metric(cfg.trainer.best_metric, cfg.trainer.keep_best, val_qs)
 
     policy = load_policy(
-        cfg.model, ranks, offload, cfg.trainer.fsdp_mixed_precision, resume_from, before_weights
+        cfg.model, parallel, offload, cfg.trainer.fsdp_mixed_precision, resume_from, before_weights
     )
     model, tokenizer = policy.model, policy.tokenizer
     # every rank, at this same point (vLLM's start-up all-reduces the ranks' free memory), and
@@ -219,9 +219,9 @@ def build_trainer(
             data_fingerprint=fingerprint,
         )
         if resume_from is not None:
-            _load_checkpoint(state, resume_from, ranks, new_data)
-        scorer = build_reward(cfg.reward, template.requires_think, ranks.device)
-        trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), parallel=ranks)
+            _load_checkpoint(state, resume_from, parallel, new_data)
+        scorer = build_reward(cfg.reward, template.requires_think, parallel.device)
+        trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), parallel=parallel)
     except BaseException:
         # the caller closes the engine and grader of the trainer it gets; without one (a checkpoint
         # that does not load, ...) they are closed here: vLLM's workers and GPU memory, the
@@ -277,18 +277,18 @@ def check_resume_data(cfg: ExgrpoConfig, folder: Path, fingerprint: str) -> bool
     return True
 
 
-def _load_checkpoint(state: RunState, folder: Path, ranks: DataParallel, new_data: bool) -> None:
+def _load_checkpoint(state: RunState, folder: Path, parallel: DataParallel, new_data: bool) -> None:
     """`state.load`, any failure of which (after verify passed) is a CheckpointLoadError: resume
     quarantines the checkpoint and falls back as for one that fails verification."""
     try:
-        notes = state.load(folder, ranks, new_data)
+        notes = state.load(folder, parallel, new_data)
     except Exception as err:  # noqa: BLE001 - whatever a crafted file trips
         raise ckpt.CheckpointLoadError(
             f"{folder} does not load: {type(err).__name__}: {str(err)[:300]}"
         ) from None
     for note in notes:
         log.warning("%s", note)
-        if ranks.is_main:
+        if parallel.is_main:
             print(f"exgrpo train: warning: {note}", file=sys.stderr)
 
 
@@ -326,24 +326,24 @@ def warn_low_precision_weights(cfg: ExgrpoConfig) -> None:
     print(f"exgrpo train: warning: {msg}", file=sys.stderr)
 
 
-def share_run_dir(cfg: ExgrpoConfig, ranks: DataParallel) -> ExgrpoConfig:
+def share_run_dir(cfg: ExgrpoConfig, parallel: DataParallel) -> ExgrpoConfig:
     """torchrun: each rank resolved Hydra's timestamped run dir on its own, and start-up skew can
     put two ranks a second apart, i.e. in two dirs. Rank 0's is the run's: the others adopt it,
     write their log to `<its hydra dir>/<job>.rank<k>.log`, and remove the stray dir Hydra made
     for them when it holds nothing but Hydra's own files."""
-    if not ranks.distributed:
+    if not parallel.distributed:
         return cfg
     hc = hydra_config()  # None outside @hydra.main (e.g. from a test)
     own = str(hc.runtime.output_dir) if hc is not None else None
-    out0, hydra0 = ranks.from_main((cfg.trainer.output_dir, own))
-    if ranks.is_main or own is None or hydra0 is None:
+    out0, hydra0 = parallel.from_main((cfg.trainer.output_dir, own))
+    if parallel.is_main or own is None or hydra0 is None:
         return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=out0))
     root = logging.getLogger()
     for h in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
         name = Path(h.baseFilename)
         if name.parent != Path(own):
             continue
-        new = logging.FileHandler(Path(hydra0) / f"{name.stem}.rank{ranks.rank}{name.suffix}")
+        new = logging.FileHandler(Path(hydra0) / f"{name.stem}.rank{parallel.rank}{name.suffix}")
         new.setFormatter(h.formatter)
         new.setLevel(h.level)
         root.removeHandler(h)

@@ -80,56 +80,56 @@ class _NoLogger:
 def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     t0 = time.time()
     # torchrun: one process per device, all running this function; without torchrun: one rank
-    ranks = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
+    parallel = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
     try:
         # from the start: a warning while the model loads (minutes at scale) stops after step 1
         with StopRequested() as stop:
-            final = _train(cfg, ranks, stop)
+            final = _train(cfg, parallel, stop)
     finally:
         D.close_distributed()
     final["time/total_s"] = time.time() - t0
     # the job's owner requeues it after a warning (the parent of trainer.nproc ranks does it itself)
-    if stop.requeue and ranks.is_main and preempt.PARENT_REQUEUES_ENV not in os.environ:
+    if stop.requeue and parallel.is_main and preempt.PARENT_REQUEUES_ENV not in os.environ:
         log.info(preempt.requeue_after_stop(stop.displaced(), cfg.trainer.slurm_requeue))
     return final
 
 
-def _train(cfg: ExgrpoConfig, ranks: DataParallel, stop: StopRequested) -> dict[str, float]:
-    _refuse_before_start(cfg, ranks)
-    cfg = share_run_dir(cfg, ranks)
+def _train(cfg: ExgrpoConfig, parallel: DataParallel, stop: StopRequested) -> dict[str, float]:
+    _refuse_before_start(cfg, parallel)
+    cfg = share_run_dir(cfg, parallel)
     out = Path(cfg.trainer.output_dir)
-    lock = lock_run_dir(out, ranks)  # before anything in the dir is read, deleted or written
+    lock = lock_run_dir(out, parallel)  # before anything in the dir is read, deleted or written
     try:
-        return _train_locked(cfg, ranks, stop, out)
+        return _train_locked(cfg, parallel, stop, out)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _start(
-    cfg: ExgrpoConfig, ranks: DataParallel, out: Path
+    cfg: ExgrpoConfig, parallel: DataParallel, out: Path
 ) -> tuple[Logger, Trainer, list[Question], LoadReport, Path | None, list[str]]:
     """Resume decision, metric logger and trainer. A checkpoint that verifies but fails to load
     (trainer.resume=auto) is quarantined like one that fails verification, and the next older one
     is tried; an explicit trainer.resume=<path> that fails to load is refused."""
     notes: list[str] = []
     while True:
-        resume_from, warnings = decide_resume(cfg, ranks)
+        resume_from, warnings = decide_resume(cfg, parallel)
         notes += warnings
         for w in warnings:
             log.warning(w)
-        logger = _start_logger(cfg, ranks, out, resume_from)  # before the model: an outage costs seconds
+        logger = _start_logger(cfg, parallel, out, resume_from)  # before the model: an outage costs seconds
         try:
-            trainer, val_qs, report = build_trainer(cfg, ranks.device, ranks, resume_from)
+            trainer, val_qs, report = build_trainer(cfg, parallel.device, parallel, resume_from)
             return logger, trainer, val_qs, report, resume_from, notes
         except ckpt.CheckpointLoadError as err:
             logger.close()
             if cfg.trainer.resume != "auto" or resume_from is None:
                 raise ResumeRefused(f"trainer.resume={cfg.trainer.resume}: {err}") from None
             target = ckpt.quarantine_target(resume_from)
-            if ranks.is_main:
+            if parallel.is_main:
                 ckpt.quarantine(resume_from, str(err), target)
-            ranks.barrier()
+            parallel.barrier()
             notes.append(f"{err}; quarantined as {target.name}, resuming from an older one if any verifies")
             log.warning(notes[-1])
         except BaseException:
@@ -137,16 +137,18 @@ def _start(
             raise
 
 
-def _train_locked(cfg: ExgrpoConfig, ranks: DataParallel, stop: StopRequested, out: Path) -> dict[str, float]:
+def _train_locked(
+    cfg: ExgrpoConfig, parallel: DataParallel, stop: StopRequested, out: Path
+) -> dict[str, float]:
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    device = ranks.device  # the compute device init_distributed picked from trainer.device
-    if device.type == "cuda" and cfg.model.dtype != "float32" and ranks.is_main:
+    device = parallel.device  # the compute device init_distributed picked from trainer.device
+    if device.type == "cuda" and cfg.model.dtype != "float32" and parallel.is_main:
         warn_low_precision_weights(cfg)
-    logger, trainer, val_qs, report, resume_from, warnings = _start(cfg, ranks, out)
+    logger, trainer, val_qs, report, resume_from, warnings = _start(cfg, parallel, out)
     try:
         st = trainer.state
-        if ranks.is_main:
+        if parallel.is_main:
             st.wandb_id = logger.wandb_id
         for w in warnings:
             logger.print(f"warning: {w}")
@@ -157,7 +159,7 @@ def _train_locked(cfg: ExgrpoConfig, ranks: DataParallel, stop: StopRequested, o
         params = sum(p.numel() for p in st.model.parameters()) / 1e6
         logger.print(
             f"model {cfg.model.preset or cfg.model.path} ({params:.2f}M params) "
-            f"on {device} x{ranks.world_size}; "
+            f"on {device} x{parallel.world_size}; "
             f"{len(st.sampler.questions)} training / {len(val_qs)} held-out questions; "
             f"replay.ratio={cfg.replay.ratio}; output {out}"
         )
@@ -174,17 +176,17 @@ def _train_locked(cfg: ExgrpoConfig, ranks: DataParallel, stop: StopRequested, o
         trainer.engine.close()
 
 
-def _refuse_before_start(cfg: ExgrpoConfig, ranks: DataParallel) -> None:
+def _refuse_before_start(cfg: ExgrpoConfig, parallel: DataParallel) -> None:
     """Settings this run cannot honour, refused before any collective: an offload the trainer
     would not apply, questions the ranks cannot share."""
-    a, world = cfg.algo, ranks.world_size
-    if OFFLOAD_MODES[cfg.trainer.offload].params_on_host and not D.shards_alone(ranks):
+    a, world = cfg.algo, parallel.world_size
+    if OFFLOAD_MODES[cfg.trainer.offload].params_on_host and not D.shards_alone(parallel):
         raise UsageError(
             "trainer.offload=all is FSDP2's CPU offload, and a one-process CPU run is not sharded "
             "(its whole state is in host memory already): use trainer.offload=none, or several "
             "ranks (trainer.nproc)"
         )
-    if not ranks.distributed:
+    if not parallel.distributed:
         return  # config validation already asks for updates_per_step <= questions_per_step
     if a.questions_per_step % world:
         raise UsageError(
@@ -203,23 +205,23 @@ def _refuse_before_start(cfg: ExgrpoConfig, ranks: DataParallel) -> None:
         )
 
 
-def _start_logger(cfg: ExgrpoConfig, ranks: DataParallel, out: Path, resume_from: Path | None) -> Logger:
+def _start_logger(cfg: ExgrpoConfig, parallel: DataParallel, out: Path, resume_from: Path | None) -> Logger:
     """Rank 0's metric logger (the tracker included), set up before anything loads: an unreachable
     W&B server falls back or refuses within seconds. Rank 0's failure, whatever it is, is every
     rank's: the others would otherwise wait in the broadcast until trainer.dist_timeout_s. Rank 0
     raises its own exception; the others a UsageError for a refusal, else an ExgrpoError."""
     logger: Logger = _NoLogger()
     failure: tuple[bool, str, str] | None = None  # (a refusal?, the exception's type, its message)
-    if ranks.is_main:
+    if parallel.is_main:
         try:
             start, wandb_id = resume_point(resume_from)
             logger = MetricLogger(
                 str(out), cfg.logger, dataclasses.asdict(cfg), cfg.trainer.steps, start, wandb_id
             )
         except Exception as err:
-            ranks.from_main((isinstance(err, UsageError), type(err).__name__, str(err)))
+            parallel.from_main((isinstance(err, UsageError), type(err).__name__, str(err)))
             raise
-    failure = ranks.from_main(failure)
+    failure = parallel.from_main(failure)
     if failure is not None:
         refused, kind, message = failure
         if refused:
@@ -299,11 +301,11 @@ class _Best:
     a roll-back; `checkpoints/best` is the copy a user evaluates. The score is `trainer.best_metric`
     (evaluation/val_scores.py); a best recorded under another criterion does not count."""
 
-    def __init__(self, root: Path, state: RunState, ranks: DataParallel, metric: str) -> None:
-        self.root, self.state, self.ranks, self.metric = root, state, ranks, metric
+    def __init__(self, root: Path, state: RunState, parallel: DataParallel, metric: str) -> None:
+        self.root, self.state, self.parallel, self.metric = root, state, parallel, metric
         best, folder = state.best, root / f"step_{state.step}"
         if (
-            ranks.is_main
+            parallel.is_main
             and best is not None
             and best["step"] == state.step
             and (folder / ckpt.COMPLETE).is_file()
@@ -325,7 +327,7 @@ class _Best:
         best = self.state.best
         if best is not None and best.get("metric", "val/accuracy") != self.metric:
             best = None  # resumed under another criterion: its scores do not compare
-        return bool(self.ranks.from_main(best is None or score > float(best["score"])))
+        return bool(self.parallel.from_main(best is None or score > float(best["score"])))
 
     def record(self, step: int, score: float) -> None:
         """Before the save: the checkpoint of this step holds its own best record."""
@@ -337,7 +339,7 @@ class _Best:
 
     def summary(self) -> str:
         try:
-            record = ckpt.best_record(self.root) if self.ranks.is_main else None
+            record = ckpt.best_record(self.root) if self.parallel.is_main else None
         except ckpt.CheckpointError as err:  # a run that finished must not crash on it
             return f"best checkpoint: {err}"
         if record is None:
@@ -368,7 +370,7 @@ def validate(trainer: Trainer, val_qs: list[Question]) -> dict[str, float]:
         trainer.scorer,
         n=cfg.trainer.val_samples,
         spec=spec,
-        ranks=trainer.parallel,
+        parallel=trainer.parallel,
     )
     # vLLM asleep again until the next step's rollout (a no-op otherwise). Level 2 by default: the
     # next rollout syncs the weights again (seconds at 7B); level 1 would keep them in pinned host

@@ -57,12 +57,12 @@ def check_engine_logprobs(
     *,
     limit: float,
     step: int,
-    dist: DataParallel,
+    parallel: DataParallel,
 ) -> float:
     """The run-wide mean |trainer - engine| log-prob per fresh token; raises EngineDivergence past
     `limit`. `gaps`: this rank's fresh-token sums (step/offpolicy.py, the one place they are
     computed). A collective under torchrun: every rank calls it and takes the same decision."""
-    t = dist.sum({"gap": gaps.abs_sum, "tokens": float(gaps.tokens)})
+    t = parallel.sum({"gap": gaps.abs_sum, "tokens": float(gaps.tokens)})
     gap = t["gap"] / t["tokens"] if t["tokens"] else 0.0
     if not gap <= limit:  # NaN too
         raise EngineDivergence(
@@ -84,7 +84,7 @@ def nucleus_slack(top_p: float) -> float:
 
 
 def engine_check(
-    limit: float | None, step: int, dist: DataParallel, top_p: float = 1.0
+    limit: float | None, step: int, parallel: DataParallel, top_p: float = 1.0
 ) -> Callable[[GapSums], object] | None:
     """The update's `before_first_step` hook for `rollout.max_logprob_diff` (None: no check).
     Under top-p sampling the limit grows by `nucleus_slack(top_p)`: a healthy vLLM engine is
@@ -92,7 +92,7 @@ def engine_check(
     if limit is None:
         return None
     bound = limit + nucleus_slack(top_p)
-    return lambda gaps: check_engine_logprobs(gaps, limit=bound, step=step, dist=dist)
+    return lambda gaps: check_engine_logprobs(gaps, limit=bound, step=step, parallel=parallel)
 
 
 def checksum_names(names: Sequence[str]) -> list[str]:
@@ -103,7 +103,7 @@ def checksum_names(names: Sequence[str]) -> list[str]:
 
 
 def trainer_checksums(
-    model: torch.nn.Module, names: Sequence[str], dtype: torch.dtype, dist: DataParallel
+    model: torch.nn.Module, names: Sequence[str], dtype: torch.dtype, parallel: DataParallel
 ) -> dict[str, tuple[int, int]]:
     """{name: (checksum, elements)} of the trainer's weights cast to `dtype`, as the sync sends
     them: each rank sums its FSDP2 shard, the residues add up over ranks (a collective)."""
@@ -113,11 +113,11 @@ def trainer_checksums(
         p = params[name]
         local = p.to_local() if hasattr(p, "to_local") else p
         mine[name] = float(bits_checksum(local.detach().to(dtype)))
-    summed = dist.sum(mine)
+    summed = parallel.sum(mine)
     return {n: (int(summed[n]) % CHECKSUM_MOD, params[n].numel()) for n in names}
 
 
-def check_synced_weights(engine: Any, model: torch.nn.Module, *, step: int, dist: DataParallel) -> int:
+def check_synced_weights(engine: Any, model: torch.nn.Module, *, step: int, parallel: DataParallel) -> int:
     """After a weight sync: the engine's copy of `checksum_names` against the trainer's; raises
     EngineDivergence when they differ. Returns how many tensors were compared (0: the engine has
     no copy of its own, as the HF engine, or holds none of them as loaded). Every rank calls it."""
@@ -129,7 +129,7 @@ def check_synced_weights(engine: Any, model: torch.nn.Module, *, step: int, dist
     if read is None or not isinstance(dtype, torch.dtype) or not names:
         return 0
     theirs = read(names)
-    mine = lora.checksums(model, names, dtype) if lora else trainer_checksums(model, names, dtype, dist)
+    mine = lora.checksums(model, names, dtype) if lora else trainer_checksums(model, names, dtype, parallel)
     wanted = str(dtype).removeprefix("torch.")
     same_layout = [n for n in names if n in theirs and theirs[n][1:] == (mine[n][1], wanted)]
     if len(same_layout) < len(names) and step <= 1:

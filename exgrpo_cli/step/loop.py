@@ -250,7 +250,7 @@ class Trainer:
                     pad_id=self.pad_id,
                     token_budget=self.token_budget,
                     max_rows=p.entropy_batch_size,
-                    dist=self.parallel,
+                    parallel=self.parallel,
                 )
             for u, s in zip(owners, flat):
                 scores[u].append(s)
@@ -341,7 +341,7 @@ class Trainer:
         """The new weights into the rollout engine, and a check that they arrived (may stop the run)."""
         self.engine.sync_weights(self.state.model)
         if self.cfg.rollout.max_logprob_diff is not None:
-            check_synced_weights(self.engine, self.state.model, step=step, dist=self.parallel)
+            check_synced_weights(self.engine, self.state.model, step=step, parallel=self.parallel)
 
     def bounds(self) -> Bounds | None:
         """The success counts whose groups the buffer collects (lbound, rbound) this step; None

@@ -26,7 +26,7 @@ def rollout_metrics(groups: list[Group], batch: MixedBatch) -> dict[str, float]:
     }
 
 
-def loss_metrics(res: UpdateResult, lr: float, ranks: DataParallel | None = None) -> dict[str, float]:
+def loss_metrics(res: UpdateResult, lr: float, parallel: DataParallel | None = None) -> dict[str, float]:
     """The update's metrics. The per-token ones (clip fraction, importance weight, entropy, engine
     log-prob gap) divide the ranks' summed numerators by their summed token counts: a mean of
     per-rank ratios would weigh a rank's few tokens like another's many, and a rank without
@@ -34,7 +34,7 @@ def loss_metrics(res: UpdateResult, lr: float, ranks: DataParallel | None = None
     this rank's own, unchanged. The losses are per-rank shares of FSDP's rank-averaged objective
     and stay per rank (averaged by the caller)."""
     s = res.stats
-    t = (ranks or DataParallel()).sum(
+    t = (parallel or DataParallel()).sum(
         {
             "clipped": s.clipped_tokens,
             "fresh": s.fresh_tokens,

@@ -85,7 +85,7 @@ def correction_of(cfg: ExgrpoConfig) -> RolloutCorrection | None:
 def offpolicy_metrics(
     sums: OffPolicySums,
     correction: CorrectionStats,
-    dist: DataParallel,
+    parallel: DataParallel,
     cfg: ExgrpoConfig,
     ages: Sequence[int] = (),
 ) -> dict[str, float]:
@@ -94,7 +94,7 @@ def offpolicy_metrics(
     (`replay.ratio` > 0), the loss/correction_ ones when a rollout correction is on; `ages`: the
     replayed rows' ages, the same list on every rank (every rank selects every replayed question)."""
     replay, corrected = cfg.replay.ratio > 0, cfg.algo.rollout_correction.mode is not None
-    t = dist.sum(_flat(sums, correction))
+    t = parallel.sum(_flat(sums, correction))
     _, k3, outside = GapSums.from_dict(t, "m_").figures()
     m = {"rollout/mismatch_k3": k3, "rollout/mismatch_ratio_outside": outside}
     if replay:

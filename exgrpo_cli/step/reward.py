@@ -41,12 +41,12 @@ def grade_share(
 
 
 def grade_step(
-    reward: Reward, ranks: DataParallel, groups: Sequence[Group], decode: Callable[[list[int]], str]
+    reward: Reward, parallel: DataParallel, groups: Sequence[Group], decode: Callable[[list[int]], str]
 ) -> dict[str, float]:
     """Set every response's reward and correctness, `grade_share` mapped over the ranks (`decode`:
     response ids -> text). Returns the step's reward metrics; raises RewardFailed after
     `reward.max_failed_steps` steps in a row on which every response failed."""
-    graded, counts = ranks.map_counted(lambda share: grade_share(reward, decode, share), groups)
+    graded, counts = parallel.map_counted(lambda share: grade_share(reward, decode, share), groups)
     for g, group_rewards in zip(groups, graded):
         for resp, rew in zip(g.responses, group_rewards):
             resp.reward, resp.correct = rew, reward.is_correct(rew)

@@ -138,7 +138,7 @@ class RunState:
 
     # ------------------------------------------------------------------ checkpoint files
     def save(
-        self, root: Path, keep: int, tokenizer: Any, ranks: DataParallel, last: bool = False
+        self, root: Path, keep: int, tokenizer: Any, parallel: DataParallel, last: bool = False
     ) -> Path | None:
         """Write checkpoint `root/step_<step>` atomically, with a manifest of checksums (a
         collective under torchrun: every rank calls it). Returns its path on rank 0, None elsewhere.
@@ -147,22 +147,22 @@ class RunState:
         def write(tmp: Path) -> None:
             # collectives first, in the same order on every rank; rank 0 alone writes the rest
             if lora.is_lora(self.model):  # the adapter; the merged model once, at the end
-                lora.save_adapter(self.model, tmp / lora.ADAPTER_DIR, ranks)
-                if ranks.is_main and tokenizer is not None:
+                lora.save_adapter(self.model, tmp / lora.ADAPTER_DIR, parallel)
+                if parallel.is_main and tokenizer is not None:
                     tokenizer.save_pretrained(tmp / lora.ADAPTER_DIR)
             if not lora.is_lora(self.model) or last:
-                export_hf(self.model, tmp / "model", tokenizer, ranks)
+                export_hf(self.model, tmp / "model", tokenizer, parallel)
             (tmp / "optimizer").mkdir(exist_ok=True)
-            optimizer_files.save_optimizer(self.model, self.optimizer, tmp / "optimizer", ranks)
-            if ranks.is_main:
+            optimizer_files.save_optimizer(self.model, self.optimizer, tmp / "optimizer", parallel)
+            if parallel.is_main:
                 ckpt.disk_fault(self.step)
                 self.buffer.save(str(tmp / "replay"))
                 save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
                 ckpt.write_json(tmp / "trainer_state.json", self.state_dict())
 
-        return ckpt.save_checkpoint(root, self.step, write, keep, ranks)
+        return ckpt.save_checkpoint(root, self.step, write, keep, parallel)
 
-    def load(self, folder: Path, ranks: DataParallel, new_data: bool = False) -> list[str]:
+    def load(self, folder: Path, parallel: DataParallel, new_data: bool = False) -> list[str]:
         """Restore everything but the weights from checkpoint `folder` (the model was built from
         `folder/model`); the optimizer state is resharded onto this run's ranks, its
         hyper-parameters stay the config's (returns a line per value the checkpoint had otherwise).
@@ -171,10 +171,10 @@ class RunState:
         if lora.is_lora(self.model):  # the base came from model.path, the adapter comes from here
             lora.load_adapter(self.model, folder / lora.ADAPTER_DIR)
         if (folder / "optimizer").is_dir():
-            optimizer_files.load_optimizer(self.model, self.optimizer, folder / "optimizer", ranks)
+            optimizer_files.load_optimizer(self.model, self.optimizer, folder / "optimizer", parallel)
         else:  # a checkpoint written before the sharded format: one full optimizer state
-            full = ckpt.optimizer_state_from_files(folder) if ranks.is_main else {}
-            optimizer_files.load_full_optimizer_state_dict(self.model, self.optimizer, full, ranks)
+            full = ckpt.optimizer_state_from_files(folder) if parallel.is_main else {}
+            optimizer_files.load_full_optimizer_state_dict(self.model, self.optimizer, full, parallel)
         notes = restore_hyper(self.optimizer, own)
         self.buffer.load_state_dict(load_buffer(str(folder / "replay")))
         self.load_state_dict(ckpt.read_json(folder / "trainer_state.json"), new_data)

@@ -108,17 +108,17 @@ def policy_update(
     advantages: Tensor,
     plan: UpdatePlan,
     pad_id: int,
-    dist: DataParallel | None = None,
+    parallel: DataParallel | None = None,
     old: dict[int, list[float]] | None = None,
 ) -> UpdateResult:
     """The policy-gradient step(s) on `batch`, one optimizer step per mini-batch. `old`: pi_old's
     log-probs of the later mini-batches' rows (`pi_old_logprobs`; computed here when not given)."""
     # the batches are packed on the run's compute device (`dist.device`), which under FSDP2's CPU
     # offload is not where the parameters are
-    dist = dist if dist is not None else local_dist(model)
+    parallel = parallel if parallel is not None else local_dist(model)
     minibatches = _minibatches(batch, plan)
     if old is None:
-        old = pi_old_logprobs(model, batch, plan, pad_id, dist)
+        old = pi_old_logprobs(model, batch, plan, pad_id, parallel)
     res = UpdateResult()
     res.trainer_logp.update(old)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -126,7 +126,7 @@ def policy_update(
         optimizer.zero_grad(set_to_none=True)
         # the first mini-batch's pi_old is the current policy: no table; its log-probs are recorded
         stats, mb_loss = _accumulate(
-            model, batch, advantages, rows, old if index else {}, plan, pad_id, dist, res
+            model, batch, advantages, rows, old if index else {}, plan, pad_id, parallel, res
         )
         res.stats += stats
         res.loss_total += mb_loss
@@ -135,11 +135,11 @@ def policy_update(
             res.logprob_diff_sum = res.offpolicy.mismatch.abs_sum
             if plan.before_first_step is not None:
                 plan.before_first_step(res.offpolicy.mismatch)
-        norm = clip_grad_norm(params, plan.grad_clip, dist)  # global under FSDP, offloaded or not
+        norm = clip_grad_norm(params, plan.grad_clip, parallel)  # global under FSDP, offloaded or not
         res.grad_norms.append(norm)
         # every rank must take the same decision, and a non-finite loss may be on one rank only;
         # judged per update: a non-finite earlier mini-batch must not condemn this one
-        bad_loss = dist.any(not math.isfinite(mb_loss))
+        bad_loss = parallel.any(not math.isfinite(mb_loss))
         # skip-on-non-finite (and on huge norms, as the paper)
         skip = not math.isfinite(norm) or norm > plan.skip_grad_norm_above or bad_loss
         if not skip:
@@ -159,7 +159,7 @@ def _minibatches(batch: MixedBatch, plan: UpdatePlan) -> list[list[int]]:
 
 @torch.no_grad()
 def pi_old_logprobs(
-    model: torch.nn.Module, batch: MixedBatch, plan: UpdatePlan, pad_id: int, dist: DataParallel
+    model: torch.nn.Module, batch: MixedBatch, plan: UpdatePlan, pad_id: int, parallel: DataParallel
 ) -> dict[int, list[float]]:
     """pi_old (docs/algorithm.md §5): the log-probs, under the policy before the step's first
     optimizer step, of the rows of every mini-batch but the first (row -> per-token list). The
@@ -168,7 +168,13 @@ def pi_old_logprobs(
     old: dict[int, list[float]] = {}
     for rows in _minibatches(batch, plan)[1:]:
         passes = synced_micro_batches(
-            batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, dist.device, dist
+            batch.prompt_ids,
+            batch.response_ids,
+            rows,
+            plan.micro_batch_tokens,
+            pad_id,
+            parallel.device,
+            parallel,
         )
         for sb, idle in passes:
             logp, _ = forward_logprobs(model, sb, temperature=plan.temperature)
@@ -187,12 +193,12 @@ def _accumulate(
     old: dict[int, list[float]],
     plan: UpdatePlan,
     pad_id: int,
-    dist: DataParallel,
+    parallel: DataParallel,
     res: UpdateResult,
 ) -> tuple[LossStats, float]:
     """Back-propagate one update's objective, micro-batch by micro-batch; (its stats, its loss)."""
-    device = dist.device
-    rows_mean = dist.mean({"rows": len(rows)})["rows"]
+    device = parallel.device
+    rows_mean = parallel.mean({"rows": len(rows)})["rows"]
     shape = UpdateShape(
         response_lengths=[len(batch.response_ids[i]) for i in rows],
         sequence_lengths=[len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows],
@@ -200,12 +206,12 @@ def _accumulate(
         max_response_tokens=plan.max_response_tokens,
         row_keys=[batch.row_keys[i] for i in rows],
     )
-    norms = plan.aggregation(shape, dist.gather)
+    norms = plan.aggregation(shape, parallel.gather)
     position = {row: k for k, row in enumerate(rows)}
     stats, total = LossStats(), 0.0
     with_entropy = plan.entropy_coef > 0
     passes = synced_micro_batches(
-        batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, device, dist
+        batch.prompt_ids, batch.response_ids, rows, plan.micro_batch_tokens, pad_id, device, parallel
     )
     for sb, idle in passes:
         logp, ent = forward_logprobs(

@@ -116,13 +116,13 @@ class Capture(torch.optim.Optimizer):
         self.grads = [(g.full_tensor() if hasattr(g, "full_tensor") else g).detach().clone() for g in grads]
 
 
-def exgrpo_gradient(net: torch.nn.Module, dist: DataParallel, budget: int) -> list[torch.Tensor]:
+def exgrpo_gradient(net: torch.nn.Module, parallel: DataParallel, budget: int) -> list[torch.Tensor]:
     """This rank's share of the step through exgrpo's update (FSDP2 on several ranks)."""
     groups = step_groups()
-    mine = dist.mine(len(groups))
+    mine = parallel.mine(len(groups))
     batch: MixedBatch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
     adv = group_advantages(batch.rewards, batch.group_index)
-    return update_gradient(net, batch, adv, official(SETTINGS), budget, dist)
+    return update_gradient(net, batch, adv, official(SETTINGS), budget, parallel)
 
 
 def update_gradient(
@@ -131,7 +131,7 @@ def update_gradient(
     adv: torch.Tensor,
     aggregation: Aggregation,
     budget: int,
-    dist: DataParallel | None = None,
+    parallel: DataParallel | None = None,
 ) -> list[torch.Tensor]:
     """The gradient exgrpo's update hands the optimizer for `batch` under `aggregation`, in memory
     micro-batches of `budget` tokens (also test_aggregation.py's, for each aggregation)."""
@@ -145,7 +145,7 @@ def update_gradient(
         skip_grad_norm_above=float("inf"),
     )
     opt = Capture(list(net.parameters()))
-    policy_update(net, opt, batch, adv, plan, pad_id=0, dist=dist)
+    policy_update(net, opt, batch, adv, plan, pad_id=0, parallel=parallel)
     return opt.grads
 
 
@@ -155,18 +155,18 @@ def max_difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 
 def main(out_path: str) -> None:
     torch.set_num_threads(1)
-    dist = D.init_distributed(timeout_s=60)
-    assert dist.distributed and dist.device.type == "cpu", dist
+    parallel = D.init_distributed(timeout_s=60)
+    assert parallel.distributed and parallel.device.type == "cpu", parallel
     want = official_gradient(model())
     report = {
-        "world_size": dist.world_size,
+        "world_size": parallel.world_size,
         "max_diff": [],
         "max_abs_grad": max(float(w.abs().max()) for w in want),
     }
     for budget in (24, 4096):  # exgrpo's memory micro-batches: 1-2 rows, or all rows at once
-        got = exgrpo_gradient(D.wrap_fsdp2(model(), dist), dist, budget)
+        got = exgrpo_gradient(D.wrap_fsdp2(model(), parallel), parallel, budget)
         report["max_diff"].append(max_difference(got, want))
-    if dist.is_main:
+    if parallel.is_main:
         with open(out_path, "w") as f:
             json.dump(report, f)
 

@@ -17,7 +17,7 @@ from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.rollout.hf import HFEngine
 
 
-def run_both(model: torch.nn.Module, tok: Any, dist: DataParallel | None) -> dict[str, Any]:
+def run_both(model: torch.nn.Module, tok: Any, parallel: DataParallel | None) -> dict[str, Any]:
     _, val = train_and_val(10, 13, max_digits=2, ops=["+", "-", "*"], seed=5)
     template = TEMPLATES["think_short"]
     engine = HFEngine(model, tok)
@@ -31,12 +31,12 @@ def run_both(model: torch.nn.Module, tok: Any, dist: DataParallel | None) -> dic
             n=2,
             spec=SamplingSpec(1.0, 1.0, 24, seed=11),
             chunk=6,
-            ranks=dist,
+            parallel=parallel,
         )
     prompts = [tok(template.render(q, tok), add_special_tokens=False)["input_ids"] for q in val]
     responses = [tok(f"<think>{q.question}</think>\\boxed{{{q.answer}}}")["input_ids"] for q in val]
     scores = score_candidates(
         model, prompts, responses, kind=ENTROPY, temperature=1.0, pad_id=tok.pad_token_id,
-        token_budget=120, max_rows=3, dist=dist,
+        token_budget=120, max_rows=3, parallel=parallel,
     )  # fmt: skip
     return {"responses": res.responses, "correct": res.correct, "scores": scores, "accuracy": res.accuracy}

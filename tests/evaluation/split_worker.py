@@ -17,14 +17,14 @@ from exgrpo_cli.policy.model import load_model, load_tokenizer
 
 def main(out: str) -> None:
     torch.set_num_threads(1)
-    dist = D.init_distributed(timeout_s=60)
+    parallel = D.init_distributed(timeout_s=60)
     cfg = ModelConfig()
     tok, model = load_tokenizer(cfg), load_model(cfg, torch.device("cpu"))
-    result = run_both(model, tok, dist)
-    if dist.is_main:
+    result = run_both(model, tok, parallel)
+    if parallel.is_main:
         with open(out, "w") as fh:
             json.dump(result, fh)
-    dist.barrier()
+    parallel.barrier()
     D.close_distributed()
 
 

@@ -108,7 +108,7 @@ def test_rank_zero_progress_counts_every_rank_s_chunks(monkeypatch: Any) -> None
             spec=SamplingSpec(0.6, 1.0, 8, seed=10),
             chunk=6,
             progress=ticks.append,
-            ranks=DataParallel(rank=0, world_size=2),
+            parallel=DataParallel(rank=0, world_size=2),
         )
     assert ticks == [4, 5]  # after one call each: chunks 0 and 1 (4 questions); then all 5
 

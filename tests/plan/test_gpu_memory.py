@@ -68,10 +68,10 @@ def test_measured_peaks_are_within_the_plan(checkpointing: bool) -> None:
     torch.manual_seed(0)
     cfg = Qwen2Config(**{k: v for k, v in CONFIG.items() if k != "model_type"})
     cfg._attn_implementation = "sdpa"
-    dist = init_distributed(device="cuda")  # the trainer's one-GPU run: a one-rank NCCL group
+    parallel = init_distributed(device="cuda")  # the trainer's one-GPU run: a one-rank NCCL group
     model = Qwen2ForCausalLM(cfg).to("cuda", torch.bfloat16)
     enable_checkpointing(model, checkpointing)  # the trainer's kind (non-reentrant)
-    model = wrap_fsdp2(model, dist)  # FSDP2 on one rank, as run/setup.py wraps it
+    model = wrap_fsdp2(model, parallel)  # FSDP2 on one rank, as run/setup.py wraps it
     model.config.use_cache = False
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)

@@ -44,14 +44,14 @@ def mean_token_nll(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
 
 
-def gathered_weights(model: torch.nn.Module, dist: DataParallel) -> dict[str, torch.Tensor]:
+def gathered_weights(model: torch.nn.Module, parallel: DataParallel) -> dict[str, torch.Tensor]:
     """The full weights as plain CPU tensors under the HF names, on rank 0 (`{}` elsewhere): a
     collective under FSDP2."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     sd = get_model_state_dict(model, options=options)
-    return dict(sd) if dist.is_main else {}
+    return dict(sd) if parallel.is_main else {}
 
 
 def token_objective(model: PreTrainedModel, rows: torch.Tensor, chunked: bool) -> torch.Tensor:
@@ -73,11 +73,11 @@ def token_objective(model: PreTrainedModel, rows: torch.Tensor, chunked: bool) -
     return ((logp * weights).sum() + 0.1 * ent.sum()) / logp.numel()
 
 
-def chunked_head_under_fsdp(data: torch.Tensor, mine: torch.Tensor, dist: DataParallel) -> float:
+def chunked_head_under_fsdp(data: torch.Tensor, mine: torch.Tensor, parallel: DataParallel) -> float:
     """The chunked projection uses the root unit's tied embedding / head outside the model's own
     projection: its gradient under FSDP2 (this rank's rows) must equal the full-logits gradient of
     a plain model over the whole batch."""
-    model, ref = D.wrap_fsdp2(build(), dist), build()
+    model, ref = D.wrap_fsdp2(build(), parallel), build()
     token_objective(model, mine, chunked=True).backward()
     token_objective(ref, data, chunked=False).backward()
     diff = max(
@@ -89,14 +89,16 @@ def chunked_head_under_fsdp(data: torch.Tensor, mine: torch.Tensor, dist: DataPa
 
 def main(out_path: str) -> None:
     torch.set_num_threads(1)
-    dist = D.init_distributed(timeout_s=60)
-    assert dist.distributed and dist.device.type == "cpu", dist
+    parallel = D.init_distributed(timeout_s=60)
+    assert parallel.distributed and parallel.device.type == "cpu", parallel
     gen = torch.Generator().manual_seed(1)
-    data = torch.randint(0, 512, (dist.world_size * ROWS_PER_RANK, SEQ), generator=gen)
-    mine = data[dist.rank * ROWS_PER_RANK : (dist.rank + 1) * ROWS_PER_RANK]  # each rank: different rows
+    data = torch.randint(0, 512, (parallel.world_size * ROWS_PER_RANK, SEQ), generator=gen)
+    mine = data[
+        parallel.rank * ROWS_PER_RANK : (parallel.rank + 1) * ROWS_PER_RANK
+    ]  # each rank: different rows
 
     ref = build()
-    model = D.wrap_fsdp2(build(), dist)
+    model = D.wrap_fsdp2(build(), parallel)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     names = [n for n, _ in model.named_parameters()]
@@ -116,7 +118,7 @@ def main(out_path: str) -> None:
         ref_norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0))
         opt.step()
         ref_opt.step()
-        norms = dist.max({"max": norm, "min": -norm})
+        norms = parallel.max({"max": norm, "min": -norm})
         assert norms["max"] == -norms["min"], f"ranks disagree on the grad norm: {norms}"
         weight_diff = max(
             float((full(p.detach()) - r.detach()).abs().max())
@@ -126,17 +128,17 @@ def main(out_path: str) -> None:
         report["weight_diff"].append(weight_diff)
         report["grad_norm"].append(norm)
         report["ref_grad_norm"].append(ref_norm)
-        report["loss"].append(dist.mean({"loss": float(loss.detach())})["loss"])
-        assert dist.gather(float(loss.detach()))[dist.rank] == float(loss.detach())
+        report["loss"].append(parallel.mean({"loss": float(loss.detach())})["loss"])
+        assert parallel.gather(float(loss.detach()))[parallel.rank] == float(loss.detach())
         assert grad_diff < 1e-5, f"FSDP grad differs from the single-process grad by {grad_diff}"
         assert abs(norm - ref_norm) < 1e-5 * max(1.0, ref_norm), (norm, ref_norm)
         # AdamW divides by sqrt(v): parameters with near-zero gradients amplify the ~1e-8 gradient
         # noise, hence a looser bound on the weights than on the gradients
         assert weight_diff < 1e-4, f"weights after the step differ by {weight_diff}"
 
-    report["chunked_grad_diff"] = chunked_head_under_fsdp(data, mine, dist)
+    report["chunked_grad_diff"] = chunked_head_under_fsdp(data, mine, parallel)
 
-    sd = gathered_weights(model, dist)
+    sd = gathered_weights(model, parallel)
     # what VLLMEngine.sync_weights streams from an FSDP2 module: one all-gather per parameter, on
     # every rank (so that each rank may feed its own colocated vLLM)
     streamed = dict(named_tensors(model))
@@ -147,7 +149,7 @@ def main(out_path: str) -> None:
         for i, p in enumerate(model.parameters())
         for k in ("exp_avg", "exp_avg_sq")
     }
-    if dist.is_main:
+    if parallel.is_main:
         assert set(streamed) == set(sd) and all(torch.equal(streamed[k], sd[k]) for k in sd)
         plain = build()
         res = plain.load_state_dict(sd, strict=True)
@@ -172,13 +174,13 @@ def main(out_path: str) -> None:
     # broadcast into a fresh sharded model and optimizer
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    model2 = D.wrap_fsdp2(build(), dist)
+    model2 = D.wrap_fsdp2(build(), parallel)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=LR)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model2, dict(sd) if dist.is_main else {}, options=options)
-    legacy = copy.deepcopy(ref_opt.state_dict()) if dist.is_main else {}
-    optimizer_files.load_full_optimizer_state_dict(model2, opt2, legacy, dist)
-    sd2 = gathered_weights(model2, dist)
+    set_model_state_dict(model2, dict(sd) if parallel.is_main else {}, options=options)
+    legacy = copy.deepcopy(ref_opt.state_dict()) if parallel.is_main else {}
+    optimizer_files.load_full_optimizer_state_dict(model2, opt2, legacy, parallel)
+    sd2 = gathered_weights(model2, parallel)
     ref_state = ref_opt.state_dict()["state"]
     resumed_diff = max(
         float((full(opt2.state[p][k]) - ref_state[i][k]).abs().max())
@@ -186,12 +188,12 @@ def main(out_path: str) -> None:
         for k in ("exp_avg", "exp_avg_sq")
     )
     assert resumed_diff == 0.0, f"the resumed optimizer state differs by {resumed_diff}"
-    if dist.is_main:
+    if parallel.is_main:
         assert all(torch.equal(sd2[k], sd[k]) for k in sd)
-        report["world_size"] = dist.world_size
+        report["world_size"] = parallel.world_size
         with open(out_path, "w") as fh:
             json.dump(report, fh)
-    dist.barrier()
+    parallel.barrier()
     D.close_distributed()
 
 

@@ -25,17 +25,17 @@ STOP_IDS = [2, 7]
 def main(out_dir: str) -> None:
     torch.set_num_threads(1)
     out = Path(out_dir)
-    dist = D.init_distributed(timeout_s=60)
+    parallel = D.init_distributed(timeout_s=60)
     folder = out / "model"
-    if dist.is_main:
+    if parallel.is_main:
         saved_model = build()
         # a stop id that only generation_config.json holds (as a chat model's <|im_end|>)
         saved_model.generation_config.eos_token_id = STOP_IDS
         saved_model.save_pretrained(folder)  # the weights every rank must end with
-    dist.barrier()
+    parallel.barrier()
 
     opened: list[str] = []
-    if not dist.is_main:  # rank 1 records every file Python opens, and may not load a model
+    if not parallel.is_main:  # rank 1 records every file Python opens, and may not load a model
         sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == "open" else None)
         import transformers
 
@@ -43,33 +43,33 @@ def main(out_dir: str) -> None:
             raise AssertionError("rank 1 loaded a model from files")
 
         transformers.AutoModelForCausalLM.from_pretrained = refuse  # type: ignore[method-assign]
-    model = load_sharded(ModelConfig(path=str(folder)), dist, lambda m: D.wrap_fsdp2(m, dist))
+    model = load_sharded(ModelConfig(path=str(folder)), parallel, lambda m: D.wrap_fsdp2(m, parallel))
     assert not [p for p in opened if p.startswith(str(folder))], opened
     got = model.generation_config.eos_token_id
-    assert got == STOP_IDS, f"rank {dist.rank} stops on {got}, not generation_config.json's {STOP_IDS}"
+    assert got == STOP_IDS, f"rank {parallel.rank} stops on {got}, not generation_config.json's {STOP_IDS}"
 
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 512, (2, 16), generator=gen)
     loss = mean_token_nll(model, ids)  # a collective forward: buffers (RoPE) and weights in place
     reference = float(mean_token_nll(build(), ids))
     assert abs(float(loss) - reference) < 1e-5, (float(loss), reference)
-    sd = gathered_weights(model, dist)
+    sd = gathered_weights(model, parallel)
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss.backward()
     opt.step()
-    optimizer_files.save_optimizer(model, opt, out / "optimizer", dist)
+    optimizer_files.save_optimizer(model, opt, out / "optimizer", parallel)
     # AdamW's full state by the one-process layout's parameter ids, gathered (a collective)
     moments = {f"{i}.{k}": full(v) for i, p in enumerate(model.parameters()) for k, v in opt.state[p].items()}
     weights = {n: full(p.detach()).clone() for n, p in model.named_parameters()}
-    if dist.is_main:
+    if parallel.is_main:
         saved = build().state_dict()
         assert set(sd) == set(saved) and all(torch.equal(sd[k], saved[k]) for k in saved)
         # what a one-rank resume must find: the weights after the step and AdamW's full state
         save_file({n: w.contiguous() for n, w in weights.items()}, str(out / "weights.safetensors"))
         save_file({k: v.contiguous() for k, v in moments.items()}, str(out / "optimizer_full.safetensors"))
         (out / "report.json").write_text(json.dumps({"loss": float(loss), "reference": reference}))
-    dist.barrier()
+    parallel.barrier()
     D.close_distributed()
 
 

@@ -35,7 +35,7 @@ def build() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
 
 
-def sharded(dist: DataParallel) -> torch.nn.Module:
+def sharded(parallel: DataParallel) -> torch.nn.Module:
     """As policy.model.load_sharded: the architecture on meta, sharded, materialised empty, then
     rank 0's weights broadcast into the shards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -44,18 +44,18 @@ def sharded(dist: DataParallel) -> torch.nn.Module:
 
     with torch.device("meta"):
         model = build()
-    fully_shard(model, mesh=init_device_mesh("cpu", (dist.world_size,)))
+    fully_shard(model, mesh=init_device_mesh("cpu", (parallel.world_size,)))
     model.to_empty(device="cpu")
-    weights = build().state_dict() if dist.is_main else {}
+    weights = build().state_dict() if parallel.is_main else {}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, weights, options=options)
     return model
 
 
-def host_adamw(dist: DataParallel) -> dict[str, float]:
-    model = sharded(dist)
+def host_adamw(parallel: DataParallel) -> dict[str, float]:
+    model = sharded(parallel)
     empty = [n for n, p in model.named_parameters() if p._local_tensor.numel() == 0]  # type: ignore[attr-defined]
-    assert (dist.rank == 1) == bool(empty), f"rank {dist.rank}: empty shards {empty}"
+    assert (parallel.rank == 1) == bool(empty), f"rank {parallel.rank}: empty shards {empty}"
     opt = HostAdamW(model.parameters(), lr=LR, weight_decay=0.01)
     before = [id(p._local_tensor) for p in model.parameters()]  # type: ignore[attr-defined]
     model._apply(lambda t: t.clone())
@@ -89,7 +89,7 @@ def _local_state(opt: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor:
     return m._local_tensor if hasattr(m, "_local_tensor") else m
 
 
-def one_rank_fsdp(dist: DataParallel) -> dict[str, float]:
+def one_rank_fsdp(parallel: DataParallel) -> dict[str, float]:
     import copy
     import tempfile
     from pathlib import Path
@@ -99,7 +99,7 @@ def one_rank_fsdp(dist: DataParallel) -> dict[str, float]:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    assert not dist.distributed  # what the trainer's one-GPU run has
+    assert not parallel.distributed  # what the trainer's one-GPU run has
     mesh = init_device_mesh("cpu", (1,))
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
     ref = build()
@@ -115,7 +115,7 @@ def one_rank_fsdp(dist: DataParallel) -> dict[str, float]:
     model = fully_shard(build(), mesh=mesh)
     set_model_state_dict(model, ref.state_dict(), options=StateDictOptions(full_state_dict=True))
     opt = torch.optim.AdamW(model.parameters(), lr=0.5)
-    optimizer_files.load_full_optimizer_state_dict(model, opt, legacy, dist)
+    optimizer_files.load_full_optimizer_state_dict(model, opt, legacy, parallel)
     assert opt.param_groups[0]["lr"] == LR
     assert all(isinstance(opt.state[p]["exp_avg"], DTensor) for p in model.parameters())
     for m, o in ((model, opt), (ref, ref_opt)):
@@ -129,12 +129,12 @@ def one_rank_fsdp(dist: DataParallel) -> dict[str, float]:
     assert legacy_diff < 1e-6, legacy_diff
 
     with tempfile.TemporaryDirectory() as tmp:
-        optimizer_files.save_optimizer(model, opt, Path(tmp), dist)
+        optimizer_files.save_optimizer(model, opt, Path(tmp), parallel)
         again = fully_shard(build(), mesh=mesh)
         again_opt = torch.optim.AdamW(again.parameters(), lr=0.5)
         again(x).sum().backward()  # AdamW's state exists once it has stepped
         again_opt.step()
-        optimizer_files.load_optimizer(again, again_opt, Path(tmp), dist)
+        optimizer_files.load_optimizer(again, again_opt, Path(tmp), parallel)
     files_diff = max(
         float((full(opt.state[p][k]) - full(again_opt.state[q][k])).abs().max())
         for p, q in zip(model.parameters(), again.parameters())
@@ -149,14 +149,14 @@ MODES = {"host_adamw": host_adamw, "one_rank_fsdp": one_rank_fsdp}
 
 def main(mode: str, out_path: str) -> None:
     torch.set_num_threads(1)
-    dist = D.init_distributed(timeout_s=60, device="cpu")
+    parallel = D.init_distributed(timeout_s=60, device="cpu")
     if not torch.distributed.is_initialized():  # one CPU rank: FSDP2 needs a group all the same
         torch.distributed.init_process_group("gloo")
-    report = MODES[mode](dist)
-    if dist.is_main:
+    report = MODES[mode](parallel)
+    if parallel.is_main:
         with open(out_path, "w") as fh:
-            json.dump({"world_size": dist.world_size, **report}, fh)
-    dist.barrier()
+            json.dump({"world_size": parallel.world_size, **report}, fh)
+    parallel.barrier()
     D.close_distributed()
     # Every check has passed and rank 0 has written the report. What follows is the interpreter
     # tearing down torch's gloo objects, which this test does not measure: CI once saw rank 1 abort

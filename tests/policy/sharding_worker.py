@@ -15,30 +15,30 @@ from exgrpo_cli.parallel import fsdp as D
 
 
 def main(out: str) -> None:
-    dist = D.init_distributed(timeout_s=60, device="cpu")
-    mine = dist.mine(7)
-    merged = dist.merge({i: f"item {i} by rank {dist.rank}" for i in mine}, done=len(mine))
+    parallel = D.init_distributed(timeout_s=60, device="cpu")
+    mine = parallel.mine(7)
+    merged = parallel.merge({i: f"item {i} by rank {parallel.rank}" for i in mine}, done=len(mine))
     report = {
-        "world_size": dist.world_size,
-        "mine": dist.gather(mine),
-        "rounds": dist.rounds(7),
+        "world_size": parallel.world_size,
+        "mine": parallel.gather(mine),
+        "rounds": parallel.rounds(7),
         "in_order": merged.in_order(7),
         "counts": merged.counts,
-        "mean": dist.mean({"x": float(dist.rank)}),
-        "max": dist.max({"x": float(dist.rank)}),
-        "any": [dist.any(dist.rank == 1), dist.any(False)],
-        "from_main": dist.from_main(f"rank {dist.rank}'s"),
-        "seeds": dist.gather(dist.seed(100)),
-        "equal_calls": dist.equal_calls(3 + dist.rank),
-        "map": dist.map(lambda share: [f"{x}@{dist.rank}" for x in share], list("abcde")),
-        "sum": dist.sum({"x": float(dist.rank + 1)}),
-        "main_first": dist.main_first(lambda: dist.rank),
+        "mean": parallel.mean({"x": float(parallel.rank)}),
+        "max": parallel.max({"x": float(parallel.rank)}),
+        "any": [parallel.any(parallel.rank == 1), parallel.any(False)],
+        "from_main": parallel.from_main(f"rank {parallel.rank}'s"),
+        "seeds": parallel.gather(parallel.seed(100)),
+        "equal_calls": parallel.equal_calls(3 + parallel.rank),
+        "map": parallel.map(lambda share: [f"{x}@{parallel.rank}" for x in share], list("abcde")),
+        "sum": parallel.sum({"x": float(parallel.rank + 1)}),
+        "main_first": parallel.main_first(lambda: parallel.rank),
     }
-    tensor = torch.full((2,), float(dist.rank))
-    dist.fill_from_main(tensor)
-    report["filled"] = dist.gather(tensor.tolist())
-    dist.barrier()
-    if dist.is_main:
+    tensor = torch.full((2,), float(parallel.rank))
+    parallel.fill_from_main(tensor)
+    report["filled"] = parallel.gather(tensor.tolist())
+    parallel.barrier()
+    if parallel.is_main:
         with open(out, "w") as f:
             json.dump(report, f)
     D.close_distributed()

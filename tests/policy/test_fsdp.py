@@ -36,18 +36,18 @@ def test_fsdp2_two_ranks_match_single_process(tmp_path: Path) -> None:
 def test_single_rank_is_plain_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
-    dist = D.init_distributed(timeout_s=5, device="cpu")
-    assert (dist.rank, dist.world_size, dist.distributed, dist.is_main) == (0, 1, False, True)
+    parallel = D.init_distributed(timeout_s=5, device="cpu")
+    assert (parallel.rank, parallel.world_size, parallel.distributed, parallel.is_main) == (0, 1, False, True)
     assert not torch.distributed.is_initialized()
     model = torch.nn.Linear(3, 2)
-    assert D.wrap_fsdp2(model, dist, mixed_precision="bf16") is model
+    assert D.wrap_fsdp2(model, parallel, mixed_precision="bf16") is model
     assert not D.is_sharded(model)
     opt = torch.optim.AdamW(model.parameters())
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     osd = opt.state_dict()  # a legacy checkpoint's layout
     fresh = torch.optim.AdamW(model.parameters())
-    optimizer_files.load_full_optimizer_state_dict(model, fresh, osd, dist)
+    optimizer_files.load_full_optimizer_state_dict(model, fresh, osd, parallel)
     assert torch.equal(fresh.state[model.weight]["exp_avg"], opt.state[model.weight]["exp_avg"])
 
 

@@ -179,7 +179,7 @@ def test_grad_clipping_of_offloaded_gradients_reduces_one_scalar_on_the_compute_
     params[0].grad, params[1].grad = torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 4.0])
     reduced: list[dict[str, float]] = []
 
-    def all_reduce(values: dict[str, float], dist: DataParallel, op: str = "mean") -> dict[str, float]:
+    def all_reduce(values: dict[str, float], parallel: DataParallel, op: str = "mean") -> dict[str, float]:
         reduced.append(dict(values))  # plain floats, sent as one tensor on dist.device
         assert op == "sum"
         return {k: v * 2 for k, v in values.items()}  # two ranks holding the same shard norms

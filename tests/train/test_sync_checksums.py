@@ -69,7 +69,7 @@ def test_a_stale_but_intact_sync_is_caught(
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     engine = VLLMEngine(str(tiny_model), [2], load_format="dummy", dtype="float32")
     engine.sync_weights(model)
-    assert check_synced_weights(engine, model, step=1, dist=DataParallel()) == 2  # both compared, equal
+    assert check_synced_weights(engine, model, step=1, parallel=DataParallel()) == 2  # both compared, equal
     with torch.no_grad():  # one small update, as lr 1e-6 makes it
         for p in model.parameters():
             p.add_(1e-5 * torch.sign(torch.randn_like(p)))
@@ -77,7 +77,7 @@ def test_a_stale_but_intact_sync_is_caught(
     engine.sync_weights(model)  # returns as usual; the engine keeps the old weights
     assert _trainer_gap(model, engine, [5, 6, 7, 8]) < 0.01  # far below rollout.max_logprob_diff=0.5
     with pytest.raises(EngineDivergence, match="step 2: after the weight sync the engine's model.layers.0"):
-        check_synced_weights(engine, model, step=2, dist=DataParallel())
+        check_synced_weights(engine, model, step=2, parallel=DataParallel())
     engine.close()
 
 
@@ -86,7 +86,7 @@ def test_an_engine_without_its_own_copy_is_not_compared() -> None:
         dtype = torch.float32  # samples from the trainer's module: no weights of its own
 
     model = torch.nn.Linear(2, 2)
-    assert check_synced_weights(HFLike(), model, step=1, dist=DataParallel()) == 0
+    assert check_synced_weights(HFLike(), model, step=1, parallel=DataParallel()) == 0
 
 
 @pytest.mark.slow
