@@ -9,7 +9,9 @@ from typing import Any
 
 @dataclass
 class EvalConfig:
-    suite: str = field(default="synthetic", metadata={"help": "synthetic | id | ood | paper | custom"})
+    suite: str = field(
+        default="synthetic", metadata={"help": "a name of evaluation.SUITES (the eval= preset sets it)"}
+    )
     benchmarks: list[str] = field(default_factory=list, metadata={"help": "filled by the suite preset"})
     data_dir: str = field(default="", metadata={"help": "folder with the official benchmark files"})
     path: str = field(default="", metadata={"help": "custom suite: a local parquet/jsonl file"})

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo_cli.config.schema import ExgrpoConfig
+from exgrpo_cli.config.variant_names import NAMES
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,10 @@ def keys(cls: type = ExgrpoConfig, prefix: str = "") -> list[Key]:
             out.extend(keys(f.default_factory, name + "."))  # type: ignore[arg-type]
             continue
         t = str(f.type)
-        out.append(Key(name, t, _default(f), f.metadata.get("help", ""), free=t.startswith("dict[")))
+        meaning = f.metadata.get("help", "")
+        if name in NAMES:  # a registry's name: its names, generated from the registry
+            meaning = f"{meaning}: {' | '.join(NAMES[name])}"
+        out.append(Key(name, t, _default(f), meaning, free=t.startswith("dict[")))
     return out
 
 

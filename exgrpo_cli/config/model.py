@@ -126,7 +126,7 @@ class SyntheticConfig:
 class DataConfig:
     source: str = field(
         default="synthetic",
-        metadata={"help": "a name of data.SOURCES: synthetic | local | jsonl | parquet | hf"},
+        metadata={"help": "a name of data.SOURCES"},
     )
     path: str = field(default="", metadata={"help": "file (jsonl/parquet) or HF dataset id (hf)"})
     split: str = field(default="train", metadata={"help": "dataset split (hf source)"})
@@ -143,9 +143,7 @@ class DataConfig:
     on_bad_row: str = field(default="skip", metadata={"help": "skip | error"})
     # `needed` draws only the fresh questions a step uses; `batch` (the official trainer, the paper
     # recipes) draws the step's full count and drops what replay displaces
-    draw: str = field(
-        default="needed", metadata={"help": "fresh-question draw, a name of data.FRESH_DRAWS: needed | batch"}
-    )
+    draw: str = field(default="needed", metadata={"help": "fresh-question draw, a name of data.FRESH_DRAWS"})
     synthetic: SyntheticConfig = field(
         default_factory=SyntheticConfig, metadata={"help": "the built-in arithmetic task"}
     )

@@ -22,7 +22,9 @@ Every key `exgrpo` reads, generated from the one schema, `exgrpo_cli/config/sche
 `metadata["help"]`); do not edit this page by hand: `python -m exgrpo_cli.config.reference --write`
 rewrites it, and a test fails when it is stale. The default is the schema's; a preset (`model=...`,
 `experiment=...`) may set another, and `exgrpo <command> ... --cfg job` prints the composed values.
-`exgrpo <command> --help` shows the keys a command reads, `--help-all` all of them.
+`exgrpo <command> --help` shows the keys a command reads, `--help-all` all of them. A key that
+names a variant lists the names its registry holds (generated from the registries into
+`exgrpo_cli/config/variant_names.py` by `python -m exgrpo_cli.commands.variants --write`).
 
 Set a key with `key=value`. A key the schema does not declare is refused (exit 2, with the nearest
 declared keys), also with `+key=value`; the free dicts `ablation.variants` and

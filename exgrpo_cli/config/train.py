@@ -11,7 +11,7 @@ from omegaconf import MISSING
 
 @dataclass
 class RolloutConfig:
-    engine: str = field(default="hf", metadata={"help": "a name of rollout.ENGINES: hf | vllm"})
+    engine: str = field(default="hf", metadata={"help": "a name of rollout.ENGINES"})
     n: int = field(default=8, metadata={"help": "K: responses per question (the group size)"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the rollouts"})
     top_p: float = field(
@@ -131,11 +131,11 @@ class AlgoConfig:
     scale_by_std: bool = field(default=False, metadata={"help": "Dr.GRPO: no division by the group std"})
     entropy_coef: float = field(default=0.001, metadata={"help": "weight of the entropy bonus in the loss"})
     loss: str = field(
-        default="exgrpo", metadata={"help": "a name of algo.POLICY_LOSSES: the per-token policy loss"}
+        default="exgrpo", metadata={"help": "the per-token policy loss, a name of algo.POLICY_LOSSES"}
     )
     aggregation: str = field(
         default="drgrpo",
-        metadata={"help": "a name of algo.AGGREGATIONS: how token losses sum to the objective"},
+        metadata={"help": "how token losses sum to the objective, a name of algo.AGGREGATIONS"},
     )
     official_batch: OfficialBatchConfig = field(
         default_factory=OfficialBatchConfig,
@@ -166,11 +166,11 @@ class ReplayConfig:
         default=True, metadata={"help": "false: behaviour policy = current policy"}
     )
     question_selection: str = field(
-        default="gaussian", metadata={"help": "a name of replay.QUESTION_SELECTION: gaussian | uniform"}
+        default="gaussian", metadata={"help": "a name of replay.QUESTION_SELECTION"}
     )
     trajectory_selection: str = field(
         default="lowest_entropy",
-        metadata={"help": "a name of replay.TRAJECTORY_SELECTION: lowest_entropy | highest_entropy | ..."},
+        metadata={"help": "a name of replay.TRAJECTORY_SELECTION"},
     )
     mu: float = field(default=0.5, metadata={"help": "centre of the bucket Gaussian (accuracy scale)"})
     sigma: float = field(
@@ -209,7 +209,7 @@ class ReplayConfig:
     bucket_by: str = field(
         default="count",
         metadata={
-            "help": "a name of replay.BUCKET_BY: count (correct responses k of K) | reward_std (the "
+            "help": "a name of replay.BUCKET_BY (count: correct responses k of K; reward_std: the "
             "group's reward std, min-max normalised over the step's groups, rounded to 0..K)"
         },
     )
@@ -238,7 +238,7 @@ class RewardModelConfig:
     batch_size: int = field(default=16, metadata={"help": "responses per forward of the reward model"})
     max_tokens: int = field(default=1024, metadata={"help": "longer (prompt + response) inputs are cut"})
     normalise: str = field(
-        default="none", metadata={"help": "none | sigmoid: how its score becomes the reward"}
+        default="none", metadata={"help": "how its score becomes the reward, a name of reward.NORMALISE"}
     )
 
 
@@ -246,9 +246,7 @@ class RewardModelConfig:
 class RewardConfig:
     """The reward stage (exgrpo_cli/reward/stage.py): what turns a response into a number."""
 
-    kind: str = field(
-        default="math", metadata={"help": "a name of reward.REWARDS: math | choice | python | model"}
-    )
+    kind: str = field(default="math", metadata={"help": "a name of reward.REWARDS"})
     correct_at: float = field(
         default=1.0,
         metadata={"help": "a response is correct when its reward >= this (retirement, buckets, pass@n)"},
@@ -374,7 +372,8 @@ class TrainerConfig:
     # optimizer: AdamW's moments in host memory (parallel/offload.py); all: weights, gradients and
     # optimizer (FSDP2's CPU offload)
     offload: str = field(
-        default="none", metadata={"help": "where the sharded trainer state lives: none | optimizer | all"}
+        default="none",
+        metadata={"help": "where the sharded trainer state lives, a name of parallel.OFFLOAD_MODES"},
     )
     resume_new_data: bool = field(
         default=False,
