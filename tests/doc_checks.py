@@ -96,6 +96,9 @@ COMMANDS: dict[str, Check] = {
     "python -m exgrpo_cli.config.reference --write": C(
         ELSEWHERE, "tests/test_cli_help.py", needle="config.reference import PAGE, render"
     ),
+    "python -m exgrpo_cli.commands.variants --write": C(
+        ELSEWHERE, "tests/commands/test_variant_names.py", needle="main([]) == 0"
+    ),
     "python3 scripts/gpu_check.py": C(SCRIPT, "needs a GPU"),
     ".venv/bin/python scripts/gpu_check.py --dry-run": C(
         ELSEWHERE, "tests/test_gpu_check_dry.py", needle='"--dry-run"'
