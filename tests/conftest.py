@@ -43,6 +43,18 @@ SMALL_RUN = [
 ]
 
 
+def toy_sweep(root: Path, variants: dict[str, list[str]]) -> Path:
+    """A user's sweep `ablation=toy` (root/conf/ablation/toy.yaml): SMALL_RUN at 2 steps and 1 seed,
+    replay from the first step, with `variants`. Returns the folder for hydra.searchpath."""
+    conf = root / "conf"
+    (conf / "ablation").mkdir(parents=True, exist_ok=True)
+    base = [*SMALL_RUN, "trainer.steps=2", "replay.start_threshold=0"]
+    lines = ["name: toy", "seeds: 1", f"base: [{', '.join(base)}]", "variants:"]
+    lines += [f"  {name}: [{', '.join(overrides)}]" for name, overrides in variants.items()]
+    (conf / "ablation" / "toy.yaml").write_text("\n".join(lines) + "\n")
+    return conf
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 

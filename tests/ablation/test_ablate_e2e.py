@@ -13,17 +13,9 @@ import pytest
 
 from exgrpo_cli.ablation import sweep as sw
 
-from conftest import run_cli
+from conftest import run_cli, toy_sweep
 
-TOY = """\
-name: toy
-seeds: 1
-base: [trainer.steps=2, algo.questions_per_step=4, rollout.n=4, trainer.val_questions=8,
-       trainer.val_samples=1, trainer.threads=1, replay.start_threshold=0, logger.wandb.mode=disabled]
-variants:
-  on-policy: [replay.ratio=0]
-  w/o shaping: [replay.ratio=0.5, replay.shaping=false]
-"""
+TOY = {"on-policy": ["replay.ratio=0"], "w/o shaping": ["replay.ratio=0.5", "replay.shaping=false"]}
 
 pytestmark = pytest.mark.slow  # two training runs (~20 s)
 
@@ -44,9 +36,7 @@ def _ablate(conf: Path, sweep: Path, hydra_dir: Path) -> subprocess.CompletedPro
 
 @pytest.mark.long  # make test-all only (docs/testing.md)
 def test_ablate_two_variants_then_restart(tiny_model: Path, tmp_path: Path):
-    conf = tmp_path / "conf"
-    (conf / "ablation").mkdir(parents=True)
-    (conf / "ablation" / "toy.yaml").write_text(TOY)
+    conf = toy_sweep(tmp_path, TOY)
     sweep = tmp_path / "sweep"
     res = _ablate(conf, sweep, tmp_path / "h1")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -94,11 +84,9 @@ def test_ablate_two_variants_then_restart(tiny_model: Path, tmp_path: Path):
     ],
 )
 def test_ablate_refuses_an_unknown_variant_name_before_any_run(override: str, key: str, tmp_path: Path):
-    conf = tmp_path / "conf" / "ablation"
-    conf.mkdir(parents=True)
-    (conf / "toy.yaml").write_text(TOY.replace("replay.shaping=false]", f"{override}]"))
+    conf = toy_sweep(tmp_path, {**TOY, "w/o shaping": ["replay.ratio=0.5", override]})
     sweep = tmp_path / "sweep"
-    res = _ablate(tmp_path / "conf", sweep, tmp_path / "hydra")
+    res = _ablate(conf, sweep, tmp_path / "hydra")
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert "w/o shaping" in res.stderr and key in res.stderr
     assert not list(sweep.glob("*/seed*/metrics.jsonl"))  # no variant ran, not even the valid one

@@ -17,27 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SMALL_RUN, cli_env, run_cli
+from conftest import REPO, SMALL_RUN, cli_env, run_cli, toy_sweep
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the slurm extra is not installed")
 
-TOY = """\
-name: toy
-seeds: 1
-base: [trainer.steps=2, algo.questions_per_step=4, rollout.n=4, trainer.val_questions=8,
-       trainer.val_samples=1, trainer.threads=1, replay.start_threshold=0, logger.wandb.mode=disabled]
-variants:
-  on-policy: [replay.ratio=0]
-  exgrpo: [replay.ratio=0.5]
-"""
+TOY = {"on-policy": ["replay.ratio=0"], "exgrpo": ["replay.ratio=0.5"]}
 
 
 @pytest.mark.slow
 @pytest.mark.long  # make test-all only (docs/testing.md)
 def test_ablate_through_submitit_local_writes_its_summary(tiny_model: Path, tmp_path: Path) -> None:
-    conf = tmp_path / "conf"
-    (conf / "ablation").mkdir(parents=True)
-    (conf / "ablation" / "toy.yaml").write_text(TOY)
+    conf = toy_sweep(tmp_path, TOY)
     sweep = tmp_path / "sweep"
     res = run_cli(
         ["ablate", f"hydra.searchpath=[file://{conf}]", "ablation=toy", "hydra/launcher=submitit_local",
