@@ -205,3 +205,18 @@ def test_the_schema_is_plain_data() -> None:
     sections = {"exgrpo_cli.config.model", "exgrpo_cli.config.train", "exgrpo_cli.config.commands"}
     assert graph["exgrpo_cli.config.schema"] <= {"exgrpo_cli.errors"} | sections
     assert all(graph[m] == set() for m in sections)
+
+
+def test_the_code_map_shows_every_folder_and_the_floor_table() -> None:
+    """docs/code-map.md is what a newcomer reads: every folder in its first table, with a module
+    that exists, and the floor table as FLOORS has it."""
+    import re
+
+    page = (PACKAGE.parent / "docs" / "code-map.md").read_text()
+    rooms = dict(re.findall(r"^\| `(\w+)/` \|.*\| `(\w+\.py)` \|$", page, re.M))
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert set(rooms) == folders
+    assert all((PACKAGE / folder / module).is_file() for folder, module in rooms.items())
+    floors = re.findall(r"^\| (\d+) \| (.+) \|$", page, re.M)
+    shown = [tuple(re.findall(r"`(\w+)`", names)) for _, names in floors]
+    assert shown == [f for f in FLOORS if f != ("__main__",)]
