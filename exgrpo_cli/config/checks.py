@@ -200,7 +200,7 @@ def check_replay(cfg: ExgrpoConfig, command: str) -> None:
     key("start_threshold", 0.0 <= p.start_threshold <= 1.0, "[0, 1]")
     key("beta", p.beta > 0, "> 0")
     key("sigma", p.sigma > 0, "> 0")
-    key("mu", 0.0 <= p.mu <= 1.0, "[0, 1] (accuracy scale)")
+    key("mu", p.mu is None or 0.0 <= p.mu <= 1.0, "null, or [0, 1] (the bucket scale)")
     if p.bucket_edges is not None:
         edges = list(p.bucket_edges)
         _check(len(edges) >= 1, "replay.bucket_edges", edges, "a non-empty list")

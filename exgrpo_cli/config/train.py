@@ -172,7 +172,15 @@ class ReplayConfig:
         default="lowest_entropy",
         metadata={"help": "a name of replay.TRAJECTORY_SELECTION: lowest_entropy | highest_entropy | ..."},
     )
-    mu: float = field(default=0.5, metadata={"help": "centre of the bucket Gaussian (accuracy scale)"})
+    # null: the most informative point of replay.bucket_by's scale (`gaussian_mu`); 0.5 under `count`
+    # is the official K/2, 1.0 under `reward_std` is ours (the paper gives no mu for that rule)
+    mu: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "centre of the bucket Gaussian on the bucket scale (null: 0.5 under bucket_by=count, "
+            "medium accuracy; 1.0 under reward_std, the largest spread)"
+        },
+    )
     sigma: float = field(
         default=0.125, metadata={"help": "width of the bucket Gaussian (accuracy scale; official code's 1/K)"}
     )
@@ -213,6 +221,16 @@ class ReplayConfig:
             "group's reward std, min-max normalised over the step's groups, rounded to 0..K)"
         },
     )
+
+    def gaussian_mu(self) -> float:
+        """The Gaussian's centre: `mu`, or when it is null the point of the bucket scale that holds
+        the most informative questions. On accuracy (`count`) that is 0.5, the medium questions; on
+        the normalised reward std (`reward_std`) it is 1.0, the largest spread, where the medium
+        questions of a 0/1 reward land (0.5 there would favour the nearly solved and the nearly
+        hopeless, docs/algorithm.md §9, item 17)."""
+        if self.mu is not None:
+            return self.mu
+        return 1.0 if self.bucket_by == "reward_std" else 0.5
 
     def experience_bounds(self, K: int) -> tuple[int, int]:
         """(lbound, rbound) for groups of K responses."""
