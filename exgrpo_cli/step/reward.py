@@ -7,8 +7,9 @@ response is marked correct when its reward is >= `reward.correct_at`. Grading ha
 so if every rank graded every group, a timeout on one rank only would leave the ranks with
 different rewards, then different buffers, then mismatched collectives.
 
-Metrics: `reward/mean` (the fresh responses' mean reward), `reward/accuracy` (their share that is
-correct: what the delayed start reads, whatever the reward's scale), `reward/solved_all`,
+Metrics: `reward/mean` (the fresh responses' mean reward), `reward/max` (their highest),
+`reward/accuracy` (their share that is correct: what the delayed start reads, whatever the
+reward's scale), `reward/solved_all`,
 `reward/solved_none` and `reward/fresh_solved_none` (groups whose responses are all / none
 correct), `reward/replayed_accuracy`, and the step's `reward/timeouts`, `reward/errors`
 (and `reward/unscored` when the reward can return None).
@@ -16,6 +17,7 @@ correct), `reward/replayed_accuracy`, and the step's `reward/timeouts`, `reward/
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from itertools import islice
 
@@ -60,6 +62,8 @@ def step_metrics(groups: Sequence[Group], counts: dict[str, int]) -> dict[str, f
     out = {
         "reward/mean": float(np.mean([r.reward for r in fresh])) if fresh else 0.0,
         "reward/accuracy": float(np.mean([r.is_correct for r in fresh])) if fresh else 0.0,
+        # whether any reward reaches reward.correct_at (run/notices.py's empty-buffer warning)
+        "reward/max": float(max(r.reward for r in fresh)) if fresh else math.nan,
         "reward/timeouts": float(counts["timeouts"]),
         "reward/errors": float(counts["errors"]),
         "reward/solved_all": float(np.mean([g.num_correct == len(g.responses) for g in groups])),
