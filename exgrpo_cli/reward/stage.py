@@ -94,8 +94,8 @@ class RewardRange:
 ZERO_ONE = RewardRange(0.0, 1.0, high_reached=True)
 
 
-def _model_range(cfg: RewardConfig) -> RewardRange | None:
-    return RewardRange(0.0, 1.0, high_reached=False) if cfg.model.normalise == "sigmoid" else None
+def _model_range(reward: RewardConfig) -> RewardRange | None:
+    return RewardRange(0.0, 1.0, high_reached=False) if reward.model.normalise == "sigmoid" else None
 
 
 @dataclass(frozen=True)
