@@ -87,13 +87,24 @@ def _validate_arch(a: ArchConfig) -> None:
     )
 
 
-def _validate_lora(c: LoraConfig) -> None:
+def _validate_lora(c: LoraConfig, command: str) -> None:
     """model.lora's ranges; its rank against the model's layers is checked when the architecture is
     known, still before the weights load (policy/lora.py `check_base`)."""
     key = _keys("model.lora", c)
     key("rank", c.rank >= 0, ">= 0 (0: off, full fine-tuning)")
     key("alpha", c.alpha > 0 and math.isfinite(c.alpha), "a finite number > 0")
     key("dropout", 0.0 <= c.dropout < 1.0, "[0, 1)")
+    # The training forwards run in train mode, so adapter dropout would put its noise into pi_old
+    # (the ratio's denominator) and the stored log-probs, but not into trajectory scoring (no-grad,
+    # eval mode): refused rather than trained with mismatched behaviour log-probs. Evaluation runs
+    # in eval mode, where an adapter's recorded dropout does nothing.
+    if command == "train" and c.rank > 0:
+        key(
+            "dropout",
+            c.dropout == 0.0,
+            "0 when training (dropout would add noise to pi_old and the stored log-probs that "
+            "trajectory scoring does not see; docs/training-and-configs.md, LoRA)",
+        )
     names = list(c.target_modules)
     ok = bool(names) and all(isinstance(n, str) and n.isidentifier() for n in names)
     _check(ok, "model.lora.target_modules", names, "a non-empty list of module names (q_proj, ...)")
@@ -139,7 +150,7 @@ def check_model(cfg: ExgrpoConfig, command: str) -> None:
         has_cfg = os.path.isfile(os.path.join(path, "config.json")) or bool(m.gguf_file)
         key("path", has_cfg, "a folder with a causal LM (config.json or a gguf_file)")
     _validate_arch(m.arch)
-    _validate_lora(m.lora)
+    _validate_lora(m.lora, command)
 
 
 @section_check

@@ -320,7 +320,7 @@ class Trainer:
         return update_order(self.parallel.mine(len(groups)), self.cfg.algo.updates_per_step, rng)
 
     def pi_old(self, batch: MixedBatch, plan: UpdatePlan) -> dict[int, list[float]]:
-        """docs/algorithm.md §5: pi_old's log-probs of the rows the later mini-batches train on
+        """docs/algorithm.md §4: pi_old's log-probs of the rows the later mini-batches train on
         (the first mini-batch's come with its own forward), before any optimizer step."""
         st = self.state
         return pi_old_logprobs(st.model, batch, plan, self.pad_id, self.parallel)
@@ -328,7 +328,7 @@ class Trainer:
     def update(
         self, batch: MixedBatch, advantages: torch.Tensor, plan: UpdatePlan, old: dict[int, list[float]]
     ) -> UpdateResult:
-        """docs/algorithm.md §5: the policy-gradient step(s) on this rank's batch, under the step's
+        """docs/algorithm.md §4: the policy-gradient step(s) on this rank's batch, under the step's
         `plan` (its engine check may stop the run before the first optimizer step)."""
         st = self.state
         return policy_update(st.model, st.optimizer, batch, advantages, plan, self.pad_id, self.parallel, old)
