@@ -221,6 +221,7 @@ def check_replay(cfg: ExgrpoConfig, command: str) -> None:
     key("readmit_retired_fraction", 0.0 <= p.readmit_retired_fraction <= 1.0, "[0, 1]")
     key("readmit_every", p.readmit_every >= 0, ">= 0")
     _one_of("replay.readmit_into", p.readmit_into, READMIT_INTO)
+    key("readmit_batch_share", 0.0 <= p.readmit_batch_share <= 1.0, "[0, 1]")
     key("max_experiences", p.max_experiences >= 0, ">= 0 (0: no cap)")
     key("experience_lbound", p.experience_lbound >= 0, ">= 0")
     (low, high), k = p.experience_bounds(cfg.rollout.n), cfg.rollout.n

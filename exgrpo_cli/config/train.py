@@ -198,6 +198,16 @@ class ReplayConfig:
             "the next epoch) | batch (also into the next steps' fresh slots, first; the paper's App. E.4)"
         },
     )
+    # ours (the paper's App. E.4 gives no queue): without a cap, 10% of a large retired set every 25
+    # steps can fill most fresh slots until the next re-admission
+    readmit_batch_share: float = field(
+        default=0.25,
+        metadata={
+            "help": "readmit_into=batch: at most this share of a step's questions are re-admitted ones; "
+            "the rest of the queue waits, and is dropped from the queue (not from sampling) at the "
+            "next re-admission"
+        },
+    )
     max_experiences: int = field(
         default=0, metadata={"help": "optional cap on stored experiences (0: no cap)"}
     )
