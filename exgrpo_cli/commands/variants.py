@@ -52,8 +52,11 @@ def _check_reward(cfg: ExgrpoConfig) -> None:
 
     r = cfg.reward
     pick(REWARDS, "reward.kind", r.kind)
+    for name in r.components:  # several kinds at once (reward/weighted.py)
+        pick(REWARDS, "reward.components", name)
+    kinds = set(r.components) or {r.kind}
     pick(BUCKET_BY, "replay.bucket_by", cfg.replay.bucket_by)
-    if r.kind == "python":
+    if "python" in kinds:
         from exgrpo_cli.reward.user_function import load_function
 
         if not r.function:
@@ -61,7 +64,7 @@ def _check_reward(cfg: ExgrpoConfig) -> None:
                 "invalid reward.function='': allowed path/to/file.py:name or package.module:name"
             )
         load_function(r.function)
-    if r.kind == "model":
+    if "model" in kinds:
         pick(NORMALISE, "reward.model.normalise", r.model.normalise)
         path = r.model.path
         local = path.startswith(("/", ".", "~")) or os.path.isdir(os.path.expanduser(path))

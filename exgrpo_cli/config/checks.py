@@ -263,6 +263,9 @@ def check_offpolicy(cfg: ExgrpoConfig, command: str) -> None:
 def check_reward(cfg: ExgrpoConfig, command: str) -> None:
     w, key = cfg.reward, _keys("reward", cfg.reward)
     key("correct_at", math.isfinite(w.correct_at), "a finite number")
+    weights = dict(w.components)
+    ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v != 0 for v in weights.values())
+    key("components", ok, "{kind: weight}, each weight a finite non-zero number")
     key("timeout_s", w.timeout_s > 0, "> 0 (seconds)")
     key("max_failed_steps", w.max_failed_steps >= 1, ">= 1")
     key("memory_limit_mb", w.memory_limit_mb >= 0, ">= 0 (0: no cap)")

@@ -277,6 +277,16 @@ class RewardConfig:
     kind: str = field(
         default="math", metadata={"help": "a name of reward.REWARDS: math | choice | python | model"}
     )
+    # several kinds at once: the reward is sum(weight x kind's reward); each kind reads its own
+    # settings below (reward.function, reward.model), so a kind appears at most once
+    components: dict[str, float] = field(
+        default_factory=dict,
+        metadata={
+            "help": "several kinds with weights, kind -> weight (+reward.components.math=1.0 "
+            "+reward.components.model=0.5): the weighted sum trains (reward.kind is then unused); "
+            "{}: reward.kind alone"
+        },
+    )
     correct_at: float = field(
         default=1.0,
         metadata={"help": "a response is correct when its reward >= this (retirement, buckets, pass@n)"},

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from exgrpo_cli.config.schema import RewardConfig
 from exgrpo_cli.errors import ExgrpoError
 from exgrpo_cli.reward.scorer import RewardScorer, ScoreResult
+from exgrpo_cli.reward.weighted import WeightedReward
 
 if TYPE_CHECKING:
     import torch
@@ -119,12 +120,38 @@ REWARDS: dict[str, RewardKind] = {
 }
 
 
+def reward_kinds(cfg: RewardConfig) -> dict[str, float]:
+    """The kinds the run's reward sums, with their weights: `reward.components`, or `reward.kind`
+    alone with weight 1."""
+    return {str(k): float(v) for k, v in cfg.components.items()} if cfg.components else {cfg.kind: 1.0}
+
+
+def needs_answer(cfg: RewardConfig) -> bool:
+    """Whether a data row without a gold answer is a bad row: when any kind summed needs one."""
+    return any(REWARDS[k].needs_answer for k in reward_kinds(cfg))
+
+
+def _sum_range(cfg: RewardConfig) -> RewardRange | None:
+    """The range of sum(w x kind's reward) when every kind's range is known (else None)."""
+    low = high = 0.0
+    reached = True
+    for name, w in reward_kinds(cfg).items():
+        kind = REWARDS.get(name)
+        span = kind.reward_range(cfg) if kind is not None else None
+        if span is None:
+            return None
+        low += min(w * span.low, w * span.high)
+        high += max(w * span.low, w * span.high)
+        # a negative weight reaches its top at the kind's low end, which every range here attains
+        reached = reached and (span.high_reached or w < 0)
+    return RewardRange(low, high, reached)
+
+
 def unreachable_threshold(cfg: RewardConfig) -> str | None:
-    """The start-up line for a `reward.correct_at` that no reward of the chosen kind can reach
+    """The start-up line for a `reward.correct_at` that no reward of the chosen kind(s) can reach
     (nothing is ever correct: nothing is stored or retires, reward/accuracy stays 0 and the delayed
     start never fires), with the fix; None when it can be reached or the range is not known."""
-    kind = REWARDS.get(cfg.kind)
-    span = kind.reward_range(cfg) if kind is not None else None
+    span = _sum_range(cfg)
     if span is None or span.reaches(cfg.correct_at):
         return None
     top = f"up to {span.high:g}" if span.high_reached else f"below {span.high:g}"
@@ -139,6 +166,8 @@ def unreachable_threshold(cfg: RewardConfig) -> str | None:
 
 def describe(cfg: RewardConfig) -> str:
     """How the run's messages name its reward."""
+    if cfg.components:
+        return "reward.components={" + ", ".join(f"{k}: {v:g}" for k, v in reward_kinds(cfg).items()) + "}"
     if cfg.kind == "python":
         return f"reward.function={cfg.function}"
     if cfg.kind == "model":
@@ -183,7 +212,10 @@ class Reward:
 
 
 def build_reward(cfg: RewardConfig, requires_think: bool, device: torch.device) -> Reward:
-    kind = REWARDS[cfg.kind]
-    return Reward(
-        kind.build(cfg, requires_think, device), cfg.correct_at, cfg.max_failed_steps, describe(cfg)
-    )
+    if cfg.components:  # several kinds: their weighted sum (reward/weighted.py)
+        weights = reward_kinds(cfg)
+        parts = {name: REWARDS[name].build(cfg, requires_think, device) for name in weights}
+        backend: Backend = WeightedReward(parts, weights)
+    else:
+        backend = REWARDS[cfg.kind].build(cfg, requires_think, device)
+    return Reward(backend, cfg.correct_at, cfg.max_failed_steps, describe(cfg))
