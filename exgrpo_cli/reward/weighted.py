@@ -13,7 +13,7 @@ in `reward/errors` and `reward/timeouts`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from exgrpo_cli.reward.scorer import ScoreResult
@@ -23,7 +23,13 @@ class Scoring(Protocol):
     """A kind's backend, as reward/stage.py's `Backend` (repeated here: stage.py imports this)."""
 
     def score(
-        self, responses: Sequence[str], answers: Sequence[str], kinds: Any = None, **kw: Any
+        self,
+        responses: Sequence[str],
+        answers: Sequence[str],
+        kinds: Any = None,
+        *,
+        rules: Any = None,
+        questions: Any = None,
     ) -> ScoreResult: ...
 
     def close(self) -> None: ...
@@ -35,10 +41,10 @@ class WeightedReward:
     """The weighted sum of named backends; `components` of the last result hold each one's own
     rewards (unweighted), in the order of `weights`."""
 
-    def __init__(self, parts: dict[str, Scoring], weights: dict[str, float]) -> None:
+    def __init__(self, parts: Mapping[str, Scoring], weights: Mapping[str, float]) -> None:
         if not parts or set(parts) != set(weights):
             raise ValueError(f"components {sorted(parts)} and weights {sorted(weights)} differ")
-        self.parts, self.weights = parts, {name: float(weights[name]) for name in parts}
+        self.parts, self.weights = dict(parts), {name: float(weights[name]) for name in parts}
 
     @property
     def first_error(self) -> str:
