@@ -272,6 +272,10 @@ COMMANDS: dict[str, Check] = {
     "exgrpo train reward=model reward.model.path=<reward model folder> reward.correct_at=0": C(
         ELSEWHERE, "tests/reward/test_reward_model.py", needle='"reward=model"'
     ),
+    "exgrpo train +reward.components.math=1.0 +reward.components.python=0.5 "
+    "reward.function=docs/examples/closeness.py:closeness": C(
+        ELSEWHERE, "tests/reward/test_weighted.py", needle='"+reward.components.python=0.5"'
+    ),
     "exgrpo train reward=python reward.function=docs/examples/closeness.py:closeness "
     "replay.bucket_by=reward_std": C(RUN, cheap=(*SMALL_TRAIN, "replay.start_threshold=0")),
     "python benchmarks/partial_credit.py --out benchmarks/results/2026-12-03-partial-credit "

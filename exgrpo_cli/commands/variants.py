@@ -107,16 +107,21 @@ def check_variants(cfg: ExgrpoConfig, command: str) -> None:
         check("eval.suite")
     else:
         _check_training_variants(cfg, check)
-    _check_reward(cfg, check)
+    _check_reward(cfg, table, check)
 
 
-def _check_reward(cfg: ExgrpoConfig, check: Callable[[str], Any]) -> None:
+def _check_reward(
+    cfg: ExgrpoConfig, table: Mapping[str, Mapping[str, Any]], check: Callable[[str], Any]
+) -> None:
     """The reward kind, and what it names: a function that imports and is callable (imported here,
     in this process, so that a typo stops the run before any model loads), a reward model folder."""
     r = cfg.reward
     check("reward.kind")
+    for name in r.components:  # several kinds at once (reward/weighted.py)
+        pick(table["reward.kind"], "reward.components", name)
+    kinds = set(r.components) or {r.kind}
     check("replay.bucket_by")
-    if r.kind == "python":
+    if "python" in kinds:
         from exgrpo_cli.reward.user_function import load_function
 
         if not r.function:
@@ -124,7 +129,7 @@ def _check_reward(cfg: ExgrpoConfig, check: Callable[[str], Any]) -> None:
                 "invalid reward.function='': allowed path/to/file.py:name or package.module:name"
             )
         load_function(r.function)
-    if r.kind == "model":
+    if "model" in kinds:
         check("reward.model.normalise")
         path = r.model.path
         local = path.startswith(("/", ".", "~")) or os.path.isdir(os.path.expanduser(path))

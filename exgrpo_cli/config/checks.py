@@ -87,13 +87,24 @@ def _validate_arch(a: ArchConfig) -> None:
     )
 
 
-def _validate_lora(c: LoraConfig) -> None:
+def _validate_lora(c: LoraConfig, command: str) -> None:
     """model.lora's ranges; its rank against the model's layers is checked when the architecture is
     known, still before the weights load (policy/lora.py `check_base`)."""
     key = _keys("model.lora", c)
     key("rank", c.rank >= 0, ">= 0 (0: off, full fine-tuning)")
     key("alpha", c.alpha > 0 and math.isfinite(c.alpha), "a finite number > 0")
     key("dropout", 0.0 <= c.dropout < 1.0, "[0, 1)")
+    # The training forwards run in train mode, so adapter dropout would put its noise into pi_old
+    # (the ratio's denominator) and the stored log-probs, but not into trajectory scoring (no-grad,
+    # eval mode): refused rather than trained with mismatched behaviour log-probs. Evaluation runs
+    # in eval mode, where an adapter's recorded dropout does nothing.
+    if command == "train" and c.rank > 0:
+        key(
+            "dropout",
+            c.dropout == 0.0,
+            "0 when training (dropout would add noise to pi_old and the stored log-probs that "
+            "trajectory scoring does not see; docs/training-and-configs.md, LoRA)",
+        )
     names = list(c.target_modules)
     ok = bool(names) and all(isinstance(n, str) and n.isidentifier() for n in names)
     _check(ok, "model.lora.target_modules", names, "a non-empty list of module names (q_proj, ...)")
@@ -139,7 +150,7 @@ def check_model(cfg: ExgrpoConfig, command: str) -> None:
         has_cfg = os.path.isfile(os.path.join(path, "config.json")) or bool(m.gguf_file)
         key("path", has_cfg, "a folder with a causal LM (config.json or a gguf_file)")
     _validate_arch(m.arch)
-    _validate_lora(m.lora)
+    _validate_lora(m.lora, command)
 
 
 @section_check
@@ -200,7 +211,7 @@ def check_replay(cfg: ExgrpoConfig, command: str) -> None:
     key("start_threshold", 0.0 <= p.start_threshold <= 1.0, "[0, 1]")
     key("beta", p.beta > 0, "> 0")
     key("sigma", p.sigma > 0, "> 0")
-    key("mu", 0.0 <= p.mu <= 1.0, "[0, 1] (accuracy scale)")
+    key("mu", p.mu is None or 0.0 <= p.mu <= 1.0, "null, or [0, 1] (the bucket scale)")
     if p.bucket_edges is not None:
         edges = list(p.bucket_edges)
         _check(len(edges) >= 1, "replay.bucket_edges", edges, "a non-empty list")
@@ -210,6 +221,7 @@ def check_replay(cfg: ExgrpoConfig, command: str) -> None:
     key("readmit_retired_fraction", 0.0 <= p.readmit_retired_fraction <= 1.0, "[0, 1]")
     key("readmit_every", p.readmit_every >= 0, ">= 0")
     _one_of("replay.readmit_into", p.readmit_into, READMIT_INTO)
+    key("readmit_batch_share", 0.0 <= p.readmit_batch_share <= 1.0, "[0, 1]")
     key("max_experiences", p.max_experiences >= 0, ">= 0 (0: no cap)")
     key("experience_lbound", p.experience_lbound >= 0, ">= 0")
     (low, high), k = p.experience_bounds(cfg.rollout.n), cfg.rollout.n
@@ -251,6 +263,9 @@ def check_offpolicy(cfg: ExgrpoConfig, command: str) -> None:
 def check_reward(cfg: ExgrpoConfig, command: str) -> None:
     w, key = cfg.reward, _keys("reward", cfg.reward)
     key("correct_at", math.isfinite(w.correct_at), "a finite number")
+    weights = dict(w.components)
+    ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v != 0 for v in weights.values())
+    key("components", ok, "{kind: weight}, each weight a finite non-zero number")
     key("timeout_s", w.timeout_s > 0, "> 0 (seconds)")
     key("max_failed_steps", w.max_failed_steps >= 1, ">= 1")
     key("memory_limit_mb", w.memory_limit_mb >= 0, ">= 0 (0: no cap)")

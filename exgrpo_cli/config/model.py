@@ -51,7 +51,8 @@ class LoraConfig:
         default=16.0, metadata={"help": "peft lora_alpha: the adapter's update is scaled by alpha / rank"}
     )
     dropout: float = field(
-        default=0.0, metadata={"help": "dropout on the adapter's input (peft lora_dropout)"}
+        default=0.0,
+        metadata={"help": "dropout on the adapter's input (peft lora_dropout); train refuses > 0"},
     )
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],

@@ -28,7 +28,8 @@ names a variant lists the names its registry holds (generated from the registrie
 
 Set a key with `key=value`. A key the schema does not declare is refused (exit 2, with the nearest
 declared keys), also with `+key=value`; the free dicts `ablation.variants` and
-`ablation.compare_to` take any name, `hydra.*` is Hydra's own.
+`ablation.compare_to` take any name, `reward.components` any reward kind (added one at a time:
+`+reward.components.math=1.0`), `hydra.*` is Hydra's own.
 """
 
 

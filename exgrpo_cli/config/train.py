@@ -172,7 +172,15 @@ class ReplayConfig:
         default="lowest_entropy",
         metadata={"help": "a name of replay.TRAJECTORY_SELECTION"},
     )
-    mu: float = field(default=0.5, metadata={"help": "centre of the bucket Gaussian (accuracy scale)"})
+    # null: the most informative point of replay.bucket_by's scale (`gaussian_mu`); 0.5 under `count`
+    # is the official K/2, 1.0 under `reward_std` is ours (the paper gives no mu for that rule)
+    mu: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "centre of the bucket Gaussian on the bucket scale (null: 0.5 under bucket_by=count, "
+            "medium accuracy; 1.0 under reward_std, the largest spread)"
+        },
+    )
     sigma: float = field(
         default=0.125, metadata={"help": "width of the bucket Gaussian (accuracy scale; official code's 1/K)"}
     )
@@ -188,6 +196,16 @@ class ReplayConfig:
         metadata={
             "help": "where re-admitted retired questions go: sampling (back into fresh sampling from "
             "the next epoch) | batch (also into the next steps' fresh slots, first; the paper's App. E.4)"
+        },
+    )
+    # ours (the paper's App. E.4 gives no queue): without a cap, 10% of a large retired set every 25
+    # steps can fill most fresh slots until the next re-admission
+    readmit_batch_share: float = field(
+        default=0.25,
+        metadata={
+            "help": "readmit_into=batch: at most this share of a step's questions are re-admitted ones; "
+            "the rest of the queue waits, and is dropped from the queue (not from sampling) at the "
+            "next re-admission"
         },
     )
     max_experiences: int = field(
@@ -213,6 +231,16 @@ class ReplayConfig:
             "group's reward std, min-max normalised over the step's groups, rounded to 0..K)"
         },
     )
+
+    def gaussian_mu(self) -> float:
+        """The Gaussian's centre: `mu`, or when it is null the point of the bucket scale that holds
+        the most informative questions. On accuracy (`count`) that is 0.5, the medium questions; on
+        the normalised reward std (`reward_std`) it is 1.0, the largest spread, where the medium
+        questions of a 0/1 reward land (0.5 there would favour the nearly solved and the nearly
+        hopeless, docs/algorithm.md §9, item 17)."""
+        if self.mu is not None:
+            return self.mu
+        return 1.0 if self.bucket_by == "reward_std" else 0.5
 
     def experience_bounds(self, K: int) -> tuple[int, int]:
         """(lbound, rbound) for groups of K responses."""
@@ -247,6 +275,16 @@ class RewardConfig:
     """The reward stage (exgrpo_cli/reward/stage.py): what turns a response into a number."""
 
     kind: str = field(default="math", metadata={"help": "a name of reward.REWARDS"})
+    # several kinds at once: the reward is sum(weight x kind's reward); each kind reads its own
+    # settings below (reward.function, reward.model), so a kind appears at most once
+    components: dict[str, float] = field(
+        default_factory=dict,
+        metadata={
+            "help": "several kinds with weights, kind -> weight (+reward.components.math=1.0 "
+            "+reward.components.model=0.5): the weighted sum trains (reward.kind is then unused); "
+            "{}: reward.kind alone"
+        },
+    )
     correct_at: float = field(
         default=1.0,
         metadata={"help": "a response is correct when its reward >= this (retirement, buckets, pass@n)"},

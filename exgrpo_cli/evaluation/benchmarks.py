@@ -201,9 +201,9 @@ def _load_one(bench: Benchmark, cfg: ExgrpoConfig, cache: dict[Path, list[dict]]
         )
         return [LoadedBenchmark(bench, val, [1] * len(val), "built-in arithmetic held-out set")]
     if bench.name == "custom":
-        from exgrpo_cli.reward.stage import REWARDS
+        from exgrpo_cli.reward.stage import needs_answer
 
-        return load_custom(cfg.eval.path, cfg.data, REWARDS[cfg.reward.kind].needs_answer)
+        return load_custom(cfg.eval.path, cfg.data, needs_answer(cfg.reward))
     return [load_official(bench, cfg.eval.data_dir, cache)]
 
 

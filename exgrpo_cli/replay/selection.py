@@ -160,6 +160,6 @@ class QuestionSelector(Protocol):
 # (a config.ExgrpoConfig, duck-typed: replay/ imports only algo/) bound. A new rule (knobs of its
 # own included) is a function above and one entry here.
 QUESTION_SELECTION: dict[str, Callable[[Any], QuestionSelector]] = {
-    "gaussian": lambda cfg: partial(gaussian_selection, mu=cfg.replay.mu, sigma=cfg.replay.sigma),
+    "gaussian": lambda cfg: partial(gaussian_selection, mu=cfg.replay.gaussian_mu(), sigma=cfg.replay.sigma),
     "uniform": lambda cfg: uniform_selection,
 }

@@ -49,6 +49,8 @@ class ScoreResult:
     timeouts: int = 0  # items whose verification ran out of time (scored 0)
     errors: int = 0  # items whose worker crashed, or with an unusable gold answer (scored 0)
     unscored: int = 0  # items a reward function returned None for (scored 0)
+    # reward.components: each kind's own rewards by name (`rewards` is their weighted sum); else None
+    components: dict[str, list[float]] | None = None
 
 
 class RewardScorer:

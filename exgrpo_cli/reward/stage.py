@@ -5,7 +5,9 @@ Place in the train step: built once with the trainer (run/setup.py), then called
 rollouts with this rank's responses and their data rows (step/reward.py) and by validation.
 A backend scores a call's responses; `Reward` wraps it with `reward.correct_at` (a response is
 correct when its reward is >= it: what retires a question, fills the buckets' counts and decides
-pass@n) and counts the steps in a row on which every item failed.
+pass@n) and counts the steps in a row on which every item failed. Each kind declares the range
+of its rewards where it is known, so that a threshold no reward can reach is named at start-up
+(`unreachable_threshold`) instead of silently switching replay off.
 
     math     math-verify against the gold answer, 1 or 0 (the default, today's run)
     choice   the answer's letter A-J against the gold letter, 1 or 0
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from exgrpo_cli.config.schema import RewardConfig
 from exgrpo_cli.errors import ExgrpoError
 from exgrpo_cli.reward.scorer import RewardScorer, ScoreResult
+from exgrpo_cli.reward.weighted import WeightedReward
 
 if TYPE_CHECKING:
     import torch
@@ -75,23 +78,96 @@ def _model(cfg: RewardConfig, requires_think: bool, device: torch.device) -> Bac
 
 
 @dataclass(frozen=True)
+class RewardRange:
+    """What a kind's rewards can be: at least `low`, at most `high`, and `high` itself only when
+    `high_reached` (a sigmoid comes as close to 1 as it likes but, short of float rounding at a
+    logit above ~37, never gets there)."""
+
+    low: float
+    high: float
+    high_reached: bool
+
+    def reaches(self, threshold: float) -> bool:
+        """Whether a reward of this range can be >= `threshold` (be correct)."""
+        return threshold < self.high or (self.high_reached and threshold == self.high)
+
+
+ZERO_ONE = RewardRange(0.0, 1.0, high_reached=True)
+
+
+def _model_range(reward: RewardConfig) -> RewardRange | None:
+    return RewardRange(0.0, 1.0, high_reached=False) if reward.model.normalise == "sigmoid" else None
+
+
+@dataclass(frozen=True)
 class RewardKind:
     build: Callable[[RewardConfig, bool, torch.device], Backend]
     needs_answer: bool  # a data row without a gold answer is a bad row
-    zero_one: bool  # rewards are 1 or 0
+    # the rewards' range under this config; None: not known before the run (a function, logits)
+    reward_range: Callable[[RewardConfig], RewardRange | None]
 
 
 # `reward.kind`: name -> how to build it and what it needs
 REWARDS: dict[str, RewardKind] = {
-    "math": RewardKind(lambda c, think, d: RewardScorer(requires_think=think, workers=1), True, True),
-    "choice": RewardKind(lambda c, think, d: ChoiceScorer(requires_think=think, workers=1), True, True),
-    "python": RewardKind(_function, needs_answer=False, zero_one=False),
-    "model": RewardKind(_model, needs_answer=False, zero_one=False),
+    "math": RewardKind(
+        lambda c, think, d: RewardScorer(requires_think=think, workers=1), True, lambda c: ZERO_ONE
+    ),
+    "choice": RewardKind(
+        lambda c, think, d: ChoiceScorer(requires_think=think, workers=1), True, lambda c: ZERO_ONE
+    ),
+    "python": RewardKind(_function, needs_answer=False, reward_range=lambda c: None),
+    "model": RewardKind(_model, needs_answer=False, reward_range=_model_range),
 }
+
+
+def reward_kinds(cfg: RewardConfig) -> dict[str, float]:
+    """The kinds the run's reward sums, with their weights: `reward.components`, or `reward.kind`
+    alone with weight 1."""
+    return {str(k): float(v) for k, v in cfg.components.items()} if cfg.components else {cfg.kind: 1.0}
+
+
+def needs_answer(cfg: RewardConfig) -> bool:
+    """Whether a data row without a gold answer is a bad row: when any kind summed needs one."""
+    return any(REWARDS[k].needs_answer for k in reward_kinds(cfg))
+
+
+def _sum_range(cfg: RewardConfig) -> RewardRange | None:
+    """The range of sum(w x kind's reward) when every kind's range is known (else None)."""
+    low = high = 0.0
+    reached = True
+    for name, w in reward_kinds(cfg).items():
+        kind = REWARDS.get(name)
+        span = kind.reward_range(cfg) if kind is not None else None
+        if span is None:
+            return None
+        low += min(w * span.low, w * span.high)
+        high += max(w * span.low, w * span.high)
+        # a negative weight reaches its top at the kind's low end, which every range here attains
+        reached = reached and (span.high_reached or w < 0)
+    return RewardRange(low, high, reached)
+
+
+def unreachable_threshold(cfg: RewardConfig) -> str | None:
+    """The start-up line for a `reward.correct_at` that no reward of the chosen kind(s) can reach
+    (nothing is ever correct: nothing is stored or retires, reward/accuracy stays 0 and the delayed
+    start never fires), with the fix; None when it can be reached or the range is not known."""
+    span = _sum_range(cfg)
+    if span is None or span.reaches(cfg.correct_at):
+        return None
+    top = f"up to {span.high:g}" if span.high_reached else f"below {span.high:g}"
+    middle = (span.low + span.high) / 2
+    return (
+        f"reward.correct_at={cfg.correct_at:g} cannot be reached: {describe(cfg)} gives rewards {top}, so "
+        "no response will count as correct, nothing will be stored in or retired from the replay "
+        "buffer, and reward/accuracy will stay 0 (the delayed start never fires): set "
+        f"reward.correct_at to the reward a good answer reaches (e.g. reward.correct_at={middle:g})"
+    )
 
 
 def describe(cfg: RewardConfig) -> str:
     """How the run's messages name its reward."""
+    if cfg.components:
+        return "reward.components={" + ", ".join(f"{k}: {v:g}" for k, v in reward_kinds(cfg).items()) + "}"
     if cfg.kind == "python":
         return f"reward.function={cfg.function}"
     if cfg.kind == "model":
@@ -136,7 +212,10 @@ class Reward:
 
 
 def build_reward(cfg: RewardConfig, requires_think: bool, device: torch.device) -> Reward:
-    kind = REWARDS[cfg.kind]
-    return Reward(
-        kind.build(cfg, requires_think, device), cfg.correct_at, cfg.max_failed_steps, describe(cfg)
-    )
+    if cfg.components:  # several kinds: their weighted sum (reward/weighted.py)
+        weights = reward_kinds(cfg)
+        parts = {name: REWARDS[name].build(cfg, requires_think, device) for name in weights}
+        backend: Backend = WeightedReward(parts, weights)
+    else:
+        backend = REWARDS[cfg.kind].build(cfg, requires_think, device)
+    return Reward(backend, cfg.correct_at, cfg.max_failed_steps, describe(cfg))

@@ -5,8 +5,12 @@ Pure functions of the switch's state, for run/training.py to print:
 - `replay_status`: the live line's fragment while replay waits, e.g. "replay waits: acc 0.125 < 0.35";
 - `delayed_start_warning`: once, when replay has waited for a sizeable share of the run
   (WAIT_SHARE of the steps, at least MIN_WAIT_STEPS) and part of the run is still to come;
-- `replay_summary`: at the end, the step replay started at, or that it never did.
-With `replay.ratio=0` replay is off by choice: nothing is said.
+- `replay_summary`: at the end, the step replay started at, or that it never did;
+- `empty_buffer_warning`: once, at the same step as the delayed-start warning, when the buffer is
+  still empty because nothing has been correct (no reward has reached `reward.correct_at`), or
+  because nothing partly solved was stored although replay runs.
+With `replay.ratio=0` replay is off by choice: nothing is said. The start-up counterpart, for a
+threshold the reward kind provably cannot reach, is reward/stage.py's `unreachable_threshold`.
 """
 
 from __future__ import annotations
@@ -89,4 +93,40 @@ def replay_summary(
     return (
         f"replay never started: the fresh accuracy stayed below replay.start_threshold={threshold:g} "
         f"in all {last_step} steps, so this run was on-policy GRPO. To replay, {LOWER_HINT}"
+    )
+
+
+def empty_buffer_warning(
+    step: int,
+    total_steps: int,
+    ratio: float,
+    active: bool,
+    buffered: float | None,
+    top_reward: float | None,
+    correct_at: float,
+    warned: bool,
+) -> str | None:
+    """The one-time warning, at the end of `step` (when the delayed-start warning is due), that the
+    replay buffer is empty: `buffered` questions in it (None: no buffer), `top_reward` the highest
+    fresh reward of the run so far. When no reward has reached `correct_at`, nothing can be stored,
+    whatever the delayed start does: the warning names the threshold. When some have, it speaks
+    only once replay runs (`active`); before that the delayed-start warning says why."""
+    if warned or ratio <= 0 or buffered is None or buffered > 0:
+        return None
+    if step < warning_step(total_steps) or step >= total_steps:
+        return None
+    head = f"the replay buffer is still empty after {step} of {total_steps} steps"
+    if top_reward is not None and math.isfinite(top_reward) and top_reward < correct_at:
+        return (
+            f"{head}: no response has reached reward.correct_at={correct_at:g} (the highest reward so "
+            f"far: {top_reward:.4g}), so nothing is stored or retired, reward/accuracy stays 0 and "
+            "ExGRPO trains as on-policy GRPO. Set reward.correct_at to the reward a good answer "
+            f"reaches (here at most {top_reward:.4g})"
+        )
+    if not active:
+        return None
+    return (
+        f"{head} although replay runs: no group has been partly solved (some, not all, of its "
+        f"responses at or above reward.correct_at={correct_at:g}), so nothing is replayed. Check that "
+        "reward.correct_at separates good answers from the others"
     )

@@ -48,7 +48,7 @@ from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.replay.selection import QUESTION_SELECTION
 from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
-from exgrpo_cli.reward.stage import REWARDS, Reward, build_reward
+from exgrpo_cli.reward.stage import Reward, build_reward, needs_answer
 from exgrpo_cli.rollout import build_engine
 from exgrpo_cli.step.loop import Choices, Trainer
 from exgrpo_cli.step.state import RunState
@@ -173,7 +173,7 @@ def build_trainer(
     seed_everything(cfg.trainer.seed)
     # rank 0 first: a hub dataset or tokenizer is downloaded once, the other ranks read its copy
     train_qs, val_qs, report = parallel.main_first(
-        lambda: load_questions(cfg.data, answer_required=REWARDS[cfg.reward.kind].needs_answer)
+        lambda: load_questions(cfg.data, answer_required=needs_answer(cfg.reward))
     )
     if cfg.trainer.val_questions:
         val_qs = val_qs[: cfg.trainer.val_questions]

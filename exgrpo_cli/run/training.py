@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from exgrpo_cli.metrics.logger import resume_point
 from exgrpo_cli.parallel import fsdp as D
 from exgrpo_cli.parallel.placement import OFFLOAD_MODES
 from exgrpo_cli.parallel.sharding import DataParallel
+from exgrpo_cli.reward.stage import unreachable_threshold
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.run import notices, preempt
 from exgrpo_cli.run.lock import lock_run_dir
@@ -150,7 +152,8 @@ def _train_locked(
         st = trainer.state
         if parallel.is_main:
             st.wandb_id = logger.wandb_id
-        for w in warnings:
+        unreachable = unreachable_threshold(cfg.reward)  # nothing would ever count as correct
+        for w in [*warnings, *([unreachable] if unreachable else [])]:
             logger.print(f"warning: {w}")
         for line in skipped_rows_lines(report):
             logger.print(line)
@@ -240,6 +243,7 @@ def _loop(
 ) -> None:
     st, ranks, t = trainer.state, trainer.parallel, trainer.cfg.trainer
     switch, ratio, warned = st.switch, trainer.cfg.replay.ratio, False
+    top_reward, empty_warned = -math.inf, False  # the run's highest fresh reward (this process's)
     best = _Best(out / "checkpoints", st, ranks, t.best_metric) if t.keep_best else None
     with stop:
         for step in range(st.step + 1, t.steps + 1):
@@ -261,6 +265,20 @@ def _loop(
             if warning:  # once: replay has not started after a sizeable share of the run
                 logger.print(warning)
                 warned = True
+            top_reward = max(top_reward, metrics.get("reward/max", -math.inf))
+            empty = notices.empty_buffer_warning(
+                step,
+                t.steps,
+                ratio,
+                switch.active,
+                metrics.get("replay/buffer_questions"),
+                top_reward,
+                trainer.cfg.reward.correct_at,
+                empty_warned,
+            )
+            if empty:  # once: the buffer is empty, most likely from reward.correct_at
+                logger.print(empty)
+                empty_warned = True
             final.update({k: v for k, v in metrics.items() if k.startswith("val/")})
             give_up = st.skipped_in_a_row >= t.max_skipped_steps
             # a signal may reach one rank only: all ranks stop at the same step (and requeue or not)

@@ -14,6 +14,7 @@ parallelism stays inside the stages: each maps its work over the ranks through t
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -165,6 +166,7 @@ class Trainer:
         metrics |= self.watch.observe(step, metrics["rollout/logprob_diff_mean"])
         if cfg.replay.readmit_into == "batch":
             metrics["replay/readmitted_trained"] = float(len(readmitted))  # this step
+            metrics["replay/readmit_queue"] = float(len(st.readmit_queue))  # still waiting
         # the whole step's wall time (batch building and metrics included), not the stages' sum
         metrics["timing/step"] = time.perf_counter() - t_step
         return metrics
@@ -320,7 +322,7 @@ class Trainer:
         return update_order(self.parallel.mine(len(groups)), self.cfg.algo.updates_per_step, rng)
 
     def pi_old(self, batch: MixedBatch, plan: UpdatePlan) -> dict[int, list[float]]:
-        """docs/algorithm.md §5: pi_old's log-probs of the rows the later mini-batches train on
+        """docs/algorithm.md §4: pi_old's log-probs of the rows the later mini-batches train on
         (the first mini-batch's come with its own forward), before any optimizer step."""
         st = self.state
         return pi_old_logprobs(st.model, batch, plan, self.pad_id, self.parallel)
@@ -328,7 +330,7 @@ class Trainer:
     def update(
         self, batch: MixedBatch, advantages: torch.Tensor, plan: UpdatePlan, old: dict[int, list[float]]
     ) -> UpdateResult:
-        """docs/algorithm.md §5: the policy-gradient step(s) on this rank's batch, under the step's
+        """docs/algorithm.md §4: the policy-gradient step(s) on this rank's batch, under the step's
         `plan` (its engine check may stop the run before the first optimizer step)."""
         st = self.state
         return policy_update(st.model, st.optimizer, batch, advantages, plan, self.pad_id, self.parallel, old)
@@ -392,16 +394,18 @@ class Trainer:
             back = self.state.buffer.readmit(
                 p.readmit_retired_fraction, step_rng(self.cfg.trainer.seed, step, 3)
             )
-            if p.readmit_into == "batch":
-                self.state.readmit_queue.extend(back)
+            if p.readmit_into == "batch":  # the questions still waiting stay in fresh sampling only
+                self.state.readmit_queue = list(back)
 
     def take_readmitted(self, slots: int) -> list[Question]:
-        """The queued re-admitted questions this step trains: the first `slots` of the queue (the
-        rest wait for the next steps). They take the first fresh slots; the sampler fills the
+        """The queued re-admitted questions this step trains: the first `slots` of the queue, at most
+        `replay.readmit_batch_share` of the step's questions (the rest wait for the next steps, until
+        the next re-admission replaces the queue). They take the first fresh slots; the sampler fills the
         others (under data.draw=batch it still draws the step's full batch, and the rows the
         re-admitted questions displace are dropped, as those replay displaces). Being out of the
         retired set, a queued question can also come up in sampling once a new epoch starts, so a
         step may rarely hold it twice (two groups, each counted as the other fresh groups)."""
-        queue = self.state.readmit_queue
-        taken, self.state.readmit_queue = queue[: max(slots, 0)], queue[max(slots, 0) :]
+        cap = math.floor(self.cfg.replay.readmit_batch_share * self.cfg.algo.questions_per_step + 1e-9)
+        n, queue = max(min(slots, cap), 0), self.state.readmit_queue
+        taken, self.state.readmit_queue = queue[:n], queue[n:]
         return [self.questions[u] for u in taken]

@@ -161,7 +161,7 @@ def _minibatches(batch: MixedBatch, plan: UpdatePlan) -> list[list[int]]:
 def pi_old_logprobs(
     model: torch.nn.Module, batch: MixedBatch, plan: UpdatePlan, pad_id: int, parallel: DataParallel
 ) -> dict[int, list[float]]:
-    """pi_old (docs/algorithm.md §5): the log-probs, under the policy before the step's first
+    """pi_old (docs/algorithm.md §4): the log-probs, under the policy before the step's first
     optimizer step, of the rows of every mini-batch but the first (row -> per-token list). The
     first mini-batch needs none: its pi_old is the policy its own forward runs, whose log-probs
     the update records. A no-grad pass; a collective under FSDP (every rank calls it)."""

@@ -98,6 +98,22 @@ def test_range_checks() -> None:
             validate(cfg)
 
 
+def test_adapter_dropout_is_refused_in_training_only() -> None:
+    """Training forwards run in train mode: dropout would be in pi_old and the stored log-probs but
+    not in trajectory scoring, so `train` refuses it with one line; eval (eval mode) accepts it."""
+    from exgrpo_cli.config.checks import validate
+    from exgrpo_cli.config.schema import ConfigError
+
+    cfg = ExgrpoConfig()
+    cfg.model.lora = LoraConfig(rank=8, dropout=0.05)
+    with pytest.raises(ConfigError, match=r"invalid model.lora.dropout=0.05: allowed 0 when training") as err:
+        validate(cfg, "train")
+    assert "\n" not in str(err.value)
+    validate(cfg, "eval")
+    cfg.model.lora = LoraConfig(rank=8, dropout=0.0)
+    validate(cfg, "train")
+
+
 def test_merged_export_is_the_adapted_model(tiny_model: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -65,3 +65,41 @@ def test_buffer_under_reward_std_stores_correct_responses_in_the_std_bucket(tmp_
     with pytest.raises(ValueError):
         ExperienceBuffer(4, bucket_by="nope")
     assert np.array_equal(again.experiences("b")[0].response_ids, [7, 0])
+
+
+def _bucket_weights(buf: ExperienceBuffer, mu: float, sigma: float) -> dict[str, float]:
+    """Each buffered question's bucket weight: the Gaussian at its bucket's centre, what question
+    selection draws buckets by (before the normalisation, which keeps the order)."""
+    from exgrpo_cli.replay.selection import gaussian_weights
+
+    weights = gaussian_weights(buf.bucket_centres(), mu, sigma)
+    return {uid: weights[b] for b in range(buf.num_buckets) for uid in buf.questions_in_bucket(b)}
+
+
+def test_default_mu_under_reward_std_ranks_0_1_questions_as_count_does() -> None:
+    """0/1 rewards, K = 8, one step with every success count 0..8: under the default replay.mu the
+    reward_std buckets prefer the questions the count buckets prefer (medium accuracy first) and
+    never the reverse. With mu = 0.5 on the std scale (the default before issue 48) the order is
+    inverted: the 1-of-8 and 7-of-8 questions (std level 5) outweigh the 4-of-8 ones (level 8)."""
+    from exgrpo_cli.config.schema import ExgrpoConfig
+
+    K = 8
+    groups = [_group(f"k{k}", [1.0] * k + [0.0] * (K - k)) for k in range(K + 1)]
+    by_count, by_std = ExperienceBuffer(K), ExperienceBuffer(K, bucket_by="reward_std")
+    for buf in (by_count, by_std):
+        buf.observe_groups(groups, step=1, bounds=(0, K - 1), logprobs=None)
+    cfg = ExgrpoConfig()
+    count_w = _bucket_weights(by_count, cfg.replay.gaussian_mu(), cfg.replay.sigma)
+    cfg.replay.bucket_by = "reward_std"
+    std_w = _bucket_weights(by_std, cfg.replay.gaussian_mu(), cfg.replay.sigma)
+    assert sorted(count_w) == sorted(std_w) == [f"k{k}" for k in range(1, K)]
+
+    def inversions(w: dict[str, float]) -> list[tuple[str, str]]:
+        return [(a, b) for a in count_w for b in count_w if count_w[a] > count_w[b] and w[a] < w[b]]
+
+    assert inversions(std_w) == []
+    assert std_w["k4"] > std_w["k1"] and std_w["k3"] > std_w["k7"]  # it ranks, not only ties
+    old = _bucket_weights(by_std, 0.5, cfg.replay.sigma)  # mu 0.5 read on the std scale
+    assert old["k1"] > 10 * old["k4"] and len(inversions(old)) > 0
+    cfg.replay.mu = 0.5  # an explicit mu is taken as given under either rule
+    assert cfg.replay.gaussian_mu() == 0.5

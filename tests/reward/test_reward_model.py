@@ -78,6 +78,25 @@ def test_train_with_a_reward_model_runs_3_steps(reward_model: Path, tmp_path: Pa
     assert all(0.0 <= m["reward/accuracy"] <= 1.0 for m in steps)
 
 
+@pytest.mark.slow
+def test_a_sigmoid_reward_under_the_default_threshold_is_named_at_start_up(
+    reward_model: Path, tmp_path: Path
+) -> None:
+    """reward.model.normalise=sigmoid gives rewards in (0, 1): under the default reward.correct_at=1
+    nothing would ever be correct and replay would never act, so the run says so before step 1."""
+    run = tmp_path / "run"
+    res = run_cli(
+        ["train", "reward=model", f"reward.model.path={reward_model}", "reward.model.normalise=sigmoid",
+         "trainer.steps=1", f"hydra.run.dir={run}", *SMALL_RUN],
+        timeout=900,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout + res.stderr
+    (line,) = [x for x in out.splitlines() if "reward.correct_at=1 cannot be reached" in x]
+    assert "set reward.correct_at to the reward a good answer reaches" in line
+    assert out.index("cannot be reached") < out.index("training /")  # with the start-up lines
+
+
 def test_reward_model_path_that_is_no_model_exits_2(tmp_path: Path) -> None:
     res = run_cli(
         ["train", "reward=model", f"reward.model.path={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"]

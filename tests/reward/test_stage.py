@@ -84,6 +84,30 @@ def test_registry_says_which_kinds_need_an_answer() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        ({"kind": "model", "normalise": "sigmoid"}, True),  # in (0, 1): 1.0 is never reached
+        ({"kind": "model", "normalise": "sigmoid", "correct_at": 0.5}, False),
+        ({"kind": "model", "normalise": "none"}, False),  # raw logits: range unknown
+        ({"kind": "math"}, False),  # 0/1: 1.0 is reached
+        ({"kind": "choice", "correct_at": 1.5}, True),
+        ({"kind": "python", "correct_at": 1e9}, False),  # a function: range unknown
+    ],
+)
+def test_a_threshold_the_kind_cannot_reach_is_named_at_start_up(overrides: dict, said: bool) -> None:
+    from exgrpo_cli.config.schema import RewardConfig, RewardModelConfig
+    from exgrpo_cli.reward.stage import unreachable_threshold
+
+    cfg = RewardConfig(kind=overrides["kind"], correct_at=overrides.get("correct_at", 1.0))
+    cfg.model = RewardModelConfig(normalise=overrides.get("normalise", "none"))
+    line = unreachable_threshold(cfg)
+    assert (line is not None) == said
+    if line is not None:
+        assert "\n" not in line and line.startswith(f"reward.correct_at={cfg.correct_at:g} cannot be reached")
+        assert line.endswith("(e.g. reward.correct_at=0.5)")  # the fix, inside the range
+
+
 def test_the_threshold_decides_all_four_places_alike() -> None:
     """Retirement, buckets and solved_all/none (Group.num_correct), what the buffer stores
     (storable), val/pass@n and eval's scores all read the one reward.correct_at."""

@@ -10,6 +10,7 @@ from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.run.notices import (
     MIN_WAIT_STEPS,
     delayed_start_warning,
+    empty_buffer_warning,
     replay_status,
     replay_summary,
     warning_step,
@@ -151,3 +152,41 @@ def test_a_run_of_the_real_switch_says_each_thing_once() -> None:
         "replay: started at step 30 (the fresh accuracy reached replay.start_threshold=0.35); "
         "experiences replayed from step 31"
     )
+
+
+# ----------------------------------------------------------------------------- the empty buffer
+
+
+def _empty_buffer_said(
+    total: int, top: float, correct_at: float = 1.0, active: bool = True, buffered: float | None = 0.0
+) -> list[tuple[int, str]]:
+    said, warned = [], False
+    for step in range(1, total + 1):
+        msg = empty_buffer_warning(step, total, 0.5, active, buffered, top, correct_at, warned)
+        if msg is not None:
+            said.append((step, msg))
+            warned = True
+    return said
+
+
+def test_an_empty_buffer_under_an_unreached_threshold_is_said_once_with_the_fix() -> None:
+    """reward=model with sigmoid scores (< 1) under reward.correct_at=1: nothing is ever correct, so
+    the buffer stays empty whether or not the delayed start fired; the run says so once."""
+    for active in (False, True):
+        ((step, msg),) = _empty_buffer_said(60, top=0.93, active=active)
+        assert step == warning_step(60) == 20
+        assert "no response has reached reward.correct_at=1 (the highest reward so far: 0.93)" in msg
+        assert msg.endswith("Set reward.correct_at to the reward a good answer reaches (here at most 0.93)")
+
+
+def test_an_empty_buffer_with_correct_responses_is_said_only_once_replay_runs() -> None:
+    assert _empty_buffer_said(60, top=1.0, active=False) == []  # the delayed-start warning speaks
+    ((_, msg),) = _empty_buffer_said(60, top=1.0, active=True)
+    assert "although replay runs" in msg and "reward.correct_at=1" in msg
+
+
+def test_no_empty_buffer_warning_with_a_buffer_or_with_replay_off() -> None:
+    assert _empty_buffer_said(60, top=0.5, buffered=3.0) == []
+    assert _empty_buffer_said(60, top=0.5, buffered=None) == []  # no buffer: replay disabled
+    assert empty_buffer_warning(30, 60, 0.0, False, 0.0, 0.5, 1.0, False) is None  # ratio 0
+    assert _empty_buffer_said(10, top=0.5) == []  # a short run: nothing left to change

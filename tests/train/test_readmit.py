@@ -46,6 +46,24 @@ def test_readmit_into_batch_queues_them_for_the_next_steps_first_fresh_slots() -
     assert [q.uid for q in t.take_readmitted(5)] == back[1:] and t.state.readmit_queue == []
 
 
+def test_readmitted_questions_take_at_most_their_share_of_the_batch() -> None:
+    """replay.readmit_batch_share caps the re-admitted questions a step trains (ours: the paper's
+    App. E.4 gives no queue); the rest wait, and a new re-admission replaces what still waits
+    (those questions stay in fresh sampling: they left the retired set)."""
+    t = _trainer("batch")
+    t.cfg.algo.questions_per_step, t.cfg.replay.readmit_batch_share = 4, 0.25  # at most 1 a step
+    t.state.readmit_queue = ["p0", "p1", "p2"]
+    assert [q.uid for q in t.take_readmitted(4)] == ["p0"]  # 4 fresh slots, the cap is 1
+    assert t.state.readmit_queue == ["p1", "p2"]
+    t.cfg.replay.readmit_batch_share = 0.0
+    assert t.take_readmitted(4) == [] and t.state.readmit_queue == ["p1", "p2"]
+    t.maybe_readmit(2)  # half of p0..p3 leave the retired set: they replace the queue
+    back = list(t.state.readmit_queue)
+    assert len(back) == 2 and not any(t.state.buffer.is_retired(u) for u in back)
+    t.cfg.replay.readmit_batch_share = 1.0
+    assert [q.uid for q in t.take_readmitted(4)] == back  # the whole batch may be re-admitted
+
+
 def test_readmit_into_sampling_queues_nothing() -> None:
     t = _trainer("sampling")
     t.maybe_readmit(2)
@@ -75,3 +93,5 @@ def test_a_run_trains_the_readmitted_questions_in_the_step_after(tmp_path: Path)
     assert readmitted[4] > 0, readmitted
     trained = [rows[s]["replay/readmitted_trained"] for s in (1, 2, 3, 4, 5, 6)]
     assert trained[0] == trained[1] == 0 and trained[2] + trained[4] > 0, trained
+    # replay.readmit_batch_share 0.25 of 4 questions: at most one a step; the queue is logged
+    assert max(trained) <= 1 and all("replay/readmit_queue" in rows[s] for s in rows if s), trained
