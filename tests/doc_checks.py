@@ -97,6 +97,9 @@ COMMANDS: dict[str, Check] = {
         ELSEWHERE, "tests/test_cli_help.py", needle="config.reference import PAGE, render"
     ),
     "python3 scripts/gpu_check.py": C(SCRIPT, "needs a GPU"),
+    "scripts/gpu_check_lent.sh $OUT": C(
+        ELSEWHERE, "tests/test_gpu_check_report.py", needle="gpu_check_lent.sh"
+    ),
     ".venv/bin/python scripts/gpu_check.py --dry-run": C(
         ELSEWHERE, "tests/test_gpu_check_dry.py", needle='"--dry-run"'
     ),

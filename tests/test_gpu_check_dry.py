@@ -183,7 +183,8 @@ def test_dry_run_passes_every_section(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert report["mode"] == "dry-run" and report["ok"]
     sections = report["sections"]
-    assert list(sections) == ["update", "generate", "pytest", "vllm"]
+    assert list(sections) == ["update", "pinned", "generate", "pytest", "vllm"]
+    assert report["complete"] and sections["pinned"]["status"] == "not proven"  # needs CUDA
 
     update = sections["update"]
     assert update["status"] == "ok" and update["checks"] and all(update["checks"].values())
@@ -195,6 +196,8 @@ def test_dry_run_passes_every_section(tmp_path: Path) -> None:
     }
     assert update["host_need_bytes"] <= 0.9 * update["host_available_bytes"]
     assert update["gpu_run_plan"]["fits"]
+    assert update["gpu_run_plan"]["terms"]["torch workspaces, inputs (assumed)"]["step"] == GiB // 4
+    assert update["host_bytes"] == 128 * GiB and update["host_mem_total_bytes"] > 0  # the lent host
     assert update["offload"] == update["gpu_run_offload"]
     assert update["optimizer"] == ("HostAdamW" if update["offload"] == "optimizer" else "AdamW")
     assert update["params"] == update["plan_params"]
@@ -214,12 +217,12 @@ def test_dry_run_passes_every_section(tmp_path: Path) -> None:
     assert vllm["status"] in ("ok", "not proven"), vllm
     if vllm["status"] == "not proven":
         assert "vllm is not importable" in vllm["reason"]
-        assert report["not_proven"] == ["vllm"] and "| vllm | not proven |" in proc.stdout
-        assert "PASSED, but NOT PROVEN: vllm (vllm: vllm is not importable" in proc.stdout
+        assert report["not_proven"] == ["pinned", "vllm"] and "| vllm | not proven |" in proc.stdout
+        assert "PASSED, but NOT PROVEN: pinned, vllm (pinned: pinned host memory needs CUDA" in proc.stdout
         assert "(proven: update, generate, pytest)" in proc.stdout
     else:
         assert (
-            report["not_proven"] == [] and "; PASSED (proven: update, generate, pytest, vllm);" in proc.stdout
+            report["not_proven"] == ["pinned"] and "(proven: update, generate, pytest, vllm);" in proc.stdout
         )
     assert "| update | ok |" in proc.stdout
 
