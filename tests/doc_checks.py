@@ -97,6 +97,10 @@ COMMANDS: dict[str, Check] = {
         ELSEWHERE, "tests/test_cli_help.py", needle="config.reference import PAGE, render"
     ),
     "python3 scripts/gpu_check.py": C(SCRIPT, "needs a GPU"),
+    "python3 scripts/gpu_check.py --render <report>": C(
+        ELSEWHERE, "tests/test_gpu_check_report.py", needle="render_file(out)"
+    ),
+    "scripts/gpu_check_lent.sh $OUT --only update --budget-s 180": C(SCRIPT, "needs a GPU"),
     "scripts/gpu_check_lent.sh $OUT": C(
         ELSEWHERE, "tests/test_gpu_check_report.py", needle="gpu_check_lent.sh"
     ),
