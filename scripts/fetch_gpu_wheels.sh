@@ -4,7 +4,8 @@
 # hydra-core, omegaconf, antlr4-python3-runtime 4.9.3 (an sdist only on PyPI: built into a wheel
 # here), math-verify and its parser latex2sympy2_extended, peft (model.lora) and accelerate, which
 # peft requires (their other requirements, psutil, pyyaml, tqdm and huggingface_hub, come with
-# transformers and vLLM); safetensors only when the GPU machine's
+# transformers and vLLM; gpu_check.py unpacks only the wheels of modules the machine lacks, so that
+# none shadows the image's own); safetensors only when the GPU machine's
 # transformers does not bring it (SAFETENSORS=1: a binary wheel for this platform and Python).
 # The versions are the ones installed in the Python that runs this (.venv by default: the tested
 # ones). Run where PyPI is reachable, then carry the folder with the checkout (it is git-ignored);

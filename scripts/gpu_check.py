@@ -26,6 +26,9 @@ next one still runs. Each writes what it has measured as it goes, so a timeout k
             (allocated and reserved against the plan's phase), and tokens/s.
   generate  exgrpo's HF engine (rollout/hf.py) on the same wrapped model: 8 prompts x 256 new
             tokens after a short warm-up call; tokens/s.
+  pinned    (gpu_check_pinned.py) whether PYTORCH_CUDA_ALLOC_CONF=pinned_max_cached_size_mb:256
+            stops torch's caching host allocator rounding large pinned blocks up to powers of two,
+            probed in two fresh processes; recorded, not yet used by the plan.
   pytest    `pytest -m gpu -q`: the gpu-marked tests.
   vllm      only where `vllm` imports (else reported as not proven): a randomly initialised small
             Qwen2 loaded and wrapped like the trainer's, a `VLLMEngine.from_config` engine synced
@@ -36,7 +39,9 @@ next one still runs. Each writes what it has measured as it goes, so a timeout k
             generate, sync_weights, and sleep / wake_up where the engine has them.
 
 The report goes to --out (default $OUT/gpu_check.json when $OUT is set, else
-outputs/gpu_check.json), with a table on stdout; exit 0 when every section passed (a section
+outputs/gpu_check.json), rewritten after every section (a section in flight writes its numbers to
+<report>.<section>.partial.json beside it; `--render REPORT` prints any report's table and
+verdict), with a table on stdout; exit 0 when every section passed (a section
 that could not run here (vllm absent) is reported as "not proven" and named in the verdict, never
 counted as proven; one left out for lack of time fails the check).
 
@@ -75,14 +80,15 @@ from pathlib import Path
 from typing import Any
 
 # siblings in scripts/, on sys.path as this script's own folder
-from gpu_check_context import DRY, GPU, REPO, Context, child_env, gib
+from gpu_check_context import DRY, GPU, REPO, Context, child_env
+from gpu_check_pinned import section_pinned
+from gpu_check_report import SECTIONS, conclude, render, render_file, verdict, write_report
 from gpu_check_sections import section_generate, section_pytest, section_update
 from gpu_check_vllm import section_vllm
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SECTIONS = ("update", "generate", "pytest", "vllm")
 # what the check imports, directly or through exgrpo_cli (the wheels of gpu-wheels/ bring the
 # pure-Python ones the GPU machine lacks)
 MODULES = (
@@ -108,21 +114,34 @@ def missing_modules() -> list[str]:
     return [m for m in MODULES if importlib.util.find_spec(m) is None]
 
 
+def wheel_modules(wheel: Path) -> set[str]:
+    """The top-level modules a wheel installs (its first path components, less its metadata)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        tops = {n.split("/", 1)[0] for n in z.namelist()}
+    return {t.removesuffix(".py") for t in tops if not t.endswith((".dist-info", ".data"))}
+
+
 def with_wheels(args: argparse.Namespace) -> int | None:
-    """When modules are missing and the wheel folder has wheels: unpack them (pure Python: a wheel
-    is a zip of its files) into a temporary folder and run this script again with it on
-    PYTHONPATH; that run's exit code. None: nothing to add (or nothing to add it from)."""
+    """When modules are missing and the wheel folder has wheels: unpack the wheels that bring a
+    missing module (pure Python: a wheel is a zip of its files) into a temporary folder and run
+    this script again with it on PYTHONPATH; that run's exit code. A wheel of a module the machine
+    has already (peft and accelerate come with some GPU images; the check needs neither) is left
+    packed: on PYTHONPATH it would shadow the machine's own. None: nothing to add."""
     folder = args.wheels or REPO / "gpu-wheels"
-    wheels = sorted(Path(folder).glob("*.whl"))
-    if not missing_modules() or not wheels or os.environ.get("EXGRPO_GPU_CHECK_SITE"):
+    missing = set(missing_modules())
+    needed = [w for w in sorted(Path(folder).glob("*.whl")) if wheel_modules(w) & missing]
+    if not needed or os.environ.get("EXGRPO_GPU_CHECK_SITE"):
         return None
     import zipfile
 
     site = tempfile.mkdtemp(prefix="exgrpo-gpu-site-")
-    for wheel in wheels:
+    for wheel in needed:
         with zipfile.ZipFile(wheel) as z:
             z.extractall(site)
-    print(f"# {len(wheels)} wheels from {folder} unpacked into {site}", flush=True)
+    names = ", ".join(w.name.split("-")[0] for w in needed)
+    print(f"# {len(needed)} wheels from {folder} unpacked into {site} ({names})", flush=True)
     path = os.pathsep.join(p for p in (str(REPO), site, os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, PYTHONPATH=path, EXGRPO_GPU_CHECK_SITE=site)
     return subprocess.call([sys.executable, *sys.argv], env=env)
@@ -148,13 +167,15 @@ def kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_section(name: str, args: argparse.Namespace, limit: float) -> dict[str, Any]:
-    """One section in its own process (and session), its output streamed with a prefix."""
-    fd, result_name = tempfile.mkstemp(prefix=f"gpu-check-{name}-", suffix=".json")
-    os.close(fd)
-    result = Path(result_name)
+def run_section(name: str, args: argparse.Namespace, limit: float, out: Path) -> dict[str, Any]:
+    """One section in its own process (and session), its output streamed with a prefix. The worker
+    writes what it has measured as it goes to <report>.<section>.partial.json beside the report:
+    a check cut off mid-section (a lease that ends) still leaves those numbers there."""
+    result = out.with_name(f"{out.stem}.{name}.partial.json")
+    result.write_text("{}")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--section", name, "--result", str(result)]
-    cmd += ["--offload", args.offload, "--device-gib", str(args.device_gib), "--host-gib", str(args.host_gib)]
+    cmd += ["--offload", args.offload, "--device-gib", str(args.device_gib)]
+    cmd += ["--host-gib", str(args.host_gib)] if args.host_gib is not None else []
     cmd += ["--dry-run"] if args.dry_run else []
     t0 = time.monotonic()
     proc = subprocess.Popen(
@@ -221,9 +242,13 @@ def orchestrate(args: argparse.Namespace) -> int:
         "python": sys.version.split()[0],
         "missing_modules": missing_modules(),
         "budget_s": budget,
+        "planned": list(args.only or SECTIONS),
         "sections": {},
     }
     out = args.out or default_out(args.dry_run)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    conclude(report, done=False)
+    write_report(out, report)  # a run cut before its first section still says what it was
     print(
         f"# gpu_check ({report['mode']}): sections {', '.join(args.only or SECTIONS)}; budget {budget:.0f} s"
     )
@@ -249,84 +274,19 @@ def orchestrate(args: argparse.Namespace) -> int:
             }
         else:
             print(f"# {name} (limit {limit:.0f} s)", flush=True)
-            res = run_section(name, args, limit)
+            res = run_section(name, args, limit, out)
         report["sections"][name] = res
         print(f"# {name}: {res['status']}" + (f" ({res['reason']})" if res.get("reason") else ""), flush=True)
+        report["total_s"] = time.monotonic() - t0
+        conclude(report, done=False)
+        write_report(out, report)  # after every section: a check cut at its time limit keeps them
     report["total_s"] = time.monotonic() - t0
-    # passed: nothing failed, timed out or left out; what could not run here (vLLM absent) is
-    # listed as not proven, never counted as passed
-    report["ok"] = all(r["status"] in ("ok", "not proven") for r in report["sections"].values())
-    report["not_proven"] = [n for n, r in report["sections"].items() if r["status"] == "not proven"]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    conclude(report, done=True)
+    write_report(out, report)
     print()
     print(render(report))
     print(f"\ntotal {report['total_s']:.0f} s; {verdict(report)}; wrote {out}")
     return 0 if report["ok"] else 1
-
-
-def verdict(report: dict[str, Any]) -> str:
-    """One line: PASSED or FAILED, what was proven (the sections that passed) and what not."""
-    sections = report["sections"]
-    proven = [n for n, r in sections.items() if r["status"] == "ok"]
-    tail = f" (proven: {', '.join(proven) or 'nothing'})"
-    if not report["ok"]:
-        bad = [f"{n} {r['status']}" for n, r in sections.items() if r["status"] not in ("ok", "not proven")]
-        return f"FAILED: {', '.join(bad)}{tail}"
-    missing = report["not_proven"]
-    if not missing:
-        return "PASSED" + tail
-    why = "; ".join(f"{n}: {sections[n].get('reason', '')}" for n in missing)
-    return f"PASSED, but NOT PROVEN: {', '.join(missing)} ({why}){tail}"
-
-
-def summary(name: str, r: dict[str, Any]) -> str:
-    """One line of a section's figures for the table."""
-    if r.get("status") in ("not run", "not proven"):
-        return str(r.get("reason", ""))
-    if r.get("error"):
-        return "error: " + str(r["error"]).strip().splitlines()[-1]
-    parts: list[str] = []
-    if name == "update" and "updates" in r:
-        last = r["updates"][-1]
-        parts.append(f"{r.get('gpu_run_layers', '?')} of 7B's 28 layers, offload={r.get('offload')}")
-        if r.get("plan_update_bytes"):
-            ratio = r["peak_bytes"] / r["plan_update_bytes"]
-            parts.append(
-                f"peak {gib(r['peak_bytes'])} vs plan {gib(r['plan_update_bytes'])} ({ratio:.2f} of it)"
-            )
-        parts.append(f"{last['tokens_per_s']:,.0f} tokens/s ({last['seconds']:.3g} s/update)")
-    elif name == "generate" and "tokens_per_s" in r:
-        parts.append(f"{r['tokens']} tokens, {r['tokens_per_s']:,.1f} tokens/s")
-    elif name == "pytest":
-        parts.append(r.get("summary", ""))
-    elif name == "vllm" and "diff_synced" in r:
-        parts.append(
-            f"mean abs log-prob diff: synced {r['diff_synced']:.4f}, "
-            f"stale {r.get('diff_stale', float('nan')):.4f}, "
-            f"fresh {r.get('diff_fresh', float('nan')):.4f}"
-        )
-        if r.get("freed_bytes") is not None:
-            parts.append(f"sleep freed {gib(r['freed_bytes'])} (KV share {gib(r['kv_share_bytes'])})")
-        if "vllm_tokens_per_s" in r:
-            parts.append(f"{r['vllm_tokens_per_s']:,.0f} vs HF {r.get('hf_tokens_per_s', 0):,.0f} tokens/s")
-    failed = [k for k, ok in r.get("checks", {}).items() if not ok]
-    if failed:
-        parts.append("FAILED: " + ", ".join(failed))
-    if r.get("reason") and r.get("status") != "ok":
-        parts.append(r["reason"])
-    return "; ".join(parts)
-
-
-def render(report: dict[str, Any]) -> str:
-    rows = ["| section | status | s | result |", "|---|---|---|---|"]
-    for name, r in report["sections"].items():
-        rows.append(f"| {name} | {r['status']} | {r.get('seconds', 0):.0f} | {summary(name, r)} |")
-    head = f"gpu_check ({report['mode']})"
-    first = next(iter(report["sections"].values()), {})
-    if first.get("device"):
-        head += f" on {first['device']}"
-    return head + "\n" + "\n".join(rows)
 
 
 # ============================================================================ a section's worker
@@ -335,6 +295,7 @@ SECTION_FUNCS: dict[str, Callable[[Context], None]] = {
     "generate": section_generate,
     "pytest": section_pytest,
     "vllm": section_vllm,
+    "pinned": section_pinned,
 }
 
 
@@ -376,13 +337,18 @@ def main() -> int:
     p.add_argument(
         "--host-gib",
         type=float,
-        default=128.0,
-        help="a dry run's planned host memory (the lent machines': 128); a GPU run reads MemAvailable",
+        help="the host memory the run is sized for (the machine's size; default: MemAvailable on a "
+        "GPU, 128 on a dry run, the lent machines')",
     )
     p.add_argument("--wheels", type=Path, help="pure-Python wheels for missing modules (default gpu-wheels/)")
+    p.add_argument(
+        "--render", type=Path, metavar="REPORT", help="print a report's table and verdict, and exit"
+    )
     p.add_argument("--section", choices=SECTIONS, help=argparse.SUPPRESS)  # a worker process
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.render:
+        return render_file(args.render)
     if args.section:
         return worker(args)
     again = with_wheels(args)

@@ -84,7 +84,7 @@ GPU = Sizes(
     vllm_prompts=16,
     vllm_new_tokens=256,
     budget_s=450.0,
-    limits_s={"update": 240.0, "generate": 120.0, "pytest": 240.0, "vllm": 180.0},
+    limits_s={"update": 240.0, "generate": 120.0, "pytest": 240.0, "vllm": 180.0, "pinned": 60.0},
     min_section_s=30.0,
 )
 DRY = Sizes(
@@ -101,7 +101,7 @@ DRY = Sizes(
     vllm_prompts=4,
     vllm_new_tokens=16,
     budget_s=300.0,
-    limits_s={"update": 90.0, "generate": 60.0, "pytest": 90.0, "vllm": 150.0},
+    limits_s={"update": 90.0, "generate": 60.0, "pytest": 90.0, "vllm": 150.0, "pinned": 30.0},
 )
 
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 GiB = 2**30
 HOST_SHARE = 0.9  # of the host's available memory: the rest for the page cache and the OS
+DRY_HOST_GIB = 128.0  # a dry run's host without --host-gib: the lent machines'
 LAYER_COUNTS = (28, 24, 20, 16, 12, 8, 4, 2)  # the 7B's decoder layers, then fewer
 # the lent machines (torch's total_memory of the GPU, the host's memory), both planned by the dry run
 MACHINES = {"H100 80GB": (79.1, 128.0), "H200 141GB": (139.8, 128.0)}

@@ -27,6 +27,7 @@ from gpu_check_context import (
     sampling_prompts,
 )
 from gpu_check_plan import (
+    DRY_HOST_GIB,
     HOST_SHARE,
     Choice,
     GiB,
@@ -50,30 +51,58 @@ if TYPE_CHECKING:
 
 
 # ============================================================================ the update's helpers
+def host_size(ctx: Context) -> int:
+    """The host memory the GPU run is sized and guarded for: --host-gib when given (the machine's
+    size: on a VM whose memory grows after boot, MemAvailable at the start says less than the run
+    will have), else MemAvailable now; a dry run without --host-gib plans the lent machines' 128
+    GiB. MemTotal and MemAvailable go into the report either way."""
+    from exgrpo_cli.host import MEMINFO, proc_bytes
+
+    total, available = proc_bytes(MEMINFO, "MemTotal"), proc_bytes(MEMINFO, "MemAvailable")
+    given = ctx.args.host_gib
+    if given is not None:
+        size, source = int(given * GiB), "--host-gib"
+    elif ctx.dry:
+        size, source = int(DRY_HOST_GIB * GiB), f"the dry run's default, {DRY_HOST_GIB:g} GiB"
+    else:
+        size, source = available_host_bytes(), "MemAvailable"
+    ctx.record(
+        host_mem_total_bytes=total, host_mem_available_bytes=available, host_bytes=size, host_source=source
+    )
+    return size
+
+
 def gpu_run_choice(ctx: Context) -> Choice:
-    """The GPU run's shape and offload (gpu_check_plan.choose_run) for this device and the host's
-    available memory; a dry run plans the device and host of --device-gib and --host-gib (its toy
-    model then applies the offload mode)."""
+    """The GPU run's shape and offload (gpu_check_plan.choose_run) for this device and the host
+    (`host_size`); a dry run plans the device of --device-gib (its toy model then applies the
+    offload mode)."""
     import torch
 
     from exgrpo_cli.policy.model import attn_implementation
 
     impl = attn_implementation("auto", torch.device("cuda"))  # flash_attn installed or not
-    host = int(ctx.args.host_gib * GiB) if ctx.dry else available_host_bytes()
-    return choose_run(ctx.device_bytes, host, attention_kind(impl), ctx.args.offload)
+    return choose_run(ctx.device_bytes, host_size(ctx), attention_kind(impl), ctx.args.offload)
 
 
 def guard_host(ctx: Context, need: int) -> None:
     """Stop before building when the offloaded state (as torch pins it) and the process would not
-    fit the host's available memory: pinning past it would swap or wake the OOM killer."""
-    available = available_host_bytes() if not ctx.dry else int(ctx.args.host_gib * GiB)
-    ctx.record(host_need_bytes=need, host_available_bytes=available)
-    fits = need <= HOST_SHARE * available
+    fit the host (`host_size`): pinning past it would swap or wake the OOM killer. A host size
+    given by --host-gib above what is available now is said on stdout, not refused."""
+    host = host_size(ctx)
+    ctx.record(host_need_bytes=need, host_available_bytes=host)
+    fits = need <= HOST_SHARE * host
     ctx.check("host memory holds the offloaded state", fits)
+    now = ctx.result.get("host_mem_available_bytes")
+    if fits and now and need > HOST_SHARE * now and not ctx.dry:  # a dry run's toy pins nothing of it
+        print(
+            f"warning: the update pins {gib(need)}, over 90% of the {gib(now)} available now "
+            f"(sized for {ctx.result['host_source']}: {gib(host)})",
+            flush=True,
+        )
     if not fits:
         raise MemoryError(
-            f"offload={ctx.result.get('offload')} needs {gib(need)} of host memory with {gib(available)} "
-            "available: the update is not run"
+            f"offload={ctx.result.get('offload')} needs {gib(need)} of host memory with {gib(host)} "
+            f"({ctx.result['host_source']}): the update is not run"
         )
 
 
@@ -146,6 +175,7 @@ def section_update(ctx: Context) -> None:
         gpu_run_params=gpu_plan.arch.params,
         gpu_run_choice=choice.record(),
     )
+    print(plan_rows(gpu_plan), flush=True)
     ctx.check("the GPU run's shape and offload fit the device and the host", choice.fits)
     if ctx.dry:  # the lent machines' limits, simulated: each must get a configuration that fits
         kinds = machines()
@@ -240,6 +270,19 @@ def measure_phases(ctx: Context, optimizer: torch.optim.Optimizer) -> dict[str, 
 
     optimizer.step = measured_step  # type: ignore[method-assign]
     return phases
+
+
+def plan_rows(plan: Plan) -> str:
+    """The chosen plan's terms in the update's phases, GiB, as a small table (stdout)."""
+    from exgrpo_cli.plan.memory import BACKWARD, BWD_END, STEP
+
+    lines = [f"  {'plan, GiB per GPU':<40}{'backward':>10}{'bwd end':>10}{'step':>10}"]
+    for t in plan.terms:
+        if any(t.bytes[p] for p in (BACKWARD, BWD_END, STEP)):
+            lines.append(
+                f"  {t.name:<40}" + "".join(f"{t.bytes[p] / GiB:>10.2f}" for p in (BACKWARD, BWD_END, STEP))
+            )
+    return "\n".join(lines)
 
 
 def check_phases(ctx: Context, plan: Plan, updates: list[dict[str, Any]]) -> None:

@@ -100,6 +100,13 @@ COMMANDS: dict[str, Check] = {
         ELSEWHERE, "tests/commands/test_variant_names.py", needle="main([]) == 0"
     ),
     "python3 scripts/gpu_check.py": C(SCRIPT, "needs a GPU"),
+    "python3 scripts/gpu_check.py --render <report>": C(
+        ELSEWHERE, "tests/test_gpu_check_report.py", needle="render_file(out)"
+    ),
+    "scripts/gpu_check_lent.sh $OUT --only update --budget-s 180": C(SCRIPT, "needs a GPU"),
+    "scripts/gpu_check_lent.sh $OUT": C(
+        ELSEWHERE, "tests/test_gpu_check_report.py", needle="gpu_check_lent.sh"
+    ),
     ".venv/bin/python scripts/gpu_check.py --dry-run": C(
         ELSEWHERE, "tests/test_gpu_check_dry.py", needle='"--dry-run"'
     ),

@@ -12,7 +12,9 @@ here calls). Per rank:
   offloaded state   offload=optimizer: HostAdamW's one pinned buffer of both fp32 moments of the
                     rank's shard, 8 P/N bytes, rounded up once; offload=all: FSDP2 pins each
                     parameter's shard and each gradient's shard (w bytes an element, every tensor
-                    rounded up on its own) and AdamW's moments stay pageable (2 w P/N, no rounding)
+                    rounded up on its own) and AdamW's moments stay pageable (2 w P/N, no rounding);
+                    with LoRA (`lora_offload_terms`) the same for the adapter's A/N parameters only,
+                    plus the frozen base's shards in the compute dtype under offload=all
   level-1 backups   rollout.validation_sleep_level=1 (vLLM on CUDA with rollout.sleep_mode): after
                     validation vLLM's sleep copies each memory block of its weights into a pinned
                     host tensor of the block's size; the next wake copies them back and frees the
@@ -21,7 +23,10 @@ here calls). Per rank:
                     tensor over 10 MiB in a segment of its own rounded up to 2 MiB, tensors of
                     1-10 MiB sharing 20 MiB segments, smaller ones 2 MiB segments (`cuda_segments`)
   process           PROCESS_BYTES (assumed, not measured): Python, torch and CUDA's host side,
-                    NCCL's and vLLM's host buffers
+                    NCCL's and vLLM's host buffers, among them what a level-2 sleep still pins:
+                    vLLM's sleep allocator backs up its small pool outside the weights and the KV
+                    cache (the runtime's own allocations) to pinned host memory at every sleep,
+                    level 2 included (level 2 drops the weights, not that pool)
 and once per node, at start-up only: rank 0 reads the checkpoint into host memory in model.dtype
 (P w; the other ranks receive their shards), before any level-1 backup exists. A node's figure is
 the larger of start-up and the steady state.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import exgrpo_cli.plan.lora as lora
 from exgrpo_cli.parallel.placement import Offload
 from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.settings import PlanInputs, ceil_div
@@ -143,10 +149,32 @@ def offload_terms(arch: Arch, ranks: int, weight_bytes: int, mode: Offload) -> l
     return []
 
 
+def lora_offload_terms(arch: Arch, x: PlanInputs) -> list[HostTerm]:
+    """The offloaded state of one rank that trains a LoRA adapter (plan/lora.py): the optimizer
+    holds the adapter's parameters only. offload=optimizer: HostAdamW's one pinned buffer of the
+    adapter's two fp32 moments (8 A/N, rounded up once); offload=all: FSDP2 pins every shard, the
+    frozen base's in the compute dtype (no gradient) and the adapter's in w with their gradients,
+    each tensor rounded up on its own, and AdamW's moments of the adapter stay pageable."""
+    adapter = [ceil_div(n, x.ranks) for n in lora.adapter_tensors(arch, x.lora_rank, x.lora_targets)]
+    if x.offload.params_on_host:
+        base = sum(pow2(x.compute_bytes * ceil_div(n, x.ranks)) for n in hf_tensors(arch))
+        pinned = base + 2 * sum(pow2(x.weight_bytes * n) for n in adapter)
+        return [
+            HostTerm("frozen base + adapter, its gradients (pinned shards)", pinned),
+            HostTerm("adapter AdamW moments (pageable)", 2 * x.weight_bytes * sum(adapter)),
+        ]
+    if x.offload.host_adamw:
+        return [HostTerm("HostAdamW adapter moments (one pinned buffer)", pow2(8 * sum(adapter)))]
+    return []
+
+
 def plan_host(arch: Arch, x: PlanInputs) -> HostPlan:
     """Host memory per node of a GPU run of `x.ranks` ranks, `x.ranks_per_node` to a node."""
     per_node = max(1, min(x.ranks_per_node or x.ranks, x.ranks))
-    terms = offload_terms(arch, x.ranks, x.weight_bytes, x.offload)
+    if x.lora_rank:
+        terms = lora_offload_terms(arch, x)
+    else:
+        terms = offload_terms(arch, x.ranks, x.weight_bytes, x.offload)
     if x.level1_backups:
         terms.append(
             HostTerm(

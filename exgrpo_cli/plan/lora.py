@@ -54,6 +54,14 @@ def adapter_params(arch: Arch, rank: int, targets: tuple[str, ...]) -> int:
     )
 
 
+def adapter_tensors(arch: Arch, rank: int, targets: tuple[str, ...]) -> list[int]:
+    """Element counts of the adapter's tensors, one per tensor (A: r x in, B: out x r): FSDP2 shards
+    and offloads each on its own."""
+    layer = [n for m, (i, o) in layer_modules(arch).items() if m in targets for n in (rank * i, rank * o)]
+    root = [rank * arch.hidden_size, rank * arch.vocab_size] if "lm_head" in targets else []
+    return layer * arch.num_layers + root
+
+
 def largest_adapter_param(arch: Arch, rank: int, targets: tuple[str, ...]) -> int:
     """Elements of the adapter's largest single tensor (r x the widest targeted side)."""
     sides = [max(i, o) for m, (i, o) in layer_modules(arch).items() if m in targets]

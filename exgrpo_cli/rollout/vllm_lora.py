@@ -52,7 +52,16 @@ def engine_kwargs(rank: int, sync: str) -> dict[str, Any]:
         raise ValueError(lora_sync_problem(rank, "vllm", sync))
     if max_rank != rank:
         log.info("vLLM LoRA buffers sized for rank %d (vLLM takes no rank %d)", max_rank, rank)
-    return {"enable_lora": True, "max_lora_rank": max_rank, "max_loras": 1, "max_cpu_loras": 1}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": max_rank,
+        "max_loras": 1,
+        "max_cpu_loras": 1,
+        # every request names the adapter: vLLM's default (True) would also capture a second set
+        # of CUDA graphs, without LoRA, that no request uses (memory outside the plan's graph row,
+        # and start-up time)
+        "compilation_config": {"cudagraph_specialize_lora": False},
+    }
 
 
 def base_name(name: str) -> str:

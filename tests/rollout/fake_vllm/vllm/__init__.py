@@ -20,6 +20,10 @@ wrong):
   unmapped memory: it raises. Waking a tag that is not asleep is a silent no-op in vLLM (a
   warning): it raises; so does waking the KV cache before the weights (the documented order is
   weights, reload, KV cache);
+- with `enable_lora` the engine's linear layers are wrapped as vLLM's LoRA layers wrap them (the
+  original kept as `base_layer`: their weights are named `...base_layer.weight`, vllm/lora/layers/
+  base_linear.py); a reload still takes the Hugging Face names. `compilation_config` takes only
+  CompilationConfig's fields; the LLM event says how many sets of CUDA graphs vLLM would capture;
 - log-probs follow the weights it was last given (vllm/_weights.py): a real model when `model=`
   is an HF folder, a fingerprint of the tensors otherwise. `logprobs_mode` raw_logprobs or
   processed_logprobs (after temperature) as vLLM's.
@@ -113,7 +117,10 @@ class LLM:
         self.worker.model_runner.owner = self
         from vllm._weights import StandInWeights
 
-        self.weights = StandInWeights(str(kwargs["model"]), str(kwargs.get("load_format", "auto")))
+        self.weights = StandInWeights(
+            str(kwargs["model"]), str(kwargs.get("load_format", "auto")), lora=bool(kwargs.get("enable_lora"))
+        )
+        event["cudagraph_sets"] = _cudagraph_sets(kwargs)
         self.sleeping_tags: set[str] = set()
         self.logprobs_mode = str(kwargs.get("logprobs_mode", "raw_logprobs"))
 
@@ -181,6 +188,45 @@ class LLM:
             )
         self.sleeping_tags -= wake
         return not self.sleeping_tags
+
+
+# a subset of vLLM 0.33's CompilationConfig fields (vllm/config/compilation.py); the config is a
+# pydantic dataclass that refuses any other key
+COMPILATION_FIELDS = frozenset(
+    {
+        "mode",
+        "level",
+        "backend",
+        "custom_ops",
+        "splitting_ops",
+        "compile_sizes",
+        "cudagraph_mode",
+        "cudagraph_num_of_warmups",
+        "cudagraph_capture_sizes",
+        "max_cudagraph_capture_size",
+        "cudagraph_copy_inputs",
+        "cudagraph_specialize_lora",
+        "use_inductor_graph_partition",
+        "pass_config",
+        "inductor_compile_config",
+    }
+)
+
+
+def _cudagraph_sets(kwargs: dict[str, Any]) -> int:
+    """How many sets of CUDA graphs vLLM captures: none when eager; with LoRA on, one with and one
+    without LoRA unless compilation_config's cudagraph_specialize_lora (True by default) is off
+    (v1/cudagraph_dispatcher.py: its keys per LoRA case); one otherwise."""
+    config = kwargs.get("compilation_config") or {}
+    if not isinstance(config, dict):
+        raise StandInContractError(f"compilation_config={config!r}: exgrpo passes a dict")
+    unknown = set(config) - COMPILATION_FIELDS
+    if unknown:
+        raise StandInContractError(f"compilation_config: CompilationConfig has no field {sorted(unknown)}")
+    if kwargs.get("enforce_eager"):
+        return 0
+    specialize = bool(config.get("cudagraph_specialize_lora", True))
+    return 2 if kwargs.get("enable_lora") and specialize else 1
 
 
 # tests only: the engine reports log-probs lower than its own by SHIFT nats per token, plus DRIFT

@@ -21,9 +21,31 @@ from typing import Any
 
 import torch
 
+# the linear layers vLLM's LoRA manager wraps in a Qwen2/Llama (all of its LoRA-supported modules,
+# whatever the adapter targets: their fused qkv_proj and gate_up_proj are these three and two)
+LORA_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LinearWithLoRA(torch.nn.Module):
+    """vLLM's BaseLinearLayerWithLoRA as far as names go: the original layer is `base_layer`."""
+
+    def __init__(self, base_layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.base_layer = base_layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base_layer(x)
+
+
+def wrap_lora_layers(model: torch.nn.Module) -> None:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if name in LORA_LAYERS and isinstance(child, torch.nn.Linear):
+                setattr(parent, name, LinearWithLoRA(child))
+
 
 class StandInWeights:
-    def __init__(self, model_path: str, load_format: str) -> None:
+    def __init__(self, model_path: str, load_format: str, lora: bool = False) -> None:
         self.model: Any = None
         self.fingerprint = 0.123  # dummy weights: an arbitrary value, not the trainer's
         if os.path.isfile(os.path.join(model_path, "config.json")):
@@ -37,14 +59,17 @@ class StandInWeights:
             else:
                 self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
             self.model.eval()
-            self.names = set(self.model.state_dict())
+            if lora:
+                wrap_lora_layers(self.model)
+            # a reload takes Hugging Face names: those of the LoRA-wrapped layers' `base_layer`s too
+            self.names = {n.replace(".base_layer.", "."): n for n in self.model.state_dict()}
 
     def load(self, name: str, tensor: torch.Tensor) -> None:
         if self.model is not None:
             if name not in self.names:
                 raise KeyError(f"stand-in vLLM: no parameter {name!r} in the model")
             with torch.no_grad():
-                self.model.state_dict()[name].copy_(tensor.to(torch.float32))
+                self.model.state_dict()[self.names[name]].copy_(tensor.to(torch.float32))
         else:
             self.fingerprint = math.fmod(self.fingerprint * 31 + float(tensor.double().sum()), 1000.0)
 
