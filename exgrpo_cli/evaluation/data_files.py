@@ -1,0 +1,104 @@
+"""The benchmark files of an eval run, made present and checked before the suite is read.
+
+Where it sits: the first step of `exgrpo eval` (benchmarks.load_suite calls `prepare`), before any
+file is parsed and before any model loads. The paper's files are pinned (data/pinned.py): in the
+per-user cache (eval.data_dir's default) a missing one is fetched (data/fetch.py) and a present one
+must verify; a folder of the user's own (an explicit eval.data_dir) is read as it is, and is written
+only when the command asks for it (eval.data_url or eval.fetch_only), with a warning for a file that
+is not the official one, since its scores are then not the paper's benchmark.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from exgrpo_cli.data.fetch import Progress, ensure, mismatch
+from exgrpo_cli.data.pinned import PINNED, PinnedFile, is_cache, resolve_data_dir
+
+if TYPE_CHECKING:
+    from exgrpo_cli.config.schema import ExgrpoConfig
+
+log = logging.getLogger(__name__)
+
+
+def pinned_files(files: list[str]) -> list[PinnedFile]:
+    """The pinned ones among the files the benchmarks read, each once, in the run's order."""
+    return [PINNED[n] for n in dict.fromkeys(f for f in files if f in PINNED)]
+
+
+def fetches(cfg: ExgrpoConfig) -> bool:
+    """Whether this run may write into eval.data_dir: the cache always; a folder of the user's own
+    only when asked (a mirror, or fetch-only)."""
+    e = cfg.eval
+    return is_cache(e.data_dir) or bool(e.data_url) or e.fetch_only
+
+
+def prepare(cfg: ExgrpoConfig, files: list[str]) -> list[Path]:
+    """Fetch what is missing (where allowed) and check what is there; returns the files' paths.
+    Raises FetchError (exit 2, one line) for a download that fails or a cached file that does not
+    verify; a missing file in a folder exgrpo does not write is left to the caller's message."""
+    folder_s = resolve_data_dir(cfg.eval.data_dir)
+    if not folder_s:
+        return []
+    folder = Path(folder_s)
+    out = []
+    for pinned in pinned_files(files):
+        path = folder / pinned.name
+        if fetches(cfg):
+            with _progress(pinned, folder, cfg.eval.data_url) as tick:
+                out.append(ensure(pinned, folder, cfg.eval.data_url, cfg.eval.fetch_timeout_s, tick))
+        elif path.is_file():
+            why = mismatch(path, pinned)
+            if why:  # the user's own copy: used, but never silently
+                line = (
+                    f"warning: {path} is not the official {pinned.name} ({why}): its scores are not "
+                    "the paper's benchmark"
+                )
+                log.warning(line)
+                print(line, file=sys.stderr)
+            out.append(path)
+    return out
+
+
+@contextmanager
+def _progress(pinned: PinnedFile, folder: Path, mirror: str) -> Iterator[Progress]:
+    """A download bar on a terminal; one line in a log. Says nothing for a file already there."""
+    from rich.console import Console
+
+    from exgrpo_cli.data.fetch import source_url
+
+    console = Console(stderr=True)
+    state: dict[str, object] = {}
+
+    def tick(done: int, total: int) -> None:
+        if "bar" not in state:
+            state["bar"] = None
+            if console.is_terminal:
+                from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+                bar = Progress(
+                    TextColumn(f"fetching {pinned.name}"), BarColumn(), DownloadColumn(), console=console
+                )
+                bar.start()
+                state["bar"], state["task"] = bar, bar.add_task(pinned.name, total=total)
+            else:
+                console.print(
+                    f"fetching {pinned.name} ({total} bytes) from {source_url(pinned, mirror)} into {folder}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+        bar = state["bar"]
+        if bar is not None:
+            bar.update(state["task"], completed=done)  # type: ignore[attr-defined]
+
+    try:
+        yield tick
+    finally:
+        bar = state.get("bar")
+        if bar is not None:
+            bar.stop()  # type: ignore[attr-defined]
