@@ -25,6 +25,10 @@ def check_variants(cfg: ExgrpoConfig, command: str) -> None:
     from exgrpo_cli.policy.packaged import missing_requirement
     from exgrpo_cli.rollout import ENGINES
 
+    if command == "eval":
+        from exgrpo_cli.evaluation.published import check
+
+        check(cfg.eval.published)  # a row of the paper's tables, none or ""
     m = cfg.model
     if m.path.startswith("builtin:"):
         pick(BUILTIN, "model.path", m.path)
