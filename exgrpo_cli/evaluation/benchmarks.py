@@ -167,12 +167,12 @@ def check_data(cfg: ExgrpoConfig) -> None:
     missing = missing_data(benches, cfg.eval.data_dir)
     if missing:
         folder = resolve_data_dir(cfg.eval.data_dir)
-        where = f"eval.data_dir={folder}" if folder else "eval.data_dir is not set"
+        where = f"in eval.data_dir={folder}" if folder else "(eval.data_dir is not set)"
         present = [b.name for b in benches if not missing_data([b], cfg.eval.data_dir)]
         without = f" (or run without them: eval.benchmarks=[{','.join(present)}])" if present else ""
         fetch = " (eval.fetch_only=true fetches the official ones into it)" if folder else ""
         raise BenchmarkDataError(
-            f"missing benchmark data ({where}{fetch}): {'; '.join(missing)}. Where each file comes from: "
+            f"missing benchmark data {where}{fetch}: {'; '.join(missing)}. Where each file comes from: "
             f"{DATA_DOC}{without}"
         )
 
