@@ -102,3 +102,23 @@ def _progress(pinned: PinnedFile, folder: Path, mirror: str) -> Iterator[Progres
         bar = state.get("bar")
         if bar is not None:
             bar.stop()  # type: ignore[attr-defined]
+
+
+def pinned_val_file(cfg: ExgrpoConfig) -> PinnedFile | None:
+    """The pinned file `data.val_path` names, when it names one in eval.data_dir (the paper
+    recipes' `${eval.data_dir}/valid.parquet`); None for any other held-out file."""
+    val = cfg.data.val_path
+    folder = resolve_data_dir(cfg.eval.data_dir)
+    if not val or not folder or Path(val).name not in PINNED:
+        return None
+    return PINNED[Path(val).name] if Path(val).expanduser().parent == Path(folder) else None
+
+
+def prepare_val_path(cfg: ExgrpoConfig) -> Path | None:
+    """The training side of the cache: the paper recipes' held-out file fetched (or verified) as
+    the eval's files are, before the training data is read; None when data.val_path is another file."""
+    pinned = pinned_val_file(cfg)
+    if pinned is None:
+        return None
+    files = prepare(cfg, [pinned.name])
+    return files[0] if files else None
