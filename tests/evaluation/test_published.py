@@ -13,6 +13,8 @@ from exgrpo_cli.errors import UsageError
 from exgrpo_cli.evaluation import published as P
 from exgrpo_cli.evaluation.report import BenchmarkResult, ModelResult, markdown, write_reports
 
+from conftest import REPO
+
 
 def _result(label: str, path: str, scores: dict[str, float]) -> ModelResult:
     group = {n: "id" for n in P.ID} | {n: "ood" for n in P.OOD}
@@ -82,3 +84,8 @@ def test_results_json_holds_the_figures_only_for_a_model_that_has_them(tmp_path:
     assert "| paper: qwen2.5-math-7b/exgrpo | 31.6 |" in md and "| yours - paper | +0.0 |" in md
     assert md.count("paper:") == 1 and "Paper figures: arXiv 2510.02245" in md
     assert "Paper figures" not in markdown([other], {})  # says nothing where it has nothing
+
+
+def test_the_docs_name_the_source_and_what_the_same_means():
+    page = (REPO / "docs" / "evaluation.md").read_text()
+    assert "eval.published" in page and "main_result.png" in page and "standard error" in page
