@@ -208,9 +208,8 @@ COMMANDS: dict[str, Check] = {
     "exgrpo train experiment=paper-qwen2.5-math-7b trainer.fetch_only=true": C(
         COMPOSE, "a login node with network (tests/commands/test_fetch_only.py, with hub stand-ins)"
     ),
-    "exgrpo train experiment=paper-qwen2.5-math-7b eval.data_dir=/shared/benchmarks trainer.fetch_only=true": C(
-        COMPOSE, "a cluster's login node with network"
-    ),
+    "exgrpo train experiment=paper-qwen2.5-math-7b eval.data_dir=/shared/benchmarks "
+    "trainer.fetch_only=true": C(COMPOSE, "a cluster's login node with network"),
     "exgrpo eval eval=paper model=qwen2.5-math-7b model.path=outputs/train/<run> "
     "eval.published=qwen2.5-math-7b/on-policy": C(COMPOSE, "a GPU node: a 7B run's checkpoint"),
     "exgrpo eval eval=paper model=qwen2.5-math-7b model.path=my-org/my-qwen-math-7b "

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from exgrpo_cli.data.fetch import Progress, ensure, mismatch
+from exgrpo_cli.data.fetch import Progress, ensure, mismatch, source_url
 from exgrpo_cli.data.pinned import PINNED, PinnedFile, is_cache, resolve_data_dir
 
 if TYPE_CHECKING:
@@ -65,43 +65,50 @@ def prepare(cfg: ExgrpoConfig, files: list[str]) -> list[Path]:
     return out
 
 
-@contextmanager
-def _progress(pinned: PinnedFile, folder: Path, mirror: str) -> Iterator[Progress]:
-    """A download bar on a terminal; one line in a log. Says nothing for a file already there."""
-    from rich.console import Console
+class _Bar:
+    """A download bar on a terminal, started by the first byte count; one line in a log. Says
+    nothing for a file already there (no byte count comes)."""
 
-    from exgrpo_cli.data.fetch import source_url
+    def __init__(self, pinned: PinnedFile, folder: Path, mirror: str) -> None:
+        from rich.console import Console
 
-    console = Console(stderr=True)
-    state: dict[str, object] = {}
+        self.pinned, self.folder, self.mirror = pinned, folder, mirror
+        self.console = Console(stderr=True)
+        self.started = False
+        self.bar: Any = None  # rich.progress.Progress on a terminal
+        self.task: Any = None
 
-    def tick(done: int, total: int) -> None:
-        if "bar" not in state:
-            state["bar"] = None
-            if console.is_terminal:
+    def tick(self, done: int, total: int) -> None:
+        if not self.started:
+            self.started = True
+            if self.console.is_terminal:
                 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-                bar = Progress(
-                    TextColumn(f"fetching {pinned.name}"), BarColumn(), DownloadColumn(), console=console
+                name = self.pinned.name
+                self.bar = Progress(
+                    TextColumn(f"fetching {name}"), BarColumn(), DownloadColumn(), console=self.console
                 )
-                bar.start()
-                state["bar"], state["task"] = bar, bar.add_task(pinned.name, total=total)
+                self.bar.start()
+                self.task = self.bar.add_task(name, total=total)
             else:
-                console.print(
-                    f"fetching {pinned.name} ({total} bytes) from {source_url(pinned, mirror)} into {folder}",
+                url = source_url(self.pinned, self.mirror)
+                self.console.print(
+                    f"fetching {self.pinned.name} ({total} bytes) from {url} into {self.folder}",
                     highlight=False,
                     soft_wrap=True,
                 )
-        bar = state["bar"]
-        if bar is not None:
-            bar.update(state["task"], completed=done)  # type: ignore[attr-defined]
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done)
 
+
+@contextmanager
+def _progress(pinned: PinnedFile, folder: Path, mirror: str) -> Iterator[Progress]:
+    bar = _Bar(pinned, folder, mirror)
     try:
-        yield tick
+        yield bar.tick
     finally:
-        bar = state.get("bar")
-        if bar is not None:
-            bar.stop()  # type: ignore[attr-defined]
+        if bar.bar is not None:
+            bar.bar.stop()
 
 
 def pinned_val_file(cfg: ExgrpoConfig) -> PinnedFile | None:

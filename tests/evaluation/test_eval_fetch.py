@@ -39,7 +39,7 @@ def _cached(tmp_path: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
 
-@pytest.mark.slow  # two tiny-model evals (~10 s each under load)
+@pytest.mark.long  # two tiny-model evals end to end (~14 s here, more under load)
 def test_a_fresh_cache_is_filled_once_and_the_paper_is_beside(tmp_path: Path, served: dict[str, bytes]):
     with loopback_mirror(served) as m:
         rc, out, err = _eval(tmp_path, "id", "eval=id", f"eval.data_url={m.url}", *SMOKE)
