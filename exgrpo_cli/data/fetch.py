@@ -17,8 +17,7 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from exgrpo_cli.data.pinned import PinnedFile
@@ -71,16 +70,16 @@ def _by_hand(pinned: PinnedFile, url: str, folder: Path) -> str:
     )
 
 
-@contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """An exclusive flock on the folder (a directory fd): released when the process ends, even
-    killed, so a crashed fetch never blocks the next one."""
+def _lock(folder: Path) -> int:
+    """An exclusive flock on the folder (a directory fd; closing it releases the lock). The kernel
+    releases it when the process ends, even killed, so a crashed fetch never blocks the next one."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the last fd releases the lock
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def ensure(
@@ -102,25 +101,44 @@ def ensure(
         raise FetchError(
             f"{pinned.name} is not in {folder} and {env} is set (no network): {_by_hand(pinned, url, folder)}"
         )
-    folder.mkdir(parents=True, exist_ok=True)
-    with _locked(folder):
-        if target.is_file():  # another process fetched it while this one waited for the lock
-            _check_present(target, pinned)
-            return target
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = _lock(folder)
+    except OSError as err:  # a read-only cache, a file where the folder should be
+        raise FetchError(
+            f"cannot fetch {pinned.name} into {folder} ({err.strerror or err}): set eval.data_dir="
+            "<a writable folder> or XDG_CACHE_HOME"
+        ) from None
+    try:
+        return _fetch_locked(pinned, folder, url, timeout_s, progress)
+    finally:
+        os.close(lock)
+
+
+def _fetch_locked(
+    pinned: PinnedFile, folder: Path, url: str, timeout_s: float, progress: Progress | None
+) -> Path:
+    target = folder / pinned.name
+    if target.is_file():  # another process fetched it while this one waited for the lock
+        _check_present(target, pinned)
+        return target
+    try:
         fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{pinned.name}.", suffix=".part")
-        tmp = Path(tmp_name)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                _download(url, out, pinned, folder, timeout_s, progress)
-            why = mismatch(tmp, pinned)
-            if why:
-                raise FetchError(
-                    f"{pinned.name} from {url} fails its checksum ({why}); it was deleted and "
-                    f"nothing was kept in {folder}"
-                )
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+    except OSError as err:
+        raise FetchError(f"cannot write {pinned.name} into {folder} ({err.strerror or err})") from None
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            _download(url, out, pinned, folder, timeout_s, progress)
+        why = mismatch(tmp, pinned)
+        if why:
+            raise FetchError(
+                f"{pinned.name} from {url} fails its checksum ({why}); it was deleted and "
+                f"nothing was kept in {folder}"
+            )
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
     return target
 
 

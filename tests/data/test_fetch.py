@@ -118,3 +118,12 @@ def test_the_default_folder_is_the_per_user_cache(monkeypatch: pytest.MonkeyPatc
         benchmark_cache_dir()
     )
     assert resolve_data_dir("") == ""
+
+
+def test_a_mirror_without_the_file_and_an_unwritable_cache_are_one_line(tmp_path: Path):
+    with loopback_mirror({}) as m, pytest.raises(fetch.FetchError, match=r"HTTP 404") as err:
+        fetch.ensure(PIN, tmp_path / "a", m.url, timeout_s=5)
+    assert "\n" not in str(err.value) and _left(tmp_path / "a") == []
+    (tmp_path / "file").write_text("")  # a file where the cache folder should be
+    with pytest.raises(fetch.FetchError, match=r"cannot fetch f.parquet into .*file/sub"):
+        fetch.ensure(PIN, tmp_path / "file" / "sub", "http://127.0.0.1:9", timeout_s=5)
