@@ -5,6 +5,7 @@ model, and the short training runs that several test files only read, built once
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -309,3 +311,64 @@ def onpolicy_run(request: pytest.FixtureRequest) -> SharedRun:
 def replay_run(request: pytest.FixtureRequest) -> SharedRun:
     """3 steps of ExGRPO replaying from step 2 (REPLAY_RUN)."""
     return shared_train_run(request, "replay-run", REPLAY_RUN)
+
+
+# ---------------------------------------------------------------- a loopback mirror of benchmark files
+
+
+@dataclass
+class Mirror:
+    """A bounded HTTP server on 127.0.0.1 serving `files` (name -> bytes) as /<name>. `mode`:
+    ok | truncate (half the body, then the connection closes) | hang (headers, then no data until
+    the server stops). `hits`: GET requests per name. It stops by itself after `lifetime_s`."""
+
+    url: str
+    files: dict[str, bytes]
+    mode: str = "ok"
+    hits: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+@contextmanager
+def loopback_mirror(files: dict[str, bytes], lifetime_s: float = 120.0) -> Iterator[Mirror]:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    stop = threading.Event()
+    mirror = Mirror("", dict(files))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            name = self.path.lstrip("/")
+            mirror.hits[name] = mirror.hits.get(name, 0) + 1
+            body = mirror.files.get(name)
+            if body is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if mirror.mode == "hang":
+                stop.wait(lifetime_s)
+                return
+            self.wfile.write(body if mirror.mode == "ok" else body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    mirror.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    timer = threading.Timer(lifetime_s, server.shutdown)  # bounded: it ends even if a test hangs
+    timer.daemon = True
+    timer.start()
+    try:
+        yield mirror
+    finally:
+        stop.set()
+        timer.cancel()
+        server.shutdown()
+        server.server_close()

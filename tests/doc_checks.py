@@ -200,6 +200,28 @@ COMMANDS: dict[str, Check] = {
         COMPOSE, "GPU"
     ),
     "exgrpo eval eval=paper model=qwen2.5-math-7b eval.data_dir=...": C(COMPOSE, "GPU"),
+    "exgrpo eval eval=paper model=qwen2.5-math-7b rollout=vllm": C(COMPOSE, "GPU"),
+    "exgrpo eval ... eval.fetch_only=true": C(
+        FRAGMENT, "the eval's fetch-only, shown in full in evaluation.md"
+    ),
+    "export HF_HOME=/shared/hf": C(FRAGMENT, "an environment line of the login-node fetch"),
+    "export HF_HOME=/shared/hf HF_HUB_OFFLINE=1": C(
+        FRAGMENT, "an environment line of the offline job script"
+    ),
+    "exgrpo eval eval=paper model=qwen2.5-math-7b eval.data_url=http://mirror.internal/exgrpo": C(
+        COMPOSE,
+        "an air-gapped cluster's mirror (tests/evaluation/test_eval_fetch.py serves one on 127.0.0.1)",
+    ),
+    "exgrpo eval eval=paper model=qwen2.5-math-7b eval.fetch_only=true": C(
+        COMPOSE, "a login node with network (tests/commands/test_fetch_only.py, with hub stand-ins)"
+    ),
+    "exgrpo train experiment=paper-qwen2.5-math-7b trainer.fetch_only=true": C(
+        COMPOSE, "a login node with network (tests/commands/test_fetch_only.py, with hub stand-ins)"
+    ),
+    "exgrpo train experiment=paper-qwen2.5-math-7b eval.data_dir=/shared/benchmarks "
+    "trainer.fetch_only=true": C(COMPOSE, "a cluster's login node with network"),
+    "exgrpo eval eval=paper model=qwen2.5-math-7b model.path=outputs/train/<run> "
+    "eval.published=qwen2.5-math-7b/on-policy": C(COMPOSE, "a GPU node: a 7B run's checkpoint"),
     "exgrpo eval eval=paper model=qwen2.5-math-7b model.path=my-org/my-qwen-math-7b "
     "eval.data_dir=path/to/benchmarks": C(COMPOSE, "a GPU node: a fine-tune of the user's on the hub"),
     "exgrpo eval eval=id model.path=outputs/train/<run>/checkpoints/step_500/model": C(

@@ -20,6 +20,11 @@ def run(cfg: ExgrpoConfig) -> None:
     from exgrpo_cli.evaluation.runner import run_eval
     from exgrpo_cli.run.launch import launch, resolve_nproc, under_launcher
 
+    if cfg.eval.fetch_only:  # a login node: the files and weights into the caches, nothing loaded
+        from exgrpo_cli.commands.fetch_only import fetch_for_eval
+
+        fetch_for_eval(cfg)
+        return
     if under_launcher() and not cfg.eval.regrade:  # torchrun started this rank: join the others
         rank_main(cfg)
         return

@@ -29,6 +29,15 @@ def run(cfg: ExgrpoConfig) -> None:
     from exgrpo_cli.run.launch import launch, launched_rank, resolve_nproc
 
     main = launched_rank() == 0  # under torchrun every rank runs this; rank 0 reports
+    if cfg.trainer.fetch_only:  # a login node: data, held-out file and weights into the caches
+        from exgrpo_cli.commands.fetch_only import fetch_for_train
+
+        fetch_for_train(cfg)
+        return
+    if not cfg.trainer.dry_run:  # the paper recipes' cached held-out file, fetched before anything loads
+        from exgrpo_cli.evaluation.data_files import prepare_val_path
+
+        prepare_val_path(cfg)
     nproc = resolve_nproc(cfg)  # before the plan: it plans for the ranks this command starts
     memory_preflight(cfg, nproc, main)
     if cfg.trainer.dry_run:
@@ -113,13 +122,20 @@ def data_problems(cfg: ExgrpoConfig) -> list[str]:
     validation already)."""
     import importlib.util
 
+    from exgrpo_cli.data.fetch import offline
+    from exgrpo_cli.data.pinned import is_cache, resolve_data_dir
+    from exgrpo_cli.evaluation.data_files import fetches, pinned_val_file
+
     d, problems = cfg.data, []
-    if d.val_path and not Path(d.val_path).expanduser().is_file():
+    # the cache's own valid.parquet is fetched at start when absent: a problem only offline
+    fetched = pinned_val_file(cfg) is not None and fetches(cfg) and (bool(cfg.eval.data_url) or not offline())
+    if d.val_path and not Path(d.val_path).expanduser().is_file() and not fetched:
         problems.append(
             f"data.val_path={d.val_path}: no such file (the paper recipes read valid.parquet from "
             "eval.data_dir: docs/evaluation.md#benchmark-data)"
         )
-    if cfg.eval.data_dir and not Path(cfg.eval.data_dir).expanduser().is_dir():
+    folder = resolve_data_dir(cfg.eval.data_dir)
+    if folder and not is_cache(cfg.eval.data_dir) and not Path(folder).is_dir():
         problems.append(f"eval.data_dir={cfg.eval.data_dir}: no such folder")
     if d.source == "hf" and importlib.util.find_spec("datasets") is None:
         problems.append(

@@ -95,6 +95,10 @@ def check_variants(cfg: ExgrpoConfig, command: str) -> None:
     def check(key: str) -> Any:
         return pick(table[key], key, _value(cfg, key))
 
+    if command == "eval":
+        from exgrpo_cli.evaluation.published import check as check_published
+
+        check_published(cfg.eval.published)  # a row of the paper's tables, none or ""
     m = cfg.model
     if m.path.startswith("builtin:"):
         pick(BUILTIN, "model.path", m.path)

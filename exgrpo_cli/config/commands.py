@@ -6,6 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# `eval.data_dir`'s default, the per-user cache of the paper's benchmark files: an interpolation
+# Hydra resolves (oc.env is OmegaConf's own resolver), written this way so that `--help` and the
+# config reference show the rule, not one user's home folder; data/pinned.py's `resolve_data_dir`
+# applies the same rule outside Hydra.
+DEFAULT_DATA_DIR = "${oc.env:XDG_CACHE_HOME,'~/.cache'}/exgrpo/benchmarks"
+
 
 @dataclass
 class EvalConfig:
@@ -13,7 +19,33 @@ class EvalConfig:
         default="synthetic", metadata={"help": "a name of evaluation.SUITES (the eval= preset sets it)"}
     )
     benchmarks: list[str] = field(default_factory=list, metadata={"help": "filled by the suite preset"})
-    data_dir: str = field(default="", metadata={"help": "folder with the official benchmark files"})
+    data_dir: str = field(
+        default=DEFAULT_DATA_DIR,
+        metadata={
+            "help": "folder of the official benchmark files (default: the per-user cache, filled on "
+            "first use; a folder of your own is read as it is)"
+        },
+    )
+    data_url: str = field(
+        default="",
+        metadata={
+            "help": 'a mirror serving the benchmark files as <data_url>/<file> ("": the official URLs)'
+        },
+    )
+    fetch_timeout_s: float = field(
+        default=60.0, metadata={"help": "seconds a benchmark download may wait for data before it stops"}
+    )
+    fetch_only: bool = field(
+        default=False,
+        metadata={"help": "download the suite's files and the model's weights into the caches, then exit"},
+    )
+    published: str = field(
+        default="",
+        metadata={
+            "help": "the paper's figures shown beside yours: <backbone>/<row> (\"\": the model preset's, "
+            "none: off)"
+        },
+    )
     path: str = field(default="", metadata={"help": "custom suite: a local parquet/jsonl file"})
     k: int = field(default=1, metadata={"help": "pass@k reported besides avg@n"})
     n: int = field(default=0, metadata={"help": "samples per question (0: each benchmark's paper default)"})

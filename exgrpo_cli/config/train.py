@@ -390,6 +390,10 @@ class TrainerConfig:
     dry_run: bool = field(
         default=False, metadata={"help": "print the memory plan and stop (exit 0 when it fits, 2 when not)"}
     )
+    fetch_only: bool = field(
+        default=False,
+        metadata={"help": "download the data, held-out file and weights into the caches, then exit"},
+    )
     plan_devices: str = field(
         default="",
         metadata={"help": "with dry_run: plan for <count>x<GiB> devices (e.g. 8x80), not the visible ones"},

@@ -27,6 +27,7 @@ from typing import Any
 from exgrpo_cli.config.schema import DataConfig, ExgrpoConfig
 from exgrpo_cli.data import synthetic
 from exgrpo_cli.data.bad_rows import DataError
+from exgrpo_cli.data.pinned import PINNED, resolve_data_dir
 from exgrpo_cli.data.rows import read_rows
 from exgrpo_cli.data.sources import dig, parse_row
 from exgrpo_cli.data.types import Question
@@ -147,7 +148,7 @@ DATA_DOC = "docs/evaluation.md#benchmark-data"
 def missing_data(benches: list[Benchmark], data_dir: str) -> list[str]:
     """What every official benchmark of the run lacks, all at once, without reading any file: its
     file in eval.data_dir, unless it can come from the hub (MMLU-Pro, with `datasets` installed)."""
-    root = Path(data_dir).expanduser() if data_dir else None
+    root = Path(resolve_data_dir(data_dir)) if data_dir else None
     wanted: dict[str, list[str]] = {}  # file -> the benchmarks that read it
     for b in benches:
         if b.file and not (root is not None and (root / b.file).is_file()):
@@ -155,7 +156,8 @@ def missing_data(benches: list[Benchmark], data_dir: str) -> list[str]:
                 continue  # the hub copy will be tried (a network error is reported then)
             hub = f" or the hub's {b.hf_id} with `pip install datasets`" if b.hf_id else ""
             rows = f" rows data_source={b.data_source}" if b.data_source else ""
-            wanted.setdefault(b.file, []).append(b.title + rows + hub)
+            url = f" from {PINNED[b.file].url}" if b.file in PINNED else ""
+            wanted.setdefault(b.file + url, []).append(b.title + rows + hub)
     return [f"{file} ({', '.join(titles)})" for file, titles in wanted.items()]
 
 
@@ -164,11 +166,13 @@ def check_data(cfg: ExgrpoConfig) -> None:
     benches = resolve(cfg)
     missing = missing_data(benches, cfg.eval.data_dir)
     if missing:
-        where = f"eval.data_dir={cfg.eval.data_dir}" if cfg.eval.data_dir else "eval.data_dir is not set"
+        folder = resolve_data_dir(cfg.eval.data_dir)
+        where = f"in eval.data_dir={folder}" if folder else "(eval.data_dir is not set)"
         present = [b.name for b in benches if not missing_data([b], cfg.eval.data_dir)]
         without = f" (or run without them: eval.benchmarks=[{','.join(present)}])" if present else ""
+        fetch = " (eval.fetch_only=true fetches the official ones into it)" if folder else ""
         raise BenchmarkDataError(
-            f"missing benchmark data ({where}): {'; '.join(missing)}. Where each file comes from: "
+            f"missing benchmark data {where}{fetch}: {'; '.join(missing)}. Where each file comes from: "
             f"{DATA_DOC}{without}"
         )
 
@@ -177,8 +181,13 @@ def load_suite(cfg: ExgrpoConfig) -> list[LoadedBenchmark]:
     """Every benchmark of the run, loaded and cut to eval.limit questions."""
     cache: dict[Path, list[dict]] = {}  # the ID benchmarks share one file: read it once
     out: list[LoadedBenchmark] = []
-    check_data(cfg)  # every missing file in one message, before any is read
     benches = resolve(cfg)
+    from exgrpo_cli.evaluation.data_files import prepare
+
+    prepare(
+        cfg, [b.file for b in benches]
+    )  # the cache's files fetched or verified; a foreign copy warned about
+    check_data(cfg)  # every missing file in one message, before any is read
     for bench in benches:
         try:
             loaded = _load_one(bench, cfg, cache)
@@ -204,7 +213,7 @@ def _load_one(bench: Benchmark, cfg: ExgrpoConfig, cache: dict[Path, list[dict]]
         from exgrpo_cli.reward.stage import needs_answer
 
         return load_custom(cfg.eval.path, cfg.data, needs_answer(cfg.reward))
-    return [load_official(bench, cfg.eval.data_dir, cache)]
+    return [load_official(bench, resolve_data_dir(cfg.eval.data_dir), cache)]
 
 
 # ----------------------------------------------------------------------------- official files

@@ -13,7 +13,10 @@ results.json:
                  "benchmarks": {name: {title, group, kind, source, questions,
                                        samples_per_question, metric, score, pass_at_k, k,
                                        no_answer, timeouts, errors, seconds}},
-                 "averages": {"id", "ood", "all"}}]}
+                 "averages": {"id", "ood", "all"},
+                 "published": null, or the paper's row beside it (evaluation/published.py):
+                     {row, label, source, unit, benchmarks, averages, printed_averages,
+                      difference: {benchmark or avg:<group>: measured - published}}}]}
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from exgrpo_cli.evaluation.published import Comparison, compare, row_for
 from exgrpo_cli.evaluation.scoring import avg_at_n, group_averages, mean_pass_at_k, metric_name
 
 if TYPE_CHECKING:
@@ -34,6 +38,13 @@ if TYPE_CHECKING:
     from exgrpo_cli.evaluation.benchmarks import Benchmark
 
 GENERATIONS = "generations.jsonl"  # every graded sample, one JSON row each
+# What "the same as the paper" can mean, said wherever the paper's figures are shown.
+SAME_NOTE = (
+    "Sampling alone moves a score by one standard error of sqrt(sum_i p_i(1-p_i)/n)/Q: up to 1.6 "
+    "points for avg@32 on AIME's 30 questions, 3.5 for pass@1 on GPQA-D's 198 at 40%, so differences "
+    "of a few points are noise; a printed average that is not its row's mean is the paper's own "
+    "(evaluation/published.py, sic_averages), and the averages here are recomputed means"
+)
 AVERAGE_TITLES = {"id": "ID avg", "ood": "OOD avg", "all": "All avg"}
 
 
@@ -61,6 +72,7 @@ class ModelResult:
     label: str  # the row name in the tables
     path: str  # what was loaded
     benchmarks: list[BenchmarkResult] = field(default_factory=list)
+    comparison: Comparison | None = None  # the paper's figures for this model, when it has some
 
     def averages(self) -> dict[str, float | None]:
         return group_averages(
@@ -106,7 +118,19 @@ def rich_table(models: list[ModelResult], title: str = "exgrpo eval") -> Table:
         table.add_column(f"{header}\n{metric}", justify="right", style=style, no_wrap=True)
     for m in models:
         table.add_row(m.label, *[_cell(m, key) for key, _, _ in columns(models)])
+        for name, cells in _paper_rows(m, columns(models)):
+            table.add_row(name, *cells, style="dim")
     return table
+
+
+def _paper_rows(m: ModelResult, cols: list[tuple[str, str, str]]) -> list[tuple[str, list[str]]]:
+    """The published row and the difference under a model that has figures; none otherwise."""
+    c = m.comparison
+    if c is None:
+        return []
+    paper = [("-" if (v := c.cell(k)) is None else f"{v:.1f}") for k, _, _ in cols]
+    delta = [("-" if (d := c.difference.get(k)) is None else f"{d:+.1f}") for k, _, _ in cols]
+    return [(f"  paper: {c.row.name}", paper), ("  yours - paper", delta)]
 
 
 def markdown(models: list[ModelResult], settings: dict[str, Any]) -> str:
@@ -121,6 +145,11 @@ def markdown(models: list[ModelResult], settings: dict[str, Any]) -> str:
     ]
     for m in models:
         lines.append(f"| {m.label} | " + " | ".join(_cell(m, key) for key, _, _ in cols) + " |")
+        for name, cells in _paper_rows(m, cols):
+            lines.append(f"| {name.strip()} | " + " | ".join(cells) + " |")
+    sources = sorted({m.comparison.row.source for m in models if m.comparison is not None})
+    if sources:
+        lines += ["", "Paper figures: " + "; ".join(sources) + ". " + SAME_NOTE]
     lines += [
         "",
         "## Details",
@@ -147,7 +176,15 @@ def results_dict(models: list[ModelResult], suite: str, settings: dict[str, Any]
         for b in m.benchmarks:
             d = asdict(b)
             benches[d.pop("name")] = d
-        out_models.append({"label": m.label, "path": m.path, "benchmarks": benches, "averages": m.averages()})
+        out_models.append(
+            {
+                "label": m.label,
+                "path": m.path,
+                "benchmarks": benches,
+                "averages": m.averages(),
+                "published": m.comparison.to_json() if m.comparison is not None else None,
+            }
+        )
     return {"suite": suite, "settings": settings, "models": out_models}
 
 
@@ -175,6 +212,9 @@ def print_table(
         # rich lays a pipe or a log file out 80 columns wide: too narrow for the paper's 12 columns
         console = Console() if Console().is_terminal else Console(width=200)
     console.print(rich_table(models, title))
+    sources = sorted({m.comparison.row.source for m in models if m.comparison is not None})
+    if sources:
+        console.print("Paper figures: " + "; ".join(sources) + ". " + SAME_NOTE, highlight=False)
 
 
 # ----------------------------------------------------------------------------- shared by a run and a regrade
@@ -212,9 +252,17 @@ def summarize(
     )
 
 
+def with_published(cfg: ExgrpoConfig, results: list[ModelResult]) -> None:
+    """Each model's comparison with the paper's row (eval.published, else its weights' or preset's)."""
+    for m in results:
+        row = row_for(cfg.eval.published, cfg.model.preset, m.path)
+        m.comparison = compare(row, {b.name: b.score for b in m.benchmarks}) if row else None
+
+
 def finish(
     cfg: ExgrpoConfig, out: Path, results: list[ModelResult], suite: str, run_settings: dict[str, Any]
 ) -> dict[str, Any]:
+    with_published(cfg, results)
     written = write_reports(out, results, suite, run_settings)
     print_table(results, title=f"exgrpo eval: {suite}")
     Console(stderr=True).print(
