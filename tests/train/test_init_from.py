@@ -69,6 +69,16 @@ def test_carried_entries_count_from_step_0_and_leave_the_retired_set_and_unknown
     assert "2 questions, 2 experiences" in line and "1 more questions are not in" in line
 
 
+def test_a_buffer_none_of_whose_questions_the_data_has_is_refused() -> None:
+    from exgrpo_cli.errors import UsageError
+    from exgrpo_cli.run.setup import check_carried
+
+    carried = carry.CarriedBuffer(Path("/old/step_42"), _saved_buffer())
+    check_carried(carried, {"c"})  # one of three: started with it
+    with pytest.raises(UsageError, match="none of its 3 buffered questions is in this run's training data"):
+        check_carried(carried, {"x", "y"})
+
+
 def test_the_saved_vocabulary_is_the_loaded_tokenizers(tmp_path: Path) -> None:
     """The old run's tokenizer.json read as data gives the vocabulary its loaded tokenizer has; a
     copy with two ids swapped does not."""
@@ -178,6 +188,7 @@ def test_a_run_starts_with_the_carried_buffer(replay_run: SharedRun, carried_run
     assert said in carried_run.console
     first = metrics(carried_run.dir)[1]
     assert first["step"] == 1
+    assert metrics(replay_run.dir)[1]["replay/replayed_questions"] == 0  # the same run, no buffer given
     # an empty buffer replays nothing at step 1: these rows are the carried questions'
     assert first["replay/buffer_questions"] > 0 and first["replay/replayed_questions"] > 0
     assert first["loss/off_policy"] != 0
@@ -185,6 +196,7 @@ def test_a_run_starts_with_the_carried_buffer(replay_run: SharedRun, carried_run
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a third training run (~10-20 s on 2 busy cores): make test-long
 def test_a_resume_keeps_its_own_buffer(carried_run: SharedRun, tmp_path: Path) -> None:
     """The resumed run reads its own checkpoint: replay.init_from, naming no folder now, is not read
     (it would be refused), and the step-2 buffer goes on."""
