@@ -186,6 +186,7 @@ def test_a_run_starts_with_the_carried_buffer(replay_run: SharedRun, carried_run
     assert carried, "the source run stored nothing: the test would prove nothing"
     said = f"started with the buffer of {_source_ckpt(replay_run.dir)}: {len(carried)} questions"
     assert said in carried_run.console
+    assert "replay: started at step 0 (a carried buffer (replay.init_from)" in carried_run.console
     first = metrics(carried_run.dir)[1]
     assert first["step"] == 1
     assert metrics(replay_run.dir)[1]["replay/replayed_questions"] == 0  # the same run, no buffer given
