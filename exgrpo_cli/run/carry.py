@@ -4,7 +4,7 @@ step counter are the new run's own.
 
 Where it sits: once, before the first step and before any weights load. run/training.py reads the
 buffer before the run dir is locked or written (`early_read`), so a refusal leaves nothing behind;
-run/setup.py puts it into the fresh run's buffer (`carry_into`). A resumed run never reads it again:
+run/setup.py makes it the fresh run's buffer (`start_buffer`). A resumed run never reads it again:
 its own checkpoint holds its buffer (carried entries included).
 
 Trust: the other run is data. Its checkpoint must verify (checkpoint/store.py's manifest of
@@ -62,7 +62,7 @@ def _refuse(target: str, why: str) -> InitFromRefused:
 @dataclass(frozen=True)
 class CarriedBuffer:
     checkpoint: Path  # the verified checkpoint the buffer was read from
-    state: dict[str, Any]  # replay/persistence.py's load_buffer(), checked against this run's buffer
+    buffer: ExperienceBuffer  # with this run's settings: the old entries, at step 0, nothing retired
 
 
 def starts_fresh(cfg: ExgrpoConfig) -> bool:
@@ -155,7 +155,7 @@ def read_init_from(cfg: ExgrpoConfig, tokenizer: Any) -> CarriedBuffer:
             target, f"its buffer is bucketed by {str(rule)[:20]}, this run has replay.bucket_by={p.bucket_by}"
         )
     try:  # the edges and the arrays' consistency, as a resume checks them
-        _fresh_buffer(cfg).load_state_dict(state)
+        buffer = carried_buffer(state, _fresh_buffer(cfg))
     except Exception as err:  # noqa: BLE001
         raise _refuse(target, f"{str(err)[:240]}") from None
     if vocab_digest(saved_vocab(folder, target)) != vocab_digest(dict(tokenizer.get_vocab())):
@@ -164,7 +164,7 @@ def read_init_from(cfg: ExgrpoConfig, tokenizer: Any) -> CarriedBuffer:
             f"its tokenizer's vocabulary differs from this run's (model.path={cfg.model.path}): "
             "its stored token ids would be other text",
         )
-    return CarriedBuffer(folder, state)
+    return CarriedBuffer(folder, buffer)
 
 
 def early_read(cfg: ExgrpoConfig) -> CarriedBuffer | None:
@@ -182,22 +182,31 @@ def _fresh_buffer(cfg: ExgrpoConfig) -> ExperienceBuffer:
     return ExperienceBuffer(cfg.rollout.n, p.bucket_edges, p.max_experiences, p.bucket_by, p.max_age)
 
 
-def carried_questions(carried: CarriedBuffer, uids: set[str]) -> tuple[list[str], list[str]]:
-    """(kept, dropped): the carried questions this run's training data has, and the others."""
-    questions = [str(u) for u in carried.state["index"]["questions"]]
-    return [u for u in questions if u in uids], [u for u in questions if u not in uids]
-
-
-def carry_into(buffer: ExperienceBuffer, carried: CarriedBuffer, uids: set[str]) -> str:
-    """Fill the fresh run's empty `buffer` with the carried one (only questions in `uids`, the
-    training data's), collection steps set to 0, no retired set; returns a line saying what came."""
-    arrays = dict(carried.state["arrays"])
+def carried_buffer(state: dict[str, Any], fresh: ExperienceBuffer) -> ExperienceBuffer:
+    """`fresh` (empty, this run's settings) filled with a saved buffer `state`: its questions, bucket
+    places and experiences, collected "at step 0", without the old run's retired set and counters.
+    ValueError when the state does not fit (bucket edges) or does not hold together."""
+    arrays = dict(state["arrays"])
     meta = np.array(arrays["meta"], dtype=np.int64).reshape(-1, 4)
     meta[:, META_STEP] = 0  # collected "before step 1" of this run: ages count from its start
     arrays["meta"] = meta
-    index = dict(carried.state["index"], retired=[], pending_retire=[], readmitted=0, expired=0)
-    buffer.load_state_dict({"arrays": arrays, "index": index})
-    kept, dropped = carried_questions(carried, uids)
+    index = dict(state["index"], retired=[], pending_retire=[], readmitted=0, expired=0)
+    fresh.load_state_dict({"arrays": arrays, "index": index})
+    return fresh
+
+
+def carried_questions(carried: CarriedBuffer, uids: set[str]) -> tuple[list[str], list[str]]:
+    """(kept, dropped): the carried questions this run's training data has, and the others."""
+    buf = carried.buffer
+    questions = [u for b in range(buf.num_buckets) for u in buf.questions_in_bucket(b)]
+    return [u for u in questions if u in uids], [u for u in questions if u not in uids]
+
+
+def start_buffer(carried: CarriedBuffer, uids: set[str]) -> str:
+    """Leave out of the carried buffer the questions not in `uids` (the training data's), making it
+    the fresh run's; returns a line saying what came."""
+    buffer = carried.buffer
+    _, dropped = carried_questions(carried, uids)
     for uid in dropped:
         buffer.drop_question(uid)
     line = (

@@ -51,7 +51,7 @@ from exgrpo_cli.replay.selection import QUESTION_SELECTION
 from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 from exgrpo_cli.reward.stage import Reward, build_reward, needs_answer
 from exgrpo_cli.rollout import build_engine
-from exgrpo_cli.run.carry import CarriedBuffer, carried_questions, carry_into, read_init_from
+from exgrpo_cli.run.carry import CarriedBuffer, carried_questions, read_init_from, start_buffer
 from exgrpo_cli.step.loop import Choices, Trainer
 from exgrpo_cli.step.state import RunState
 
@@ -256,7 +256,8 @@ def _start_with(state: RunState, carried: CarriedBuffer, uids: set[str], paralle
     """Put the carried buffer into the fresh run's. With replay.start_threshold <= 0 the delayed start
     is on from step 0, so that replay starts at step 1 (an empty buffer is why it otherwise waits
     for the step after the switch: docs/algorithm.md §5); above 0 the new policy must reach it."""
-    line = carry_into(state.buffer, carried, uids)
+    line = start_buffer(carried, uids)
+    state.buffer = carried.buffer  # read with this run's settings (run/carry.py `read_init_from`)
     if state.switch.threshold <= 0:
         state.switch.update(0, 0.0)
     log.info("%s", line)

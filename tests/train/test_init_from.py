@@ -58,9 +58,8 @@ def _saved_buffer() -> dict:
 
 
 def test_carried_entries_count_from_step_0_and_leave_the_retired_set_and_unknown_questions() -> None:
-    carried = carry.CarriedBuffer(Path("/old/step_42"), _saved_buffer())
-    new = ExperienceBuffer(4)
-    line = carry.carry_into(new, carried, {"a", "c", "done", "other"})
+    new = carry.carried_buffer(_saved_buffer(), ExperienceBuffer(4))
+    line = carry.start_buffer(carry.CarriedBuffer(Path("/old/step_42"), new), {"a", "c", "done", "other"})
     assert sorted(u for b in range(new.num_buckets) for u in new.questions_in_bucket(b)) == ["a", "c"]
     assert [e.step for u in ("a", "c") for e in new.experiences(u)] == [0, 0]  # not 40, 42
     assert new.retired == set() and "done" not in new
@@ -73,7 +72,9 @@ def test_a_buffer_none_of_whose_questions_the_data_has_is_refused() -> None:
     from exgrpo_cli.errors import UsageError
     from exgrpo_cli.run.setup import check_carried
 
-    carried = carry.CarriedBuffer(Path("/old/step_42"), _saved_buffer())
+    carried = carry.CarriedBuffer(
+        Path("/old/step_42"), carry.carried_buffer(_saved_buffer(), ExperienceBuffer(4))
+    )
     check_carried(carried, {"c"})  # one of three: started with it
     with pytest.raises(UsageError, match="none of its 3 buffered questions is in this run's training data"):
         check_carried(carried, {"x", "y"})
