@@ -149,6 +149,9 @@ COMMANDS: dict[str, Check] = {
         RUN, "prints the recipe's 3,072-token cut", says="max_response_tokens: 3072"
     ),
     "exgrpo train model=qwen2.5-7b replay=none rollout=hf algo.lr=2e-6": C(COMPOSE, "GPU"),
+    "exgrpo train replay.init_from=outputs/train/<run> replay.start_threshold=0": C(
+        ELSEWHERE, "tests/train/test_init_from.py", needle="replay.init_from="
+    ),
     "exgrpo train experiment=<name>": C(TEMPLATE, "every conf/experiment preset"),
     "exgrpo train experiment=paper-<backbone>": C(TEMPLATE, "every conf/experiment preset"),
     "exgrpo train experiment=paper-qwen2.5-math-1.5b model.path=<that checkpoint> "

@@ -232,6 +232,8 @@ def check_replay(cfg: ExgrpoConfig, command: str) -> None:
         "(partly solved groups: a whole-K group retires its question)",
     )
     key("entropy_batch_size", p.entropy_batch_size >= 1, ">= 1")
+    # a run without replay never reads its buffer: a carried one would be dead weight, unsaid
+    key("init_from", not p.init_from or p.ratio > 0, "empty when replay.ratio=0 (nothing is replayed)")
 
 
 @section_check

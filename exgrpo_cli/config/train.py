@@ -253,6 +253,15 @@ class ReplayConfig:
     entropy_batch_size: int = field(
         default=64, metadata={"help": "rows per no-grad forward when scoring candidates"}
     )
+    # run/carry.py: read as data from a verified checkpoint; a resumed run keeps its own buffer
+    init_from: str = field(
+        default="",
+        metadata={
+            "help": "start a fresh run with the replay buffer of this run dir (its newest verified "
+            "checkpoint) or checkpoint dir; rollout.n, bucket rule and tokenizer must match; "
+            "ignored on resume (empty: an empty buffer)"
+        },
+    )
 
 
 @dataclass

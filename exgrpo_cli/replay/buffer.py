@@ -223,6 +223,10 @@ class ExperienceBuffer:
         self._readmitted += len(picked)
         return picked
 
+    def drop_question(self, uid: str) -> None:
+        """Remove buffered question `uid` and its experiences (not retired: it may come back)."""
+        self._remove(uid)
+
     def _add_to_checksum(self, value: int) -> None:
         self._checksum = (self._checksum + value) % 2**64
 

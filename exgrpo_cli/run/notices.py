@@ -86,9 +86,14 @@ def replay_summary(
                 f"replay: the delayed start fired at step {started_at}, the last one "
                 f"(replay.start_threshold={threshold:g}): nothing was replayed"
             )
+        # step 0 is before any rollout: a buffer carried in (replay.init_from, run/setup.py)
+        why = (
+            f"a carried buffer (replay.init_from) and replay.start_threshold={threshold:g}"
+            if started_at == 0
+            else f"the fresh accuracy reached replay.start_threshold={threshold:g}"
+        )
         return (
-            f"replay: started at step {started_at} (the fresh accuracy reached "
-            f"replay.start_threshold={threshold:g}); experiences replayed from step {started_at + 1}"
+            f"replay: started at step {started_at} ({why}); experiences replayed from step {started_at + 1}"
         )
     return (
         f"replay never started: the fresh accuracy stayed below replay.start_threshold={threshold:g} "

@@ -37,6 +37,7 @@ from exgrpo_cli.data.sources import load_questions
 from exgrpo_cli.data.template_budget import check_template
 from exgrpo_cli.data.templates import Template, get_template
 from exgrpo_cli.data.types import Question
+from exgrpo_cli.errors import UsageError
 from exgrpo_cli.evaluation.val_scores import check_best_metric
 from exgrpo_cli.parallel.offload import HostAdamW
 from exgrpo_cli.parallel.placement import OFFLOAD_MODES, Offload
@@ -50,6 +51,7 @@ from exgrpo_cli.replay.selection import QUESTION_SELECTION
 from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 from exgrpo_cli.reward.stage import Reward, build_reward, needs_answer
 from exgrpo_cli.rollout import build_engine
+from exgrpo_cli.run.carry import CarriedBuffer, carried_questions, read_init_from, start_buffer
 from exgrpo_cli.step.loop import Choices, Trainer
 from exgrpo_cli.step.state import RunState
 
@@ -165,10 +167,12 @@ def build_trainer(
     device: torch.device,
     parallel: DataParallel | None = None,
     resume_from: Path | None = None,
+    carried: CarriedBuffer | None = None,
 ) -> tuple[Trainer, list[Question], LoadReport]:
     """The trainer of a run (resumed from `resume_from` when given), its held-out questions and
     the report of skipped data rows. Seeds the global RNGs first, as a run does. Without `parallel`:
-    one process computing on `device`."""
+    one process computing on `device`. A fresh run with replay.init_from starts with that buffer:
+    `carried` when the caller read it already (run/carry.py `early_read`), else read here."""
     parallel = parallel if parallel is not None else DataParallel(device=device)
     seed_everything(cfg.trainer.seed)
     # rank 0 first: a hub dataset or tokenizer is downloaded once, the other ranks read its copy
@@ -184,7 +188,7 @@ def build_trainer(
 
     # what needs the tokenizer but not the weights: a refusal here comes before any weight is read
     def before_weights(source: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> None:
-        nonlocal train_qs, fingerprint, new_data
+        nonlocal train_qs, fingerprint, new_data, carried
         # rendered for every question below: first once, under a time and memory budget
         check_template(template, tokenizer, f"model {source.path}")
         check_model(source.path, source.gguf_file, source.dtype)  # config.json vs weights, memory
@@ -193,6 +197,9 @@ def build_trainer(
         fingerprint = data_fingerprint(train_qs)
         new_data = resume_from is not None and check_resume_data(cfg, resume_from, fingerprint)
         check_best_metric(cfg.trainer.best_metric, cfg.trainer.keep_best, val_qs)
+        if resume_from is None and cfg.replay.init_from:  # a resume keeps its own buffer
+            carried = carried if carried is not None else read_init_from(cfg, tokenizer)
+            check_carried(carried, {q.uid for q in train_qs})
 
     policy = load_policy(
         cfg.model, parallel, offload, cfg.trainer.fsdp_mixed_precision, resume_from, before_weights
@@ -220,6 +227,8 @@ def build_trainer(
         )
         if resume_from is not None:
             _load_checkpoint(state, resume_from, parallel, new_data)
+        elif carried is not None and cfg.replay.init_from:
+            _start_with(state, carried, {q.uid for q in train_qs}, parallel)
         scorer = build_reward(cfg.reward, template.requires_think, parallel.device)
         trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), parallel=parallel)
     except BaseException:
@@ -231,6 +240,29 @@ def build_trainer(
         engine.close()
         raise
     return trainer, val_qs, report
+
+
+def check_carried(carried: CarriedBuffer, uids: set[str]) -> None:
+    """Refuse a carried buffer none of whose questions is in this run's training data."""
+    kept, dropped = carried_questions(carried, uids)
+    if dropped and not kept:
+        raise UsageError(
+            f"replay.init_from={carried.checkpoint}: none of its {len(dropped)} buffered questions is in "
+            "this run's training data (data.*), so none could be replayed"
+        )
+
+
+def _start_with(state: RunState, carried: CarriedBuffer, uids: set[str], parallel: DataParallel) -> None:
+    """Put the carried buffer into the fresh run's. With replay.start_threshold <= 0 the delayed start
+    is on from step 0, so that replay starts at step 1 (an empty buffer is why it otherwise waits
+    for the step after the switch: docs/algorithm.md §5); above 0 the new policy must reach it."""
+    line = start_buffer(carried, uids)
+    state.buffer = carried.buffer  # read with this run's settings (run/carry.py `read_init_from`)
+    if state.switch.threshold <= 0:
+        state.switch.update(0, 0.0)
+    log.info("%s", line)
+    if parallel.is_main:
+        print(f"exgrpo train: {line}", file=sys.stderr)
 
 
 def data_fingerprint(questions: list[Question]) -> str:

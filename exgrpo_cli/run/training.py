@@ -35,6 +35,7 @@ from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.reward.stage import unreachable_threshold
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.run import notices, preempt
+from exgrpo_cli.run.carry import CarriedBuffer, early_read
 from exgrpo_cli.run.lock import lock_run_dir
 from exgrpo_cli.run.preempt import StopRequested
 from exgrpo_cli.run.setup import (
@@ -98,18 +99,20 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
 
 def _train(cfg: ExgrpoConfig, parallel: DataParallel, stop: StopRequested) -> dict[str, float]:
     _refuse_before_start(cfg, parallel)
+    # replay.init_from: read (or refused) before the run dir is locked or written (run/carry.py)
+    carried = early_read(cfg)
     cfg = share_run_dir(cfg, parallel)
     out = Path(cfg.trainer.output_dir)
     lock = lock_run_dir(out, parallel)  # before anything in the dir is read, deleted or written
     try:
-        return _train_locked(cfg, parallel, stop, out)
+        return _train_locked(cfg, parallel, stop, out, carried)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _start(
-    cfg: ExgrpoConfig, parallel: DataParallel, out: Path
+    cfg: ExgrpoConfig, parallel: DataParallel, out: Path, carried: CarriedBuffer | None = None
 ) -> tuple[Logger, Trainer, list[Question], LoadReport, Path | None, list[str]]:
     """Resume decision, metric logger and trainer. A checkpoint that verifies but fails to load
     (trainer.resume=auto) is quarantined like one that fails verification, and the next older one
@@ -122,7 +125,7 @@ def _start(
             log.warning(w)
         logger = _start_logger(cfg, parallel, out, resume_from)  # before the model: an outage costs seconds
         try:
-            trainer, val_qs, report = build_trainer(cfg, parallel.device, parallel, resume_from)
+            trainer, val_qs, report = build_trainer(cfg, parallel.device, parallel, resume_from, carried)
             return logger, trainer, val_qs, report, resume_from, notes
         except ckpt.CheckpointLoadError as err:
             logger.close()
@@ -140,14 +143,14 @@ def _start(
 
 
 def _train_locked(
-    cfg: ExgrpoConfig, parallel: DataParallel, stop: StopRequested, out: Path
+    cfg: ExgrpoConfig, parallel: DataParallel, stop: StopRequested, out: Path, carried: CarriedBuffer | None
 ) -> dict[str, float]:
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     device = parallel.device  # the compute device init_distributed picked from trainer.device
     if device.type == "cuda" and cfg.model.dtype != "float32" and parallel.is_main:
         warn_low_precision_weights(cfg)
-    logger, trainer, val_qs, report, resume_from, warnings = _start(cfg, parallel, out)
+    logger, trainer, val_qs, report, resume_from, warnings = _start(cfg, parallel, out, carried)
     try:
         st = trainer.state
         if parallel.is_main:
