@@ -168,7 +168,9 @@ def floor_breaches(graph: dict[str, set[str]]) -> list[str]:
             if there == here:
                 continue
             if here not in FLOOR or there not in FLOOR:
-                out.append(f"{mod} -> {target}: {here if here not in FLOOR else there}/ has no floor in FLOORS")
+                out.append(
+                    f"{mod} -> {target}: {here if here not in FLOOR else there}/ has no floor in FLOORS"
+                )
             elif FLOOR[there] >= FLOOR[here]:
                 out.append(
                     f"{mod} -> {target}: {here}/ (floor {FLOOR[here]}) may import only lower floors, "

@@ -4,7 +4,8 @@
 there is a checkpoint), then every step is trained, logged, validated every
 `trainer.eval_every` steps and checkpointed every `trainer.save_every`. SIGINT/SIGTERM and a
 scheduler's warnings (SIGUSR1/SIGUSR2) finish the step in flight, save a checkpoint and exit, and
-after a warning the job is requeued (run/preempt.py); a run whose updates keep being skipped
+after a warning the job is requeued (run/preempt.py); before the step loop a SIGTERM/SIGINT ends
+the start at once; a run whose updates keep being skipped
 stops with its last good state saved.
 """
 
@@ -82,8 +83,9 @@ def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     # torchrun: one process per device, all running this function; without torchrun: one rank
     parallel = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
     try:
-        # from the start: a warning while the model loads (minutes at scale) stops after step 1
-        with StopRequested() as stop:
+        # from the start: a warning while the model loads (minutes at scale) stops after step 1;
+        # a TERM/INT before the loop ends the start at once (no checkpoint would ever come)
+        with StopRequested(defer=False) as stop:
             final = _train(cfg, parallel, stop)
     finally:
         D.close_distributed()
@@ -242,6 +244,7 @@ def _loop(
     switch, ratio, warned = st.switch, trainer.cfg.replay.ratio, False
     best = _Best(out / "checkpoints", st, ranks, t.best_metric) if t.keep_best else None
     with stop:
+        stop.training()  # a signal now waits for the step's end and its checkpoint
         for step in range(st.step + 1, t.steps + 1):
             raw = trainer.train_step(step)
             peaks = {k: v for k, v in raw.items() if k.startswith("memory/")}
