@@ -376,6 +376,13 @@ class TrainerConfig:
     offload: str = field(
         default="none", metadata={"help": "where the sharded trainer state lives: none | optimizer | all"}
     )
+    resume_changes: bool = field(
+        default=False,
+        metadata={
+            "help": "resume although the command's reward, replay, algo, model, data or rollout "
+            "settings differ from those the checkpoint was trained with (each difference is named)"
+        },
+    )
     resume_new_data: bool = field(
         default=False,
         metadata={

@@ -50,6 +50,7 @@ from exgrpo_cli.replay.selection import QUESTION_SELECTION
 from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 from exgrpo_cli.reward.stage import REWARDS, Reward, build_reward
 from exgrpo_cli.rollout import build_engine
+from exgrpo_cli.run.resume_changes import trained_with
 from exgrpo_cli.step.loop import Choices, Trainer
 from exgrpo_cli.step.state import RunState
 
@@ -217,6 +218,7 @@ def build_trainer(
             switch=DelayedStart(cfg.replay.start_threshold),
             seed=cfg.trainer.seed,
             data_fingerprint=fingerprint,
+            trained_with=trained_with(cfg),
         )
         if resume_from is not None:
             _load_checkpoint(state, resume_from, parallel, new_data)

@@ -36,6 +36,7 @@ from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.run import notices, preempt
 from exgrpo_cli.run.lock import lock_run_dir
 from exgrpo_cli.run.preempt import StopRequested
+from exgrpo_cli.run.resume_changes import check_resume_changes
 from exgrpo_cli.run.setup import (
     ResumeRefused,
     build_trainer,
@@ -117,6 +118,9 @@ def _start(
     notes: list[str] = []
     while True:
         resume_from, warnings = decide_resume(cfg, parallel)
+        # before the logger or the tracker start: a refused resume creates nothing
+        changed = check_resume_changes(cfg, resume_from) if resume_from is not None else None
+        warnings += [changed] if changed else []
         notes += warnings
         for w in warnings:
             log.warning(w)
