@@ -42,6 +42,7 @@ from rich.progress import (
 
 from exgrpo_cli.config.schema import LoggerConfig
 from exgrpo_cli.errors import UsageError
+from exgrpo_cli.metrics.tracker_env import check_tracker_env
 
 if TYPE_CHECKING:  # wandb is imported only when a run logs to it
     from wandb import Run
@@ -205,6 +206,8 @@ class MetricLogger:
         self.wandb_dir = ""  # the W&B run's local folder (what `wandb sync` takes)
         self.wandb_online = False
         self.wandb_fallback = ""  # why an auto run logs offline although logged in ("" if it does not)
+        if cfg.wandb.mode != "disabled":  # an empty WANDB_MODE is unset; a bad one refused in one line
+            check_tracker_env()
         mode = wandb_mode(cfg.wandb.mode)
         if mode != "disabled":  # first: an online run that cannot start refuses before any file changes
             self._start_wandb(mode, output_dir, run_config, job_type)
