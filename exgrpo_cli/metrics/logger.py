@@ -41,7 +41,7 @@ from rich.progress import (
 )
 
 from exgrpo_cli.config.schema import LoggerConfig
-from exgrpo_cli.errors import UsageError
+from exgrpo_cli.errors import ExgrpoError, UsageError
 from exgrpo_cli.metrics.tracker_env import check_tracker_env
 
 if TYPE_CHECKING:  # wandb is imported only when a run logs to it
@@ -181,6 +181,10 @@ def resume_point(checkpoint: str | Path | None) -> tuple[int, str | None]:
 
 METRICS_FILE = "metrics.jsonl"  # a training run's rows; `exgrpo eval` appends to EVAL_METRICS_FILE
 EVAL_METRICS_FILE = "eval_metrics.jsonl"
+
+
+class MetricsWriteError(ExgrpoError):
+    """metrics.jsonl could not be written (disk full, quota): the run stops, its checkpoints intact."""
 
 
 class MetricLogger:
@@ -326,8 +330,16 @@ class MetricLogger:
         """One row of metrics.jsonl, W&B's numbers, and the console line: the CONSOLE_KEYS then
         `status` (a short note such as "replay waits: acc 0.12 < 0.35")."""
         values = {k: _plain(v) for k, v in metrics.items()}
-        self._fh.write(json.dumps({"step": step, **{k: _jsonable(v) for k, v in values.items()}}) + "\n")
-        self._fh.flush()
+        row = json.dumps({"step": step, **{k: _jsonable(v) for k, v in values.items()}}) + "\n"
+        try:
+            self._fh.write(row)
+            self._fh.flush()
+        except OSError as err:  # a full disk, a quota: one line, as the checkpoint writer says it
+            raise MetricsWriteError(
+                f"writing {self.path} failed at step {step} ({err.strerror or err}); the checkpoints "
+                f"in {self.path.parent / 'checkpoints'} are intact: free space, then rerun the same "
+                "command to resume from the last one"
+            ) from None
         if self.wandb_run is not None:  # numbers only, NaN and inf included
             self.wandb_run.log({k: v for k, v in values.items() if isinstance(v, int | float)}, step=step)
         parts = [
@@ -359,4 +371,7 @@ class MetricLogger:
                 if self.wandb_online and time.monotonic() - t >= FINISH_TIMEOUT_S:
                     self.print(f"W&B did not upload everything in time: `wandb sync {where}` sends the rest")
         if not self._fh.closed:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError as err:  # the rows a full disk refused (said by `log` already)
+                log.warning("closing %s: %s", self.path, err)

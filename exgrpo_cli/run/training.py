@@ -35,6 +35,7 @@ from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.run import notices, preempt
 from exgrpo_cli.run.lock import lock_run_dir
+from exgrpo_cli.run.log_files import guard_log_files
 from exgrpo_cli.run.preempt import StopRequested
 from exgrpo_cli.run.resume_changes import check_resume_changes
 from exgrpo_cli.run.setup import (
@@ -81,6 +82,7 @@ class _NoLogger:
 
 def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     t0 = time.time()
+    guard_log_files()  # a full disk under train.log: one line, not a traceback per record
     # torchrun: one process per device, all running this function; without torchrun: one rank
     parallel = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
     try:
