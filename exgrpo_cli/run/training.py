@@ -41,7 +41,9 @@ from exgrpo_cli.run.resume_changes import check_resume_changes
 from exgrpo_cli.run.setup import (
     ResumeRefused,
     build_trainer,
+    check_resume_buffer,
     decide_resume,
+    load_run_data,
     share_run_dir,
     warn_low_precision_weights,
 )
@@ -118,17 +120,22 @@ def _start(
     (trainer.resume=auto) is quarantined like one that fails verification, and the next older one
     is tried; an explicit trainer.resume=<path> that fails to load is refused."""
     notes: list[str] = []
+    data = None
     while True:
         resume_from, warnings = decide_resume(cfg, parallel)
-        # before the logger or the tracker start: a refused resume creates nothing
-        changed = check_resume_changes(cfg, resume_from) if resume_from is not None else None
-        warnings += [changed] if changed else []
+        # before the logger or the tracker start, the refusals that need no model: a refused
+        # resume (another objective, rollout.n, replay.bucket_by) or bad data creates nothing
+        if resume_from is not None:
+            changed = check_resume_changes(cfg, resume_from)
+            warnings += [changed] if changed else []
+            check_resume_buffer(cfg, resume_from)
+        data = data or load_run_data(cfg, parallel)
         notes += warnings
         for w in warnings:
             log.warning(w)
         logger = _start_logger(cfg, parallel, out, resume_from)  # before the model: an outage costs seconds
         try:
-            trainer, val_qs, report = build_trainer(cfg, parallel.device, parallel, resume_from)
+            trainer, val_qs, report = build_trainer(cfg, parallel.device, parallel, resume_from, data)
             return logger, trainer, val_qs, report, resume_from, notes
         except ckpt.CheckpointLoadError as err:
             logger.close()
