@@ -40,6 +40,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from exgrpo_cli.checkpoint.safe_read import special_entry
 from exgrpo_cli.config.schema import LoggerConfig
 from exgrpo_cli.errors import ExgrpoError, UsageError
 from exgrpo_cli.metrics.tracker_env import check_tracker_env
@@ -216,6 +217,9 @@ class MetricLogger:
         if mode != "disabled":  # first: an online run that cannot start refuses before any file changes
             self._start_wandb(mode, output_dir, run_config, job_type)
         self.path = Path(output_dir) / rows_file
+        special = special_entry(self.path)  # a FIFO there blocked the start in open() for ever
+        if special:
+            raise UsageError(special)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if rows_file == METRICS_FILE:  # a training run's rows; other files (eval's) only grow
             self._drop_rows_after(start_step)

@@ -21,25 +21,27 @@ import pytest
 
 from exgrpo_cli.run import lock as run_lock
 
-from conftest import REPO, cli_env
+from conftest import REPO, cli_env, run_cli
 
 
 @contextmanager
 def released_after(folder: Path, seconds: float = 4.0) -> Iterator[None]:
     """Bound a test against a reader that blocks on a FIFO in `folder` (the old code): after
-    `seconds`, and then twice a second, a writer opens and closes every FIFO there (a renamed one
-    too), so that a blocked reader sees an end of file and the test goes on, to fail."""
+    `seconds`, and then twice a second, a writer and a reader open and close every FIFO under it (a
+    renamed one too), so that a blocked reader sees an end of file, a blocked writer a broken pipe,
+    and the test goes on, to fail."""
     done = threading.Event()
 
     def release() -> None:
         wait = seconds
         while not done.wait(wait):
             wait = 0.5
-            for entry in folder.iterdir():
-                try:
-                    os.close(os.open(entry, os.O_WRONLY | os.O_NONBLOCK))
-                except OSError:  # not a FIFO, or no reader waiting on it
-                    pass
+            for entry in [e for e in folder.rglob("*") if e.is_fifo()]:
+                for mode in (os.O_WRONLY, os.O_RDONLY):  # a blocked reader, a blocked writer
+                    try:
+                        os.close(os.open(entry, mode | os.O_NONBLOCK))
+                    except OSError:  # no reader waiting on it
+                        pass
 
     thread = threading.Thread(target=release, daemon=True)
     thread.start()
@@ -127,3 +129,48 @@ def test_a_start_blocked_on_a_fifo_ends_on_sigterm(tmp_path: Path) -> None:
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     lines = err.strip().splitlines()
     assert lines == ["exgrpo train: stopped by SIGTERM before training started (nothing was trained)"], err
+
+
+@pytest.mark.parametrize("rel", ["train.log", ".hydra/config.yaml", "metrics.jsonl"])
+def test_a_fifo_in_a_run_dir_is_refused_before_hydra_writes(tmp_path: Path, rel: str) -> None:
+    """Hydra opened `<run>/train.log` and `.hydra/config.yaml` before exgrpo's code ran: a FIFO
+    there blocked `exgrpo train hydra.run.dir=<run>` for ever. Now one line, exit 2, at once."""
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    os.mkfifo(run / rel)
+    t0 = time.monotonic()
+    with released_after(run):
+        res = run_cli(["train", f"hydra.run.dir={run}"], timeout=90)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines() == [
+        f"exgrpo train: {run / rel} is a FIFO, where a run dir holds a regular file: remove it, "
+        "or use another run dir"
+    ], res.stderr[-2000:]
+    assert time.monotonic() - t0 < 30 and (run / rel).is_fifo()
+
+
+def test_a_fifo_at_metrics_jsonl_is_refused_by_the_logger(tmp_path: Path) -> None:
+    from exgrpo_cli.config.schema import LoggerConfig, WandbConfig
+    from exgrpo_cli.errors import UsageError
+    from exgrpo_cli.metrics.logger import METRICS_FILE, MetricLogger
+
+    os.mkfifo(tmp_path / METRICS_FILE)
+    cfg = LoggerConfig(console=False, wandb=WandbConfig(mode="disabled"))
+    with released_after(tmp_path), pytest.raises(UsageError, match="is a FIFO"):
+        MetricLogger(str(tmp_path), cfg, {}, 3, start_step=1)
+
+
+def test_a_fifo_at_a_sweep_marker_is_refused_and_its_temporary_file_replaced(tmp_path: Path) -> None:
+    from exgrpo_cli.ablation import sweep as sw
+    from exgrpo_cli.errors import UsageError
+
+    marker = tmp_path / sw.MARKER
+    os.mkfifo(marker)
+    with released_after(tmp_path), pytest.raises(UsageError, match="is a FIFO"):
+        sw.read_json(marker)
+    marker.unlink()
+    os.mkfifo(marker.with_suffix(".json.tmp"))  # the writer's own temporary name: replaced
+    job = sw.Job(variant=sw.Variant("base", "base", ()), seed=0, run_dir=tmp_path, overrides=())
+    with released_after(tmp_path):
+        sw.write_marker(job, True, 1.0, 0)
+    assert marker.is_file() and (sw.read_json(marker) or {})["finished"] is True
