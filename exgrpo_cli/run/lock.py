@@ -183,6 +183,7 @@ class RunLock:
             rec = json.loads(raw)
         except ValueError:  # torn by a kill while written: its writer died at once
             rec = None
+        why: str | None
         if not isinstance(rec, dict):
             what = f"{len(raw)} bytes that are not a lock record ({raw[:40]!r})" if raw else "an empty file"
             why = f"it is unreadable: {what} (a torn write)"
