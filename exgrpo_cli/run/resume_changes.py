@@ -73,23 +73,21 @@ def _shown(value: Any) -> str:
 
 
 def changes(saved: dict[str, Any], command: dict[str, Any]) -> list[str]:
-    """`key: <checkpoint's> -> <command's>` for every compared key that differs, in key order."""
+    """`key: <checkpoint's> -> <command's>` for every key of both that differs, in key order."""
     before: dict[str, Any] = {}
     after: dict[str, Any] = {}
     for name in OBJECTIVE_SECTIONS:
         if isinstance(saved.get(name), dict):
             _flat(name, saved[name], before)
         _flat(name, command[name], after)
-    missing = object()
+    # a key on one side only is not compared: one added to exgrpo since the checkpoint was written
+    # (or removed since) says nothing about what the run trained with
     out = []
-    for key in sorted(set(before) | set(after)):
+    for key in sorted(set(before) & set(after)):
         if key in SPEED_OR_MEMORY or not key.startswith(OBJECTIVE_SECTIONS):
             continue
-        old, new = before.get(key, missing), after.get(key, missing)
-        if old != new:
-            shown_old = "(not set)" if old is missing else _shown(old)
-            shown_new = "(not set)" if new is missing else _shown(new)
-            out.append(f"{key}: {shown_old} -> {shown_new}")
+        if before[key] != after[key]:
+            out.append(f"{key}: {_shown(before[key])} -> {_shown(after[key])}")
     return out
 
 
