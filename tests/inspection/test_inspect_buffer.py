@@ -210,8 +210,7 @@ def test_100k_experiences_in_a_few_seconds(tmp_path: Path):
     assert time.perf_counter() - t0 < 60
 
 
-@pytest.mark.parametrize("group_size", [10**8, "8"])
-def test_a_buffer_index_out_of_bounds_is_one_line_exit_2(tmp_path: Path, group_size: object) -> None:
+def test_a_buffer_index_out_of_bounds_is_one_line_exit_2(tmp_path: Path) -> None:
     """The bound on the group size was caught in load_buffer but escaped as a ValueError traceback
     (issue 46): now exit 2 and one line, as resume refuses the same buffer."""
     from exgrpo_cli.checkpoint import store as ckpt
@@ -229,7 +228,7 @@ def test_a_buffer_index_out_of_bounds_is_one_line_exit_2(tmp_path: Path, group_s
             else:
                 (tmp / part).write_bytes(src.read_bytes())
         index = json.loads((tmp / "replay" / "index.json").read_text())
-        index["group_size"] = group_size
+        index["group_size"] = 10**8
         (tmp / "replay" / "index.json").write_text(json.dumps(index))
 
     assert ckpt.save_checkpoint(run / "checkpoints", 40, write, keep=1) is not None
