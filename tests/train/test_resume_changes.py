@@ -88,30 +88,41 @@ def test_an_unreadable_config_is_refused_and_a_missing_one_is_a_warning(tmp_path
         check_resume_changes(ExgrpoConfig(), folder)
 
 
+def _without_ratio() -> list[str]:
+    """The on-policy run's command without replay.ratio=0 (the default 0.5 applies) nor its steps."""
+    return [o for o in ONPOLICY_RUN if o != "replay.ratio=0" and not o.startswith("trainer.steps")]
+
+
 @pytest.mark.slow
-def test_resume_through_the_cli_refuses_a_change_and_slurm_requeue_resumes(
+def test_resume_through_the_cli_with_another_replay_ratio_is_refused(
     onpolicy_run: SharedRun, tmp_path: Path
 ) -> None:
-    """A copy of a 2-step on-policy run (replay.ratio=0): the default command (replay.ratio=0.5)
-    is refused at start-up, before the logger writes a line; the same command under a SLURM job id
-    resumes as before; a confirmed change resumes too."""
+    """A copy of a 2-step on-policy run (replay.ratio=0) resumed by the default command
+    (replay.ratio=0.5): refused at start-up in one line, before the logger writes a row."""
     out = private_copy(onpolicy_run.dir, tmp_path / "run")
     assert (out / "checkpoints" / "step_2" / CONFIG_FILE).is_file()
     rows = len(metrics(out))
-    without = [o for o in ONPOLICY_RUN if o != "replay.ratio=0" and not o.startswith("trainer.steps")]
-    res = run_cli(["train", f"hydra.run.dir={out}", *without, "trainer.steps=3"])
+    res = run_cli(["train", f"hydra.run.dir={out}", *_without_ratio(), "trainer.steps=3"])
     assert res.returncode == 2, res.stderr[-2000:]
     refusal = [line for line in res.stderr.splitlines() if line.startswith("exgrpo train:")]
     assert len(refusal) == 1 and "replay.ratio: 0.0 -> 0.5" in refusal[0], res.stderr[-2000:]
     assert "Traceback" not in res.stderr and len(metrics(out)) == rows
+
+
+@pytest.mark.slow
+@pytest.mark.long  # two resumed runs: make test-long
+def test_a_slurm_requeue_resumes_and_a_confirmed_change_resumes(
+    onpolicy_run: SharedRun, tmp_path: Path
+) -> None:
+    """The same command again under a SLURM job id resumes as before; a change confirmed with
+    trainer.resume_changes=true resumes too, the warning naming it."""
+    out = private_copy(onpolicy_run.dir, tmp_path / "run")
     same = [o for o in ONPOLICY_RUN if not o.startswith("trainer.steps")]
-    res = run_cli(
-        ["train", f"hydra.run.dir={out}", *same, "trainer.steps=3"], env_extra={"SLURM_JOB_ID": "77"}
-    )
+    slurm = {"SLURM_JOB_ID": "77"}  # a requeued job: the same command again
+    res = run_cli(["train", f"hydra.run.dir={out}", *same, "trainer.steps=3"], env_extra=slurm)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "resumed from" in res.stdout + res.stderr and metrics(out)[-1]["step"] == 3
-    res = run_cli(
-        ["train", f"hydra.run.dir={out}", *without, "trainer.steps=4", "trainer.resume_changes=true"]
-    )
+    confirmed = [*_without_ratio(), "trainer.steps=4", "trainer.resume_changes=true"]
+    res = run_cli(["train", f"hydra.run.dir={out}", *confirmed])
     assert res.returncode == 0, res.stderr[-2000:]
     assert "replay.ratio: 0.0 -> 0.5" in res.stdout + res.stderr and metrics(out)[-1]["step"] == 4
