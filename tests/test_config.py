@@ -69,6 +69,8 @@ def test_replay_none_is_on_policy():
         ("replay.ratio=1.5", "replay.ratio"),
         ("replay.ratio=-0.1", "replay.ratio"),
         ("replay.beta=-1", "replay.beta"),
+        ("replay.beta=inf", "replay.beta"),  # every replayed token's f(w) = 0 (issue 46)
+        ("reward.timeout_s=inf", "reward.timeout_s"),  # a hung reward function never killed
         ("replay.sigma=0", "replay.sigma"),
         ("replay.bucket_edges=[0.5,0.25]", "replay.bucket_edges"),
         ("replay.bucket_edges=[0.0,0.5]", "replay.bucket_edges"),

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exgrpo_cli.checkpoint.safe_read import MAX_JSON_BYTES, read_regular, special_entry
 from exgrpo_cli.errors import UsageError
 
 PLAN_FILE = "sweep.json"
@@ -201,10 +202,16 @@ def shell_command(argv: list[str]) -> str:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
+    """A bookkeeping file of the sweep (a run's marker, the plan), None when absent or unreadable
+    as JSON; a path that is not a regular file (a FIFO blocked the sweep for ever) is refused."""
+    special = special_entry(path)
+    if special:
+        raise UsageError(special)
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        value = json.loads(read_regular(path, MAX_JSON_BYTES))
+    except (OSError, ValueError, RecursionError):
         return None
+    return value if isinstance(value, dict) else None
 
 
 def configured_steps(run_dir: Path) -> int | None:
@@ -268,6 +275,7 @@ def write_marker(job: Job, finished: bool, wall_s: float | None, returncode: int
     }
     job.run_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
+    tmp.unlink(missing_ok=True)  # ours: whatever is there (a planted FIFO blocked the write) goes
     tmp.write_text(json.dumps(marker, indent=1))
     tmp.replace(path)
     return marker
@@ -293,6 +301,9 @@ def write_plan(
         "inherited": inherited,
         "variants": [{"name": v.name, "dir": v.slug, "overrides": list(v.overrides)} for v in variants],
     }
+    special = special_entry(sweep_dir / PLAN_FILE)  # a FIFO there blocked the sweep in open()
+    if special:
+        raise UsageError(special)
     (sweep_dir / PLAN_FILE).write_text(json.dumps(plan, indent=1))
 
 

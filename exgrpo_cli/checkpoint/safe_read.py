@@ -4,6 +4,8 @@ Where it sits: under every reader of a run dir (checkpoint.verify, resume, eval,
 a file is read only when it is a regular file (no symlink, FIFO or device: a FIFO blocks a reader
 for ever, a link to /dev/zero reads until memory runs out) and under a size cap, and a checkpoint
 folder is walked without following links. Errors are `UnsafeFile` with a short message.
+`special_entry` says the same of a run dir's path before a writer opens it (the lock, the logs,
+metrics.jsonl, .hydra, sweep markers).
 """
 
 from __future__ import annotations
@@ -62,3 +64,28 @@ def irregular_entry(folder: Path) -> str | None:
                 kind = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
                 return f"{_name(path)}: {kind}; a checkpoint holds regular files only"
     return None
+
+
+def special_entry(path: Path, folder_ok: bool = False) -> str | None:
+    """`path` as a one-line refusal when it exists and is not a regular file (nor, with
+    `folder_ok`, a folder): a FIFO, a device, a socket or a symlink, never followed (a FIFO blocks
+    whoever opens it, a link writes through to where it points). None when absent or plain."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"{_name(path)} cannot be examined ({err.strerror})"
+    if stat.S_ISREG(mode) or (folder_ok and stat.S_ISDIR(mode)):
+        return None
+    kinds = [
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a folder"),
+    ]
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    allowed = "a regular file or a folder" if folder_ok else "a regular file"
+    return f"{_name(path)} is {kind}, where a run dir holds {allowed}: remove it, or use another run dir"

@@ -17,6 +17,7 @@ Layout of `<output_dir>/checkpoints/step_<N>/` (step/state.py writes it):
   model/         HF folder: AutoModelForCausalLM.from_pretrained (and vLLM) load it
   optimizer/     the optimizer state, one file per rank (torch.distributed.checkpoint)
   replay/        the experience buffer; rng.safetensors; trainer_state.json
+  config.json    the config sections it was trained with (compared at resume: run/resume_changes.py)
   COMPLETE       {"step", "format", "world_size", "files": {path: {"bytes", "sha256"}}}
 
 With trainer.keep_best, `checkpoints/best/` holds the checkpoint of the best validation score so

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # not imported at run time: `exgrpo --help` must not wait for omegaconf
@@ -100,7 +101,58 @@ def main(argv: list[str] | None = None) -> None:
     full_help = "--help-all" in rest
     rest = [a for a in rest if a != "--help-all"]
     preflight(command, rest, full_help)
+    check_run_dir(command, rest)
     run_hydra(command, rest)
+
+
+# what exgrpo and Hydra open in a run dir, each checked before Hydra writes the first of them
+RUN_DIR_FILES = (
+    ".hydra/config.yaml",
+    ".hydra/hydra.yaml",
+    ".hydra/overrides.yaml",
+    ".exgrpo.lock",
+    "metrics.jsonl",
+    "eval_metrics.jsonl",
+)
+
+
+def _named_run_dir(command: str, args: list[str]) -> str | None:
+    """The run dir a single run will use when it is known before Hydra starts: `hydra.run.dir=`
+    on the command line, or a SLURM job's default (outputs/<command>/slurm-<job id>, which a
+    requeued job finds again); None for a timestamped new one or a sweep."""
+    from exgrpo_cli.host import slurm_job_id
+
+    if any(a in ("-m", "--multirun") for a in args):
+        return None
+    named = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
+    if named:
+        return named[-1].strip("'\"")
+    job = slurm_job_id()
+    return f"outputs/{command.replace('-', '_')}/slurm-{job}" if job else None
+
+
+def check_run_dir(command: str, args: list[str]) -> None:
+    """Refuse, in one line before Hydra opens anything (exit 2), a run dir whose known paths are
+    not regular files or folders: Hydra's open() of a FIFO at `.hydra/config.yaml` or at the log
+    file blocked the command for ever, before exgrpo's own code ran."""
+    from exgrpo_cli.checkpoint.safe_read import special_entry
+    from exgrpo_cli.errors import UsageError, exit_on_error
+
+    named = _named_run_dir(command, args)
+    if named is None or "${" in named:
+        return
+    run = Path(named).expanduser()
+    with exit_on_error(command):
+        if run.exists() and not run.is_dir():  # a link to a folder is a folder
+            raise UsageError(f"hydra.run.dir={named} is not a folder")
+        for rel, folder_ok in ((".hydra", True), (f"{command.replace('-', '_')}.log", False)):
+            problem = special_entry(run / rel, folder_ok)
+            if problem:
+                raise UsageError(problem)
+        for rel in RUN_DIR_FILES:
+            problem = special_entry(run / rel)
+            if problem:
+                raise UsageError(problem)
 
 
 def preflight(command: str, args: list[str], full_help: bool) -> None:

@@ -55,6 +55,10 @@ def dispatch(command: str, cfg: DictConfig) -> None:
             from exgrpo_cli.commands.model_preset import check_model_preset
 
             check_model_preset(typed, command, _model_chosen())
+            if command in ("train", "eval") and typed.logger.wandb.mode != "disabled":
+                from exgrpo_cli.metrics.tracker_env import check_tracker_env
+
+                check_tracker_env()  # before a run dir's lock, logger or model
             _command(command)(typed)
     except SystemExit as stop:
         if stop.code == 2:  # refused: the run folder Hydra made holds only its own files

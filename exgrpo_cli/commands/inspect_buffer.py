@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from exgrpo_cli.config.schema import ExgrpoConfig
-from exgrpo_cli.errors import ExgrpoError
+from exgrpo_cli.errors import ExgrpoError, UsageError
 
 
 def run(cfg: ExgrpoConfig) -> None:
@@ -32,6 +32,7 @@ def run(cfg: ExgrpoConfig) -> None:
         ckpt = resolve_checkpoint(opts.target)
     except TargetError as err:
         raise ExgrpoError(str(err)) from None
+    from exgrpo_cli.checkpoint.safe_read import read_json
     from exgrpo_cli.checkpoint.store import verify
     from exgrpo_cli.inspection.show import weights_folder
 
@@ -41,10 +42,15 @@ def run(cfg: ExgrpoConfig) -> None:
         if reason:
             raise ExgrpoError(f"{ckpt} does not verify, its files are not read: {reason}")
     state_file = ckpt / "trainer_state.json"
-    trainer_state = json.loads(state_file.read_text()) if state_file.is_file() else None
     if not (ckpt / "replay" / "index.json").is_file():
         raise ExgrpoError(f"{ckpt} has no replay buffer (replay/index.json)")
-    buf = ExperienceBuffer.load(str(ckpt / "replay"))
+    try:  # files someone else wrote: read as data, a bound they break is one line (exit 2)
+        trainer_state = read_json(state_file) if state_file.is_file() else None
+        buf = ExperienceBuffer.load(str(ckpt / "replay"))
+    except (ValueError, OSError, KeyError, TypeError, RecursionError) as err:
+        raise UsageError(
+            f"{ckpt}'s replay buffer does not load: {type(err).__name__}: {str(err)[:300]}"
+        ) from None
     rep = {"checkpoint": str(ckpt), **buffer_report(buf, trainer_state)}
     rep["seconds"] = round(time.perf_counter() - t0, 3)
     err_console = Console(stderr=True)

@@ -209,7 +209,8 @@ def check_replay(cfg: ExgrpoConfig, command: str) -> None:
     p, key = cfg.replay, _keys("replay", cfg.replay)
     key("ratio", 0.0 <= p.ratio <= 1.0, "a number in [0, 1]")
     key("start_threshold", 0.0 <= p.start_threshold <= 1.0, "[0, 1]")
-    key("beta", p.beta > 0, "> 0")
+    # beta=inf made every replayed token's f(w) = 0: replay without a gradient
+    key("beta", p.beta > 0 and math.isfinite(p.beta), "a finite number > 0")
     key("sigma", p.sigma > 0, "> 0")
     key("mu", p.mu is None or 0.0 <= p.mu <= 1.0, "null, or [0, 1] (the bucket scale)")
     if p.bucket_edges is not None:
@@ -268,7 +269,8 @@ def check_reward(cfg: ExgrpoConfig, command: str) -> None:
     weights = dict(w.components)
     ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v != 0 for v in weights.values())
     key("components", ok, "{kind: weight}, each weight a finite non-zero number")
-    key("timeout_s", w.timeout_s > 0, "> 0 (seconds)")
+    # inf: a hung reward function would never be killed
+    key("timeout_s", w.timeout_s > 0 and math.isfinite(w.timeout_s), "a finite number > 0 (seconds)")
     key("max_failed_steps", w.max_failed_steps >= 1, ">= 1")
     key("memory_limit_mb", w.memory_limit_mb >= 0, ">= 0 (0: no cap)")
     rm, key = w.model, _keys("reward.model", w.model)

@@ -426,6 +426,13 @@ class TrainerConfig:
         default="none",
         metadata={"help": "where the sharded trainer state lives, a name of parallel.OFFLOAD_MODES"},
     )
+    resume_changes: bool = field(
+        default=False,
+        metadata={
+            "help": "resume although the command's reward, replay, algo, model, data or rollout "
+            "settings differ from those the checkpoint was trained with (each difference is named)"
+        },
+    )
     resume_new_data: bool = field(
         default=False,
         metadata={

@@ -47,6 +47,8 @@ def _jsonl_row(raw: bytes, first: bool) -> dict[str, Any] | BadRow:
         value = json.loads(text.rstrip())  # without the newline: the error's column is on this line
     except json.JSONDecodeError as err:
         return BadRow(INVALID_JSON, f"{INVALID_JSON} ({err.msg} at column {err.colno})")
+    except RecursionError:  # a line of thousands of brackets: one bad row, not the end of the load
+        return BadRow(INVALID_JSON, f"{INVALID_JSON} (nested deeper than the parser allows)")
     if not isinstance(value, dict):
         return BadRow(NOT_OBJECT, f"a JSON {json_type(value)}, not an object")
     return value

@@ -91,7 +91,7 @@ def parse_row(
     if isinstance(raw_q, str) and raw_q.strip().startswith("[{"):
         try:  # chat lists stored as a JSON string (DeepMath's `messages`)
             raw_q = json.loads(raw_q)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # kept as text (and checked as text below)
             pass
     if isinstance(raw_q, list):
         if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in raw_q):

@@ -40,8 +40,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from exgrpo_cli.checkpoint.safe_read import special_entry
 from exgrpo_cli.config.schema import LoggerConfig
-from exgrpo_cli.errors import UsageError
+from exgrpo_cli.errors import ExgrpoError, UsageError
+from exgrpo_cli.metrics.tracker_env import check_tracker_env
 
 if TYPE_CHECKING:  # wandb is imported only when a run logs to it
     from wandb import Run
@@ -182,6 +184,10 @@ METRICS_FILE = "metrics.jsonl"  # a training run's rows; `exgrpo eval` appends t
 EVAL_METRICS_FILE = "eval_metrics.jsonl"
 
 
+class MetricsWriteError(ExgrpoError):
+    """metrics.jsonl could not be written (disk full, quota): the run stops, its checkpoints intact."""
+
+
 class MetricLogger:
     """Raises UsageError (before metrics.jsonl is touched) when `logger.wandb.mode=online` and the
     W&B server cannot be reached or refuses the run; never blocks for long (see the module doc)."""
@@ -205,10 +211,15 @@ class MetricLogger:
         self.wandb_dir = ""  # the W&B run's local folder (what `wandb sync` takes)
         self.wandb_online = False
         self.wandb_fallback = ""  # why an auto run logs offline although logged in ("" if it does not)
+        if cfg.wandb.mode != "disabled":  # an empty WANDB_MODE is unset; a bad one refused in one line
+            check_tracker_env()
         mode = wandb_mode(cfg.wandb.mode)
         if mode != "disabled":  # first: an online run that cannot start refuses before any file changes
             self._start_wandb(mode, output_dir, run_config, job_type)
         self.path = Path(output_dir) / rows_file
+        special = special_entry(self.path)  # a FIFO there blocked the start in open() for ever
+        if special:
+            raise UsageError(special)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if rows_file == METRICS_FILE:  # a training run's rows; other files (eval's) only grow
             self._drop_rows_after(start_step)
@@ -323,8 +334,16 @@ class MetricLogger:
         """One row of metrics.jsonl, W&B's numbers, and the console line: the CONSOLE_KEYS then
         `status` (a short note such as "replay waits: acc 0.12 < 0.35")."""
         values = {k: _plain(v) for k, v in metrics.items()}
-        self._fh.write(json.dumps({"step": step, **{k: _jsonable(v) for k, v in values.items()}}) + "\n")
-        self._fh.flush()
+        row = json.dumps({"step": step, **{k: _jsonable(v) for k, v in values.items()}}) + "\n"
+        try:
+            self._fh.write(row)
+            self._fh.flush()
+        except OSError as err:  # a full disk, a quota: one line, as the checkpoint writer says it
+            raise MetricsWriteError(
+                f"writing {self.path} failed at step {step} ({err.strerror or err}); the checkpoints "
+                f"in {self.path.parent / 'checkpoints'} are intact: free space, then rerun the same "
+                "command to resume from the last one"
+            ) from None
         if self.wandb_run is not None:  # numbers only, NaN and inf included
             self.wandb_run.log({k: v for k, v in values.items() if isinstance(v, int | float)}, step=step)
         parts = [
@@ -356,4 +375,7 @@ class MetricLogger:
                 if self.wandb_online and time.monotonic() - t >= FINISH_TIMEOUT_S:
                     self.print(f"W&B did not upload everything in time: `wandb sync {where}` sends the rest")
         if not self._fh.closed:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError as err:  # the rows a full disk refused (said by `log` already)
+                log.warning("closing %s: %s", self.path, err)

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exgrpo_cli.checkpoint.safe_read import UnsafeFile, read_regular
 from exgrpo_cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -89,12 +90,17 @@ def holder_record() -> dict[str, Any]:
 
 
 def describe(rec: dict[str, Any]) -> str:
+    """Who holds the lock `rec`, from the fields it has; a record without a holder's pid and host
+    (torn, or written by something else) is described as such, not as 'pid None on host None'."""
+    if rec.get("pid") is None or rec.get("host") is None:
+        fields = ", ".join(sorted(str(k)[:20] for k in rec)[:6]) or "no fields"
+        return f"an unknown holder (the lock names no pid and host; it holds {fields})"
     who = f"pid {rec.get('pid')} on host {rec.get('host')}"
     if rec.get("torchrun_id"):
         who += f" (rank 0 of torchrun {rec['torchrun_id']}, launched by pid {rec.get('parent_pid')})"
     if rec.get("slurm_job_id"):
         who += f", SLURM job {rec['slurm_job_id']}"
-    return f"{who}, since {rec.get('since')}"
+    return f"{who}, since {rec['since']}" if rec.get("since") else who
 
 
 def _fs_now(folder: Path) -> float:
@@ -151,21 +157,41 @@ class RunLock:
             return note
         raise RunDirLocked(f"{self.path.parent} is locked ({self.path}) and could not be taken over")
 
-    def _take_over_stale(self) -> str:
+    def _read_found(self) -> tuple[bytes, float] | None:
+        """The bytes and mtime of the lock found in place (None: it is gone). Read without blocking
+        and only when it is a regular file: a FIFO planted there blocked the start for ever in
+        open(), a link to /dev/zero read until memory ran out. Anything else is refused."""
         try:
-            raw = self.path.read_bytes()[:4096]
-            mtime = self.path.stat().st_mtime
+            raw = read_regular(self.path, 4096)
+            return raw, os.lstat(self.path).st_mtime
+        except UnsafeFile as err:
+            if not self.path.is_symlink() and not self.path.exists():
+                return None
+            raise RunDirLocked(
+                f"{self.path.parent} cannot be locked: {err}; a run dir's lock is a regular file "
+                f"written by exgrpo train: remove {self.path} if no run uses the dir"
+            ) from None
         except FileNotFoundError:
+            return None
+
+    def _take_over_stale(self) -> str:
+        found = self._read_found()
+        if found is None:
             return "a lock that was just released"
+        raw, mtime = found
         try:
             rec = json.loads(raw)
-            rec = rec if isinstance(rec, dict) else {}
         except ValueError:  # torn by a kill while written: its writer died at once
-            rec = {}
-        why = stale_reason(rec, mtime, self.path.parent) if rec else "it is unreadable (a torn write)"
+            rec = None
+        why: str | None
+        if not isinstance(rec, dict):
+            what = f"{len(raw)} bytes that are not a lock record ({raw[:40]!r})" if raw else "an empty file"
+            why = f"it is unreadable: {what} (a torn write)"
+        else:
+            why = stale_reason(rec, mtime, self.path.parent)
         if why is None:
             raise RunDirLocked(
-                f"{self.path.parent} is in use by exgrpo train {describe(rec)}; wait for it to end, "
+                f"{self.path.parent} is in use by exgrpo train {describe(rec or {})}; wait for it to end, "
                 f"or if that process is gone for good remove {self.path}"
             )
         aside = self.path.with_name(f"{LOCK}.stale-{secrets.token_hex(4)}")
@@ -173,11 +199,16 @@ class RunLock:
             os.rename(self.path, aside)
         except FileNotFoundError:  # another contender took it over first
             return "a stale lock another start took over"
-        if aside.read_bytes()[:4096] != raw:  # not the file we judged: put it back, and refuse
+        try:
+            moved = read_regular(aside, 4096)
+        except (UnsafeFile, OSError):
+            moved = None
+        if moved != raw:  # not the file we judged: put it back, and refuse
             os.rename(aside, self.path)
             raise RunDirLocked(f"{self.path.parent} was just locked by another start")
         aside.unlink(missing_ok=True)
-        return f"took over the stale lock of {describe(rec)}: {why}"
+        holder = describe(rec) if isinstance(rec, dict) else "an unknown holder"
+        return f"took over the stale lock of {holder}: {why}"
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
@@ -189,7 +220,7 @@ class RunLock:
     def release(self) -> None:
         self._stop.set()
         try:
-            rec = json.loads(self.path.read_bytes()[:4096])
+            rec = json.loads(read_regular(self.path, 4096))
             if (
                 isinstance(rec, dict)
                 and rec.get("pid") == self.record["pid"]

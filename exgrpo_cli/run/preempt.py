@@ -1,8 +1,12 @@
 """Stopping a run on a signal, and what follows a scheduler's warning: the job requeued.
 
-Where it sits: `StopRequested` is active around run/training.py's step loop; a signal sets a flag
-that the ranks all-reduce at the step's end, so every rank finishes the step in flight, the
-checkpoint is written once, and the run ends. After that, `requeue_after_stop` (called by the
+Where it sits: `StopRequested` is active around the whole of run/training.py's run. Inside the step
+loop a signal sets a flag that the ranks all-reduce at the step's end, so every rank finishes the
+step in flight, the checkpoint is written once, and the run ends. Before the loop (the lock, the
+logger, the data, the model loading) there is no step to finish and no checkpoint to come: a
+SIGTERM or SIGINT (`timeout`, scancel, Ctrl-C) ends the start at once (`StartInterrupted`, exit
+128 + the signal), even one blocked in a system call; a warning (SIGUSR1/2) is kept for after the
+first step, where its checkpoint is written. After that, `requeue_after_stop` (called by the
 process that owns the job: the one-process run, torchrun's rank 0, or the parent of
 `trainer.nproc` ranks in run/launch.py) puts the job back in the queue when the signal was a
 warning of the end (a time limit, a preemption):
@@ -46,14 +50,26 @@ NO_STOP, STOP, STOP_AND_REQUEUE = 0, 1, 2
 PARENT_REQUEUES_ENV = "EXGRPO_PARENT_REQUEUES"
 
 
+class StartInterrupted(ExgrpoError):
+    """A stop signal before the step loop: the start ends at once, nothing was trained."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {_name(signum)} before training started (nothing was trained)")
+        self.exit_code = 128 + signum
+
+
 class StopRequested:
     """Turns the stop signals into a flag checked at step boundaries.
 
+    `defer=False`: until `training()` is called (the step loop starts), SIGTERM and SIGINT raise
+    StartInterrupted from the handler instead: Python runs the handler as soon as the system call
+    it interrupts returns EINTR, so a start blocked in open() or a sleep ends too.
     A second Ctrl-C aborts (the user insists). Any other repeat is ignored: under SLURM a warning
     can reach a rank twice, directly and forwarded by its launcher, and must not cost the
     checkpoint it asks for."""
 
-    def __init__(self) -> None:
+    def __init__(self, defer: bool = True) -> None:
+        self.defer = defer
         self.signum: int | None = None
         self.received_at: float | None = None  # time.monotonic() of the first signal
         self._old: dict[int, Any] = {}
@@ -75,7 +91,13 @@ class StopRequested:
                 pass
         return self
 
+    def training(self) -> None:
+        """The step loop starts: from now on every stop signal waits for the step's end."""
+        self.defer = True
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if not self.defer and signum in (signal.SIGINT, signal.SIGTERM):
+            raise StartInterrupted(signum)
         if self.signum is not None:
             if signum == self.signum == signal.SIGINT:
                 raise KeyboardInterrupt

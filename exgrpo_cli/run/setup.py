@@ -12,6 +12,7 @@ Resume (`trainer.resume`): auto continues from the latest complete checkpoint of
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import logging
@@ -52,6 +53,7 @@ from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 from exgrpo_cli.reward.stage import Reward, build_reward, needs_answer
 from exgrpo_cli.rollout import build_engine
 from exgrpo_cli.run.carry import CarriedBuffer, carried_questions, read_init_from, start_buffer
+from exgrpo_cli.run.resume_changes import trained_with
 from exgrpo_cli.step.loop import Choices, Trainer
 from exgrpo_cli.step.state import RunState
 
@@ -162,25 +164,39 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_trainer(
-    cfg: ExgrpoConfig,
-    device: torch.device,
-    parallel: DataParallel | None = None,
-    resume_from: Path | None = None,
-    carried: CarriedBuffer | None = None,
-) -> tuple[Trainer, list[Question], LoadReport]:
-    """The trainer of a run (resumed from `resume_from` when given), its held-out questions and
-    the report of skipped data rows. Seeds the global RNGs first, as a run does. Without `parallel`:
-    one process computing on `device`. A fresh run with replay.init_from starts with that buffer:
-    `carried` when the caller read it already (run/carry.py `early_read`), else read here."""
-    parallel = parallel if parallel is not None else DataParallel(device=device)
-    seed_everything(cfg.trainer.seed)
+RunData = tuple[list[Question], list[Question], LoadReport]
+
+
+def load_run_data(cfg: ExgrpoConfig, parallel: DataParallel) -> RunData:
+    """The training and held-out questions and the report of skipped rows: called by run/training.py
+    before the logger or a tracker start (a data refusal creates nothing). The loaders seed their
+    own generators: the global RNGs are untouched."""
     # rank 0 first: a hub dataset or tokenizer is downloaded once, the other ranks read its copy
     train_qs, val_qs, report = parallel.main_first(
         lambda: load_questions(cfg.data, answer_required=needs_answer(cfg.reward))
     )
     if cfg.trainer.val_questions:
         val_qs = val_qs[: cfg.trainer.val_questions]
+    return train_qs, val_qs, report
+
+
+def build_trainer(
+    cfg: ExgrpoConfig,
+    device: torch.device,
+    parallel: DataParallel | None = None,
+    resume_from: Path | None = None,
+    data: RunData | None = None,
+    carried: CarriedBuffer | None = None,
+) -> tuple[Trainer, list[Question], LoadReport]:
+    """The trainer of a run (resumed from `resume_from` when given), its held-out questions and
+    the report of skipped data rows (`data`: as `load_run_data` gave them, else loaded here). Seeds
+    the global RNGs first, as a run does. Without `parallel`: one process computing on `device`. A
+    fresh run with replay.init_from starts with that buffer: `carried` when the caller read it
+    already (run/carry.py `early_read`), else read here."""
+    parallel = parallel if parallel is not None else DataParallel(device=device)
+    seed_everything(cfg.trainer.seed)
+    train_qs, val_qs, report = data if data is not None else load_run_data(cfg, parallel)
+    report = copy.deepcopy(report)  # counts the prompts filtered below: a retried start counts afresh
     offload = OFFLOAD_MODES[cfg.trainer.offload]  # the one lookup: every part below gets the mode
     template = get_template(cfg.model.template)
     fingerprint = ""
@@ -224,6 +240,7 @@ def build_trainer(
             switch=DelayedStart(cfg.replay.start_threshold),
             seed=cfg.trainer.seed,
             data_fingerprint=fingerprint,
+            trained_with=trained_with(cfg),
         )
         if resume_from is not None:
             _load_checkpoint(state, resume_from, parallel, new_data)
@@ -273,11 +290,16 @@ def data_fingerprint(questions: list[Question]) -> str:
     return h.hexdigest()
 
 
-def check_resume_data(cfg: ExgrpoConfig, folder: Path, fingerprint: str) -> bool:
+def check_resume_buffer(cfg: ExgrpoConfig, folder: Path) -> None:
+    """Before the logger starts: the rollout.n and replay.bucket_by refusals of check_resume_data."""
+    check_resume_data(cfg, folder, None)
+
+
+def check_resume_data(cfg: ExgrpoConfig, folder: Path, fingerprint: str | None) -> bool:
     """Before the model loads: refuse (ResumeRefused, one line) a resume whose rollout.n or
     replay.bucket_by differs from the checkpoint's, or whose questions differ unless
-    trainer.resume_new_data; returns whether the run continues on new data. Checkpoints written
-    before fingerprints: not checked."""
+    trainer.resume_new_data (not compared when `fingerprint` is None); returns whether the run
+    continues on new data. Checkpoints written before fingerprints: not checked."""
     try:
         state = ckpt.read_json(folder / "trainer_state.json")
         index = ckpt.read_json(folder / "replay" / "index.json")
@@ -297,7 +319,7 @@ def check_resume_data(cfg: ExgrpoConfig, folder: Path, fingerprint: str) -> bool
             f"{str(saved_rule)[:20]}: resume with that rule, or start a new run"
         )
     saved = state.get("data_fingerprint")
-    if not saved or saved == fingerprint:
+    if fingerprint is None or not saved or saved == fingerprint:
         return False
     if not cfg.trainer.resume_new_data:
         raise ResumeRefused(

@@ -4,7 +4,8 @@
 there is a checkpoint), then every step is trained, logged, validated every
 `trainer.eval_every` steps and checkpointed every `trainer.save_every`. SIGINT/SIGTERM and a
 scheduler's warnings (SIGUSR1/SIGUSR2) finish the step in flight, save a checkpoint and exit, and
-after a warning the job is requeued (run/preempt.py); a run whose updates keep being skipped
+after a warning the job is requeued (run/preempt.py); before the step loop a SIGTERM/SIGINT ends
+the start at once; a run whose updates keep being skipped
 stops with its last good state saved.
 """
 
@@ -37,11 +38,15 @@ from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.run import notices, preempt
 from exgrpo_cli.run.carry import CarriedBuffer, early_read
 from exgrpo_cli.run.lock import lock_run_dir
+from exgrpo_cli.run.log_files import guard_log_files
 from exgrpo_cli.run.preempt import StopRequested
+from exgrpo_cli.run.resume_changes import check_resume_changes
 from exgrpo_cli.run.setup import (
     ResumeRefused,
     build_trainer,
+    check_resume_buffer,
     decide_resume,
+    load_run_data,
     share_run_dir,
     warn_low_precision_weights,
 )
@@ -82,11 +87,13 @@ class _NoLogger:
 
 def run_training(cfg: ExgrpoConfig) -> dict[str, float]:
     t0 = time.time()
+    guard_log_files()  # a full disk under train.log: one line, not a traceback per record
     # torchrun: one process per device, all running this function; without torchrun: one rank
     parallel = D.init_distributed(timeout_s=cfg.trainer.dist_timeout_s, device=cfg.trainer.device)
     try:
-        # from the start: a warning while the model loads (minutes at scale) stops after step 1
-        with StopRequested() as stop:
+        # from the start: a warning while the model loads (minutes at scale) stops after step 1;
+        # a TERM/INT before the loop ends the start at once (no checkpoint would ever come)
+        with StopRequested(defer=False) as stop:
             final = _train(cfg, parallel, stop)
     finally:
         D.close_distributed()
@@ -118,14 +125,24 @@ def _start(
     (trainer.resume=auto) is quarantined like one that fails verification, and the next older one
     is tried; an explicit trainer.resume=<path> that fails to load is refused."""
     notes: list[str] = []
+    data = None
     while True:
         resume_from, warnings = decide_resume(cfg, parallel)
+        # before the logger or the tracker start, the refusals that need no model: a refused
+        # resume (another objective, rollout.n, replay.bucket_by) or bad data creates nothing
+        if resume_from is not None:
+            changed = check_resume_changes(cfg, resume_from)
+            warnings += [changed] if changed else []
+            check_resume_buffer(cfg, resume_from)
+        data = data or load_run_data(cfg, parallel)
         notes += warnings
         for w in warnings:
             log.warning(w)
         logger = _start_logger(cfg, parallel, out, resume_from)  # before the model: an outage costs seconds
         try:
-            trainer, val_qs, report = build_trainer(cfg, parallel.device, parallel, resume_from, carried)
+            trainer, val_qs, report = build_trainer(
+                cfg, parallel.device, parallel, resume_from, data, carried
+            )
             return logger, trainer, val_qs, report, resume_from, notes
         except ckpt.CheckpointLoadError as err:
             logger.close()
@@ -249,6 +266,7 @@ def _loop(
     top_reward, empty_warned = -math.inf, False  # the run's highest fresh reward (this process's)
     best = _Best(out / "checkpoints", st, ranks, t.best_metric) if t.keep_best else None
     with stop:
+        stop.training()  # a signal now waits for the step's end and its checkpoint
         for step in range(st.step + 1, t.steps + 1):
             raw = trainer.train_step(step)
             peaks = {k: v for k, v in raw.items() if k.startswith("memory/")}

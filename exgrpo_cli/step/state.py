@@ -76,6 +76,9 @@ class RunState:
     # replay.readmit_into=batch: re-admitted questions not yet trained, served first into the next
     # steps' fresh slots (uids, in re-admission order)
     readmit_queue: list[str] = field(default_factory=list)
+    # the config sections that decide what is trained, as plain data (run/resume_changes.py):
+    # written with each checkpoint as config.json, compared with the command's at resume
+    trained_with: dict[str, Any] = field(default_factory=dict)
 
     def count_updates(self, applied: list[bool]) -> None:
         """Keep `skipped_in_a_row` for a step's updates in order (False: skipped, for a non-finite
@@ -159,6 +162,8 @@ class RunState:
                 self.buffer.save(str(tmp / "replay"))
                 save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
                 ckpt.write_json(tmp / "trainer_state.json", self.state_dict())
+                if self.trained_with:
+                    ckpt.write_json(tmp / "config.json", self.trained_with)
 
         return ckpt.save_checkpoint(root, self.step, write, keep, parallel)
 

@@ -259,3 +259,24 @@ def test_nothing_skipped_says_nothing(tmp_path: Path) -> None:
     path.write_bytes(b"".join(GOOD))
     _, _, report = load_questions(_cfg(path))
     assert (report.rows, report.skipped, skipped_rows_lines(report)) == (12, 0, [])
+
+
+# a 200 KB line of brackets: json.loads raised RecursionError, which stopped the whole load (issue 46)
+DEEP = b"[" * 200_000 + b"\n"
+# a question that looks like a chat list stored as text (DeepMath's): kept as the text it is
+DEEP_CHAT = _line({"prompt": "[{" + "[" * 90_000, "ground_truth": "1"})
+
+
+@pytest.mark.parametrize("on_bad_row", ["skip", "error"])
+def test_a_deeply_nested_line_is_one_bad_row(tmp_path: Path, on_bad_row: str) -> None:
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(GOOD[0] + DEEP + GOOD[1] + DEEP_CHAT + b"".join(GOOD[2:]))
+    if on_bad_row == "error":
+        with pytest.raises(DataError, match="line 2: invalid JSON .nested deeper"):
+            load_questions(_cfg(path, on_bad_row="error"))
+        return
+    train, _, report = load_questions(_cfg(path))
+    assert len(train) == len(GOOD) + 1 and report.skipped == 1, report
+    assert report.kinds == {INVALID_JSON: 1}, report.kinds
+    rows = read_rows(str(path))  # what `exgrpo eval eval=custom` reads
+    assert rows[1]["__kind__"] == INVALID_JSON and len(rows) == len(GOOD) + 2

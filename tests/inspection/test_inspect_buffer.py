@@ -208,3 +208,31 @@ def test_100k_experiences_in_a_few_seconds(tmp_path: Path):
     text = run_cli(["inspect-buffer", str(run), f"hydra.run.dir={tmp_path / 'h'}"])
     assert text.returncode == 0 and "100,000" in text.stdout
     assert time.perf_counter() - t0 < 60
+
+
+def test_a_buffer_index_out_of_bounds_is_one_line_exit_2(tmp_path: Path) -> None:
+    """The bound on the group size was caught in load_buffer but escaped as a ValueError traceback
+    (issue 46): now exit 2 and one line, as resume refuses the same buffer."""
+    from exgrpo_cli.checkpoint import store as ckpt
+
+    run = tmp_path / "run"
+    small = _synthetic_checkpoint(tmp_path / "src", 20) / "checkpoints" / "step_40"
+
+    def write(tmp: Path) -> None:
+        for part in ("replay", "trainer_state.json"):
+            src = small / part
+            if src.is_dir():
+                (tmp / part).mkdir()
+                for f in src.iterdir():
+                    (tmp / part / f.name).write_bytes(f.read_bytes())
+            else:
+                (tmp / part).write_bytes(src.read_bytes())
+        index = json.loads((tmp / "replay" / "index.json").read_text())
+        index["group_size"] = 10**8
+        (tmp / "replay" / "index.json").write_text(json.dumps(index))
+
+    assert ckpt.save_checkpoint(run / "checkpoints", 40, write, keep=1) is not None
+    res = run_cli(["inspect-buffer", str(run), f"hydra.run.dir={tmp_path / 'h'}"])
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "group size" in lines[0] and "Traceback" not in res.stderr, res.stderr

@@ -117,3 +117,46 @@ def test_a_training_set_smaller_than_a_step_is_refused_before_the_model_loads(
     with pytest.raises(UsageError, match="has 5 usable questions, fewer than the 8") as err:
         setup.build_trainer(cfg, torch.device("cpu"))
     assert err.value.exit_code == 2
+
+
+@pytest.fixture
+def no_logger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The metric logger (metrics.jsonl, the tracker run) must not start: the refusal comes first."""
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the logger or tracker started before the refusal")
+
+    monkeypatch.setattr(run, "MetricLogger", started)
+
+
+def test_a_data_refusal_comes_before_the_logger(no_logger: None, tmp_path: Path) -> None:
+    """The old start opened metrics.jsonl and the W&B run, then loaded the data (issue 46)."""
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"prompt": 5}\n')
+    cfg = ExgrpoConfig()
+    data = dataclasses.replace(cfg.data, source="jsonl", path=str(bad), on_bad_row="error", val_size=0)
+    cfg = dataclasses.replace(cfg, data=data)
+    with pytest.raises(UsageError, match="line 1"):
+        run._start(cfg, DataParallel(), tmp_path / "run")
+
+
+def test_another_rollout_n_at_resume_is_refused_before_the_logger(no_logger: None, tmp_path: Path) -> None:
+    import json
+
+    from exgrpo_cli.checkpoint import store as ckpt
+    from exgrpo_cli.run.resume_changes import CONFIG_FILE, trained_with
+
+    out = tmp_path / "run"
+    cfg = ExgrpoConfig()
+    trainer = dataclasses.replace(cfg.trainer, output_dir=str(out), resume_changes=True)
+    cfg = dataclasses.replace(cfg, trainer=trainer)
+
+    def write(tmp: Path) -> None:
+        (tmp / "replay").mkdir()
+        (tmp / "replay" / "index.json").write_text(json.dumps({"group_size": cfg.rollout.n + 1}))
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": 1}))
+        (tmp / CONFIG_FILE).write_text(json.dumps(trained_with(cfg)))
+
+    ckpt.save_checkpoint(out / "checkpoints", 1, write, keep=1)
+    with pytest.raises(UsageError, match=f"rollout.n={cfg.rollout.n}, but"):
+        run._start(cfg, DataParallel(), out)
