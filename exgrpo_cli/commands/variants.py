@@ -76,6 +76,7 @@ def _check_training_variants(cfg: ExgrpoConfig) -> None:
     from exgrpo_cli.algo.losses import POLICY_LOSSES
     from exgrpo_cli.data.sampler import FRESH_DRAWS
     from exgrpo_cli.data.sources import SOURCES
+    from exgrpo_cli.replay.methods import build_replay_method
     from exgrpo_cli.replay.selection import QUESTION_SELECTION
     from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 
@@ -87,6 +88,9 @@ def _check_training_variants(cfg: ExgrpoConfig) -> None:
         raise ConfigError(f"invalid data.path={d.path!r}: allowed a Hugging Face dataset id")
     pick(QUESTION_SELECTION, "replay.question_selection", cfg.replay.question_selection)
     pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection)
+    # a name of REPLAY_METHODS, or the user's file imported here, in this process, so that a typo
+    # or a broken file stops the run before any model loads
+    build_replay_method(cfg)
     pick(POLICY_LOSSES, "algo.loss", cfg.algo.loss)
     pick(AGGREGATIONS, "algo.aggregation", cfg.algo.aggregation)
     pick(FRESH_DRAWS, "data.draw", cfg.data.draw)

@@ -165,6 +165,13 @@ class ReplayConfig:
     importance_correction: bool = field(
         default=True, metadata={"help": "false: behaviour policy = current policy"}
     )
+    method: str = field(
+        default="exgrpo",
+        metadata={
+            "help": "a name of replay.REPLAY_METHODS (exgrpo | ...) or path/to/file.py:Name: what the buffer "
+            "stores, which questions and responses replay, how they enter the loss (docs/replay-methods.md)"
+        },
+    )
     question_selection: str = field(
         default="gaussian", metadata={"help": "a name of replay.QUESTION_SELECTION: gaussian | uniform"}
     )

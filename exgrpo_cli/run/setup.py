@@ -45,9 +45,8 @@ from exgrpo_cli.plan.model_bounds import check_model
 from exgrpo_cli.policy import lora
 from exgrpo_cli.policy.load import load_policy
 from exgrpo_cli.replay.buffer import ExperienceBuffer
+from exgrpo_cli.replay.methods import build_replay_method
 from exgrpo_cli.replay.schedule import DelayedStart
-from exgrpo_cli.replay.selection import QUESTION_SELECTION
-from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 from exgrpo_cli.reward.stage import REWARDS, Reward, build_reward
 from exgrpo_cli.rollout import build_engine
 from exgrpo_cli.step.loop import Choices, Trainer
@@ -148,8 +147,7 @@ def choices(cfg: ExgrpoConfig) -> Choices:
         aggregation=pick(AGGREGATIONS, "algo.aggregation", cfg.algo.aggregation)(
             AggregationSettings(**dataclasses.asdict(cfg.algo.official_batch))
         ),
-        trajectory=pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection),
-        questions=pick(QUESTION_SELECTION, "replay.question_selection", cfg.replay.question_selection)(cfg),
+        method=build_replay_method(cfg),
         draw=pick(FRESH_DRAWS, "data.draw", cfg.data.draw),
     )
 
