@@ -76,7 +76,7 @@ def _check_training_variants(cfg: ExgrpoConfig) -> None:
     from exgrpo_cli.algo.losses import POLICY_LOSSES
     from exgrpo_cli.data.sampler import FRESH_DRAWS
     from exgrpo_cli.data.sources import SOURCES
-    from exgrpo_cli.replay.methods import build_replay_method
+    from exgrpo_cli.replay.method_registry import build_replay_method
     from exgrpo_cli.replay.selection import QUESTION_SELECTION
     from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 

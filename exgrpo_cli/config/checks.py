@@ -220,6 +220,8 @@ def check_replay(cfg: ExgrpoConfig, command: str) -> None:
         "(partly solved groups: a whole-K group retires its question)",
     )
     key("entropy_batch_size", p.entropy_batch_size >= 1, ">= 1")
+    _check(p.prompt.cooldown >= 0, "replay.prompt.cooldown", p.prompt.cooldown, ">= 0")
+    _check(p.prompt.max_reuse >= 1, "replay.prompt.max_reuse", p.prompt.max_reuse, ">= 1")
 
 
 @section_check

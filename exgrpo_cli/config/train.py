@@ -153,6 +153,18 @@ class AlgoConfig:
 
 
 @dataclass
+class PromptReplayConfig:
+    """replay.method=prompt: Prompt Replay (arXiv 2603.21177) reuses prompts, not responses."""
+
+    cooldown: int = field(
+        default=2, metadata={"help": "steps a replayed prompt waits before it can be replayed again (ours)"}
+    )
+    max_reuse: int = field(
+        default=2, metadata={"help": "times a prompt is replayed before it leaves the buffer (ours)"}
+    )
+
+
+@dataclass
 class ReplayConfig:
     ratio: float = field(
         default=0.5, metadata={"help": "rho: share of the step's questions drawn from the buffer (0 = GRPO)"}
@@ -171,6 +183,9 @@ class ReplayConfig:
             "help": "a name of replay.REPLAY_METHODS (exgrpo | ...) or path/to/file.py:Name: what the buffer "
             "stores, which questions and responses replay, how they enter the loss (docs/replay-methods.md)"
         },
+    )
+    prompt: PromptReplayConfig = field(
+        default_factory=PromptReplayConfig, metadata={"help": "replay.method=prompt's settings"}
     )
     question_selection: str = field(
         default="gaussian", metadata={"help": "a name of replay.QUESTION_SELECTION: gaussian | uniform"}

@@ -232,6 +232,11 @@ class ExperienceBuffer:
         self._readmitted += len(picked)
         return picked
 
+    def discard(self, uid: str) -> None:
+        """Take a buffered question out of the buffer and its bucket (not retired: fresh sampling
+        may still draw it), as a replay method's leaving rule does (replay.prompt.max_reuse)."""
+        self._remove(uid)
+
     def _add_to_checksum(self, value: int) -> None:
         self._checksum = (self._checksum + value) % 2**64
 

@@ -31,14 +31,14 @@ returns M picks and K fresh from `members`; one that replays prompts only return
 fresh, and sets `keeps_prompts`). A method that needs a hook this protocol lacks is the
 protocol's bug: extend it here, never `if method == ...` in the step.
 
-`REPLAY_METHODS` maps a name to its factory (the run's config -> a method); `replay.method` may
-also name a user's class in a file, `path/to/file.py:Name` (loaded by config/user_code.py, the
-loader `reward.function` uses), called with the config like the entries here.
+`REPLAY_METHODS` (replay/method_registry.py) maps a name to its factory (the run's config -> a
+method); `replay.method` may also name a user's class in a file, `path/to/file.py:Name` (loaded by
+config/user_code.py, the loader `reward.function` uses), called with the config like the entries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -47,8 +47,6 @@ import numpy as np
 from exgrpo_cli.algo.logprobs import CandidateScore
 from exgrpo_cli.algo.losses import PolicyLoss
 from exgrpo_cli.config.registry import pick
-from exgrpo_cli.config.schema import ConfigError
-from exgrpo_cli.config.user_code import load_named
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.bucketing import Bounds, storable
 from exgrpo_cli.replay.experience import Experience
@@ -159,47 +157,3 @@ class ExgrpoReplay:
     def end_step(self, buffer: ExperienceBuffer, step: int) -> list[str]:
         """Retire the questions whose group was all correct this step."""
         return buffer.end_step()
-
-
-# `replay.method`: name -> (the run's config.ExgrpoConfig, duck-typed) -> the method.
-REPLAY_METHODS: dict[str, Callable[[Any], ReplayMethod]] = {
-    "exgrpo": ExgrpoReplay,
-}
-
-
-def is_file_spec(spec: str) -> bool:
-    """`path/to/file.py:Name` (or `package.module:Name`) rather than a registry name."""
-    return ":" in spec
-
-
-def build_replay_method(cfg: Any) -> ReplayMethod:
-    """The method `replay.method` names, built with the run's config: a REPLAY_METHODS entry, or a
-    user's class (or factory) from `path/to/file.py:Name`. ConfigError, one line, for an unknown
-    name, a file that does not load, or an object without the protocol's hooks."""
-    spec = cfg.replay.method
-    if not is_file_spec(spec):
-        if spec not in REPLAY_METHODS:
-            raise ConfigError(
-                f"invalid replay.method={spec!r}: allowed one of {', '.join(REPLAY_METHODS)} "
-                "or path/to/file.py:Name"
-            )
-        return REPLAY_METHODS[spec](cfg)
-    factory = load_named(spec, "replay.method")
-    if not callable(factory):
-        raise ConfigError(f"invalid replay.method={spec!r}: {type(factory).__name__} is not callable")
-    try:
-        method = factory(cfg)
-    except ConfigError:
-        raise
-    except Exception as err:  # the user's constructor: its failure is a refusal, not a traceback
-        raise ConfigError(
-            f"invalid replay.method={spec!r}: building it failed ({type(err).__name__}: {err})"
-        ) from None
-    missing = [h for h in HOOKS if not callable(getattr(method, h, None))]
-    missing += [a for a in ("score", "keeps_prompts") if not hasattr(method, a)]
-    if missing:
-        raise ConfigError(
-            f"invalid replay.method={spec!r}: it lacks {', '.join(missing)} "
-            "(subclass exgrpo_cli.replay.methods.ExgrpoReplay)"
-        )
-    return method  # type: ignore[no-any-return]

@@ -45,7 +45,7 @@ from exgrpo_cli.plan.model_bounds import check_model
 from exgrpo_cli.policy import lora
 from exgrpo_cli.policy.load import load_policy
 from exgrpo_cli.replay.buffer import ExperienceBuffer
-from exgrpo_cli.replay.methods import build_replay_method
+from exgrpo_cli.replay.method_registry import build_replay_method
 from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.reward.stage import REWARDS, Reward, build_reward
 from exgrpo_cli.rollout import build_engine

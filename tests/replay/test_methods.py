@@ -12,23 +12,19 @@ import pytest
 from exgrpo_cli.commands.variants import check_variants
 from exgrpo_cli.config.schema import ConfigError, ExgrpoConfig
 from exgrpo_cli.replay.experience import Experience
-from exgrpo_cli.replay.methods import REPLAY_METHODS, ExgrpoReplay, Members, build_replay_method
+from exgrpo_cli.replay.method_registry import REPLAY_METHODS, build_replay_method
+from exgrpo_cli.replay.methods import ExgrpoReplay, Members
 
-from conftest import REPLAY_RUN, metrics, run_cli, train_ok
+from conftest import REPLAY_RUN, REPO, metrics, run_cli, train_ok
 
 # the worked example of docs/replay-methods.md: ExGRPO, but one replayed question a step, its
 # newest stored response beside K-1 fresh ones
-USER_METHOD = """
-from exgrpo_cli.replay.methods import ExgrpoReplay, Members
+EXAMPLE = REPO / "docs" / "examples" / "one_newest.py"
+USER_METHOD = EXAMPLE.read_text()
 
 
-class OneNewest(ExgrpoReplay):
-    def how_many(self, buffer):
-        return min(1, buffer.num_questions)
-
-    def members(self, candidates, scores, rng, group_size):
-        return Members(picks=(len(candidates) - 1,), fresh=group_size - 1)
-"""
+def test_the_docs_show_the_example_file() -> None:
+    assert USER_METHOD in (REPO / "docs" / "replay-methods.md").read_text()
 
 
 def _cfg(method: str) -> ExgrpoConfig:
@@ -60,7 +56,7 @@ def test_a_method_from_a_file_is_built_with_the_config(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("source", "spec", "said"),
     [
-        (None, "nope", "invalid replay.method='nope': allowed one of exgrpo"),
+        (None, "nope", "invalid replay.method='nope': allowed one of exgrpo, prompt"),
         (None, "{dir}/missing.py:X", "no such file"),
         ("def broken(:\n", "{file}:X", "importing it failed (SyntaxError"),
         ("raise RuntimeError('boom')\n", "{file}:X", "importing it failed (RuntimeError: boom)"),
