@@ -165,6 +165,19 @@ class PromptReplayConfig:
 
 
 @dataclass
+class PrioritizedReplayConfig:
+    """replay.method=prioritized: problem-level priority p(1-p) (arXiv 2601.02648)."""
+
+    retest_every: int = field(
+        default=10,
+        metadata={"help": "every this many steps solved (retired) problems are retested (0: never; ours)"},
+    )
+    retest_fraction: float = field(
+        default=0.1, metadata={"help": "the share of the solved problems put back into fresh sampling (ours)"}
+    )
+
+
+@dataclass
 class ReplayConfig:
     ratio: float = field(
         default=0.5, metadata={"help": "rho: share of the step's questions drawn from the buffer (0 = GRPO)"}
@@ -186,6 +199,9 @@ class ReplayConfig:
     )
     prompt: PromptReplayConfig = field(
         default_factory=PromptReplayConfig, metadata={"help": "replay.method=prompt's settings"}
+    )
+    prioritized: PrioritizedReplayConfig = field(
+        default_factory=PrioritizedReplayConfig, metadata={"help": "replay.method=prioritized's settings"}
     )
     question_selection: str = field(
         default="gaussian", metadata={"help": "a name of replay.QUESTION_SELECTION: gaussian | uniform"}

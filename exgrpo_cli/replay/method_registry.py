@@ -14,12 +14,14 @@ from typing import Any
 from exgrpo_cli.config.schema import ConfigError
 from exgrpo_cli.config.user_code import load_named
 from exgrpo_cli.replay.methods import HOOKS, ExgrpoReplay, ReplayMethod
+from exgrpo_cli.replay.prioritized_replay import PrioritizedReplay
 from exgrpo_cli.replay.prompt_replay import PromptReplay
 
 # `replay.method`: name -> (the run's config.ExgrpoConfig, duck-typed) -> the method.
 REPLAY_METHODS: dict[str, Callable[[Any], ReplayMethod]] = {
     "exgrpo": ExgrpoReplay,
     "prompt": PromptReplay,
+    "prioritized": PrioritizedReplay,
 }
 
 

@@ -16,7 +16,8 @@ hooks of the one method the config names, in this order:
   enters(groups, bounds)                what enters the buffer: (group, response) of every
                                         response it stores; `keeps_prompts`: a question enters its
                                         bucket even when none of its responses is stored
-  end_step(buffer, step)                what leaves after the step (retirement, ...)
+  end_step(buffer, step, groups)        what leaves after the step (retirement, ...), seeing the
+                                        step's scored groups
 
 A method keeps no state of its own: what it must remember across steps (reuse counts, the step a
 question was last replayed, priorities) goes into `buffer.method_state`, a JSON-able dict that is
@@ -105,7 +106,7 @@ class ReplayMethod(Protocol):
 
     def enters(self, groups: Sequence[Group], bounds: Bounds | None) -> list[tuple[int, int]]: ...
 
-    def end_step(self, buffer: ExperienceBuffer, step: int) -> list[str]: ...
+    def end_step(self, buffer: ExperienceBuffer, step: int, groups: Sequence[Group]) -> list[str]: ...
 
 
 HOOKS = ("expire", "how_many", "questions", "members", "loss", "enters", "end_step")
@@ -154,6 +155,6 @@ class ExgrpoReplay:
         delayed start)."""
         return storable(groups, bounds)
 
-    def end_step(self, buffer: ExperienceBuffer, step: int) -> list[str]:
+    def end_step(self, buffer: ExperienceBuffer, step: int, groups: Sequence[Group]) -> list[str]:
         """Retire the questions whose group was all correct this step."""
         return buffer.end_step()

@@ -76,7 +76,7 @@ class PromptReplay(ExgrpoReplay):
     def enters(self, groups: Sequence[Group], bounds: Bounds | None) -> list[tuple[int, int]]:
         return []
 
-    def end_step(self, buffer: ExperienceBuffer, step: int) -> list[str]:
+    def end_step(self, buffer: ExperienceBuffer, step: int, groups: Sequence[Group]) -> list[str]:
         retired = buffer.end_step()
         reuse, last = self._state(buffer)
         for uid in [u for u, times in reuse.items() if times >= self.max_reuse and u in buffer]:

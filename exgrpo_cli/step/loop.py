@@ -145,7 +145,7 @@ class Trainer:
             self.sync(step)
         if self.replay_enabled:
             with t("buffer"):
-                method.end_step(st.buffer, step)
+                method.end_step(st.buffer, step, groups)
                 self.maybe_readmit(step)
         st.step = step
         st.count_updates(result.applied)

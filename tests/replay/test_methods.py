@@ -56,7 +56,7 @@ def test_a_method_from_a_file_is_built_with_the_config(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("source", "spec", "said"),
     [
-        (None, "nope", "invalid replay.method='nope': allowed one of exgrpo, prompt"),
+        (None, "nope", "invalid replay.method='nope': allowed one of exgrpo, prompt, prioritized"),
         (None, "{dir}/missing.py:X", "no such file"),
         ("def broken(:\n", "{file}:X", "importing it failed (SyntaxError"),
         ("raise RuntimeError('boom')\n", "{file}:X", "importing it failed (RuntimeError: boom)"),

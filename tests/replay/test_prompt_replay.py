@@ -38,7 +38,7 @@ def _method(cooldown: int = 1, max_reuse: int = 2) -> PromptReplay:
 def _observe(method: PromptReplay, buf: ExperienceBuffer, groups: list[Group], step: int) -> None:
     rows = method.enters(groups, (0, K - 1))
     buf.observe_groups(groups, step, (0, K - 1), None, rows, method.keeps_prompts)
-    method.end_step(buf, step)
+    method.end_step(buf, step, groups)
 
 
 def test_prompts_enter_with_no_response_and_replay_with_k_fresh() -> None:
@@ -57,7 +57,7 @@ def test_nearest_to_half_first_then_cooldown_then_max_reuse() -> None:
     assert method.questions(buf, 1, rng, step=2) == ["b"]  # pass rate 0.5
     assert method.questions(buf, 3, rng, step=3) == ["a", "c"]  # b cools down one step
     assert method.questions(buf, 3, rng, step=4) == ["b"]  # a and c cool down
-    method.end_step(buf, 4)  # b was replayed twice: it leaves the buffer (not retired)
+    method.end_step(buf, 4, [])  # b was replayed twice: it leaves the buffer (not retired)
     assert "b" not in buf and not buf.is_retired("b") and "a" in buf
     assert buf.method_state == {"reuse": {"a": 1, "c": 1}, "last_replayed": {"a": 3, "c": 3}}
 
@@ -90,19 +90,31 @@ def test_prompt_replay_trains_every_token_on_policy(tmp_path: Path) -> None:
     assert all("reward/accuracy_replayed_questions" in r for r in replaying)
 
 
-RESUME_ARGS = [*REPLAY_RUN, "trainer.steps=4", "trainer.save_every=1", "replay.method=prompt"]
-
-
 @pytest.mark.long
-def test_prompt_replay_resumes_bit_for_bit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["prompt", "prioritized"])
+def test_a_prompts_only_method_resumes_bit_for_bit(tmp_path: Path, method: str) -> None:
+    """As tests/train/test_resume.py for exgrpo: SIGKILLed between steps and resumed, the run ends
+    with the uninterrupted run's weights, optimizer and buffer (its method_state included)."""
+    args = [*REPLAY_RUN, "trainer.steps=4", "trainer.save_every=1", f"replay.method={method}"]
     ref, out = tmp_path / "ref", tmp_path / "run"
-    train_ok(ref, *RESUME_ARGS)
-    sigkill_mid_run(out, RESUME_ARGS)
-    res = run_cli(["train", f"hydra.run.dir={out}", *RESUME_ARGS])
+    train_ok(ref, *args)
+    assert any(r.get("replay/replayed_questions", 0) > 0 for r in metrics(ref)), "the run must replay"
+    sigkill_mid_run(out, args)
+    res = run_cli(["train", f"hydra.run.dir={out}", *args])
     assert res.returncode == 0 and "resumed from" in res.stderr + res.stdout, res.stderr[-3000:]
     index = "checkpoints/step_4/replay/index.json"
     assert json.loads((out / index).read_text()) == json.loads((ref / index).read_text())
-    assert json.loads((ref / index).read_text())["method_state"]["reuse"], "the run must replay"
-    assert same_tensors(
-        checkpoint_tensors(out / "checkpoints/step_4"), checkpoint_tensors(ref / "checkpoints/step_4")
-    )
+    final = "checkpoints/step_4"
+    assert same_tensors(checkpoint_tensors(out / final), checkpoint_tensors(ref / final))
+
+
+def test_inspect_buffer_reports_a_prompts_only_buffer() -> None:
+    """inspect-buffer's report of questions kept with no response (it indexed their last token)."""
+    from exgrpo_cli.inspection import report as rp
+
+    method, buf = _method(), ExperienceBuffer(K)
+    _observe(method, buf, [_group("a", 1), _group("b", 2)], 1)
+    rep = rp.buffer_report(buf, {"step": 1})
+    assert rep["questions"] == 2 and rep["experiences"] == 0
+    assert [q["experiences"] for q in rep["top_questions"]] == [0, 0]
+    assert all(math.isnan(q["mean_length"]) for q in rep["top_questions"])
