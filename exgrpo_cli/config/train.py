@@ -193,8 +193,10 @@ class ReplayConfig:
     method: str = field(
         default="exgrpo",
         metadata={
-            "help": "a name of replay.REPLAY_METHODS (exgrpo | ...) or path/to/file.py:Name: what the buffer "
-            "stores, which questions and responses replay, how they enter the loss (docs/replay-methods.md)"
+            "help": "a name of replay.REPLAY_METHODS (exgrpo | prompt | prioritized) or "
+            "path/to/file.py:Name: what the buffer stores, which questions and responses replay, how they "
+            "enter the loss "
+            "(docs/replay-methods.md)"
         },
     )
     prompt: PromptReplayConfig = field(

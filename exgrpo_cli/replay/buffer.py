@@ -350,7 +350,7 @@ class ExperienceBuffer:
         """{"arrays": name -> numpy array, "index": JSON-able dict}. Copies the token data once."""
         qs = list(self._questions.values())
         arrays = pack_questions(qs)
-        index = {
+        index: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "group_size": self.group_size,
             "bucket_edges": self._scheme.user_edges,
@@ -367,7 +367,7 @@ class ExperienceBuffer:
             "readmitted": self._readmitted,
         }
         if self.method_state:
-            index["method_state"] = self.method_state
+            index["method_state"] = json.loads(json.dumps(self.method_state))  # a copy, and JSON
         return {"arrays": arrays, "index": index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -397,7 +397,7 @@ class ExperienceBuffer:
         for q in self._questions.values():
             self._add_to_checksum(q.value_hashes())
         self._expired = int(index.get("expired", 0))  # absent from buffers saved before max_age
-        self.method_state = dict(index.get("method_state", {}))
+        self.method_state = json.loads(json.dumps(index.get("method_state", {})))  # a deep copy
         if self.max_experiences or self.max_age:
             self._oldest.rebuild(self._questions)
             self._enforce_cap()

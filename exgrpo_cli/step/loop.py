@@ -269,7 +269,7 @@ class Trainer:
             Group(q, p, list(rs), from_buffer=i >= len(fresh))
             for i, (q, p, rs) in enumerate(zip(questions, prompts, responses))
         ]
-        for g, r in zip(groups[len(fresh) :], replayed):
+        for g, chosen in zip(groups[len(fresh) :], replayed):
             g.responses.extend(
                 Response(
                     ids=exp.response_ids.tolist(),
@@ -277,7 +277,7 @@ class Trainer:
                     replayed=True,
                     age=step - exp.step,
                 )
-                for exp in r.experiences
+                for exp in chosen.experiences
             )
         return groups
 

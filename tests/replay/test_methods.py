@@ -95,7 +95,7 @@ def test_the_cli_refuses_a_broken_method_before_the_run_starts(tmp_path: Path) -
     assert not (out / "metrics.jsonl").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a 3-step training run (~10 s): make test-long
 def test_a_users_method_from_a_file_trains(tmp_path: Path) -> None:
     """REPLAY_RUN replays floor(0.5 * 8) = 4 questions a step once the buffer holds them; the
     user's method replays one, and its rows reach the loss."""

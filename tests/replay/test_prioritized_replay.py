@@ -80,7 +80,7 @@ def test_solved_problems_are_retested_every_retest_every_steps() -> None:
     assert len(buf.retired) == 2 and buf.metrics()["replay/readmitted"] == 2
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a 3-step training run (~10 s): make test-long
 def test_prioritized_replay_trains_on_policy_and_retests(tmp_path: Path) -> None:
     out = tmp_path / "run"
     # a retest every step of every solved problem: whatever retires comes straight back

@@ -73,7 +73,7 @@ def test_a_prompts_only_buffer_and_its_counts_survive_a_save(tmp_path: Path) -> 
     assert ExperienceBuffer(K).digest() != back.digest()
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a 3-step training run (~10 s): make test-long
 def test_prompt_replay_trains_every_token_on_policy(tmp_path: Path) -> None:
     out = tmp_path / "run"
     train_ok(out, *REPLAY_RUN, "replay.method=prompt")
