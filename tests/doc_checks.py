@@ -117,6 +117,8 @@ COMMANDS: dict[str, Check] = {
     # --- exgrpo train
     "exgrpo train": C(RUN, cheap=SMALL_TRAIN),
     "exgrpo train replay.ratio=0": C(RUN, cheap=SMALL_TRAIN),
+    "exgrpo train replay.method=prompt": C(RUN, cheap=SMALL_TRAIN),
+    "exgrpo train replay.method=docs/examples/one_newest.py:OneNewest": C(RUN, cheap=SMALL_TRAIN),
     "exgrpo train model.lora.rank=8 algo.lr=3e-4": C(RUN, cheap=SMALL_TRAIN),
     "exgrpo train model=qwen2.5-math-7b data=openr1-math-46k replay.ratio=0.5": C(COMPOSE, "GPU"),
     "exgrpo train -m replay.ratio=0,0.5 trainer.seed=0,1,2": C(RUN, "6 runs of the sweep", cheap=SMALL_TRAIN),

@@ -32,6 +32,7 @@ def registries() -> dict[str, Mapping[str, Any]]:
     from exgrpo_cli.evaluation.benchmarks import SUITES
     from exgrpo_cli.parallel.placement import OFFLOAD_MODES
     from exgrpo_cli.replay.bucketing import BUCKET_BY
+    from exgrpo_cli.replay.method_registry import REPLAY_METHODS
     from exgrpo_cli.replay.selection import QUESTION_SELECTION
     from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
     from exgrpo_cli.reward.reward_model import NORMALISE
@@ -47,6 +48,7 @@ def registries() -> dict[str, Mapping[str, Any]]:
         "algo.aggregation": AGGREGATIONS,
         "replay.question_selection": QUESTION_SELECTION,
         "replay.trajectory_selection": TRAJECTORY_SELECTION,
+        "replay.method": REPLAY_METHODS,  # or a user's file: checked by build_replay_method
         "replay.bucket_by": BUCKET_BY,
         "reward.kind": REWARDS,
         "reward.model.normalise": NORMALISE,
@@ -150,6 +152,11 @@ def _check_training_variants(cfg: ExgrpoConfig, check: Callable[[str], Any]) -> 
         raise ConfigError(f"invalid data.path={d.path!r}: allowed an existing {d.source} file")
     if source.path_kind == "dataset" and not d.path:
         raise ConfigError(f"invalid data.path={d.path!r}: allowed a Hugging Face dataset id")
+    from exgrpo_cli.replay.method_registry import build_replay_method
+
+    # a name of REPLAY_METHODS, or the user's file imported here, in this process, so that a typo
+    # or a broken file stops the run before any model loads
+    build_replay_method(cfg)
     for key in (
         "replay.question_selection",
         "replay.trajectory_selection",

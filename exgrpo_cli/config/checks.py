@@ -235,6 +235,11 @@ def check_replay(cfg: ExgrpoConfig, command: str) -> None:
     key("entropy_batch_size", p.entropy_batch_size >= 1, ">= 1")
     # a run without replay never reads its buffer: a carried one would be dead weight, unsaid
     key("init_from", not p.init_from or p.ratio > 0, "empty when replay.ratio=0 (nothing is replayed)")
+    _check(p.prompt.cooldown >= 0, "replay.prompt.cooldown", p.prompt.cooldown, ">= 0")
+    _check(p.prompt.max_reuse >= 1, "replay.prompt.max_reuse", p.prompt.max_reuse, ">= 1")
+    q = p.prioritized
+    _check(q.retest_every >= 0, "replay.prioritized.retest_every", q.retest_every, ">= 0 (0: never)")
+    _check(0 <= q.retest_fraction <= 1, "replay.prioritized.retest_fraction", q.retest_fraction, "[0, 1]")
 
 
 @section_check

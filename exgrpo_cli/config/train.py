@@ -153,6 +153,31 @@ class AlgoConfig:
 
 
 @dataclass
+class PromptReplayConfig:
+    """replay.method=prompt: Prompt Replay (arXiv 2603.21177) reuses prompts, not responses."""
+
+    cooldown: int = field(
+        default=2, metadata={"help": "steps a replayed prompt waits before it can be replayed again (ours)"}
+    )
+    max_reuse: int = field(
+        default=2, metadata={"help": "times a prompt is replayed before it leaves the buffer (ours)"}
+    )
+
+
+@dataclass
+class PrioritizedReplayConfig:
+    """replay.method=prioritized: problem-level priority p(1-p) (arXiv 2601.02648)."""
+
+    retest_every: int = field(
+        default=10,
+        metadata={"help": "every this many steps solved (retired) problems are retested (0: never; ours)"},
+    )
+    retest_fraction: float = field(
+        default=0.1, metadata={"help": "the share of the solved problems put back into fresh sampling (ours)"}
+    )
+
+
+@dataclass
 class ReplayConfig:
     ratio: float = field(
         default=0.5, metadata={"help": "rho: share of the step's questions drawn from the buffer (0 = GRPO)"}
@@ -164,6 +189,19 @@ class ReplayConfig:
     shaping: bool = field(default=True, metadata={"help": "false: replayed tokens use the plain ratio w"})
     importance_correction: bool = field(
         default=True, metadata={"help": "false: behaviour policy = current policy"}
+    )
+    method: str = field(
+        default="exgrpo",
+        metadata={
+            "help": "what the buffer stores, which questions and responses replay and how they enter "
+            "the loss (docs/replay-methods.md): path/to/file.py:Name, or a name of replay.REPLAY_METHODS"
+        },
+    )
+    prompt: PromptReplayConfig = field(
+        default_factory=PromptReplayConfig, metadata={"help": "replay.method=prompt's settings"}
+    )
+    prioritized: PrioritizedReplayConfig = field(
+        default_factory=PrioritizedReplayConfig, metadata={"help": "replay.method=prioritized's settings"}
     )
     question_selection: str = field(
         default="gaussian", metadata={"help": "a name of replay.QUESTION_SELECTION"}

@@ -43,6 +43,11 @@ NAMES: dict[str, tuple[str, ...]] = {
         "random",
         "shortest",
     ),
+    "replay.method": (
+        "exgrpo",
+        "prompt",
+        "prioritized",
+    ),
     "replay.bucket_by": (
         "count",
         "reward_std",

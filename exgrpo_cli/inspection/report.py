@@ -141,14 +141,15 @@ def buffer_report(
     top_questions = []
     for i in order.tolist():
         e0 = int(exp_ends[i] - counts[i])
-        n_tok = int(tok_ends[exp_ends[i] - 1] - (tok_ends[e0 - 1] if e0 else 0))
+        # a question kept with no response (a prompts-only replay method) has no tokens
+        n_tok = int(tok_ends[exp_ends[i] - 1] - (tok_ends[e0 - 1] if e0 else 0)) if counts[i] else 0
         top_questions.append(
             {
                 "uid": uids[i],
                 "bucket": int(qbuckets[i]) + 1,
                 "accuracy": centres[int(qbuckets[i])],
                 "experiences": int(counts[i]),
-                "mean_length": n_tok / int(counts[i]),
+                "mean_length": n_tok / int(counts[i]) if counts[i] else float("nan"),
             }
         )
     ts = trainer_state or {}

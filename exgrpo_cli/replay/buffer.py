@@ -86,6 +86,9 @@ class ExperienceBuffer:
         # sum mod 2^64 of every stored experience's value hash: order-free, and updated as experiences
         # come and go, so the per-step rank check covers the stored log-probs at no O(buffer) cost
         self._checksum = 0
+        # what the replay method remembers across steps (replay/methods.py): JSON-able, saved and
+        # digested with the buffer; empty under ExGRPO
+        self.method_state: dict[str, Any] = {}
 
     # ----------------------------------------------------------------- buckets
     def bucket_centres(self) -> list[float]:
@@ -118,13 +121,15 @@ class ExperienceBuffer:
         step: int,
         collect: bool,
         level: int | None = None,
+        keep_bare: bool = False,
     ) -> None:
         """Apply one scored group (docs/algorithm.md §2).
 
         ``num_correct`` is k out of K (for a replayed question it counts the replayed
         response); ``correct`` holds (token ids, behaviour log-probs) of the group's new
         fresh correct responses. ``collect`` is False before the delayed start. ``level`` places
-        the question in a bucket (replay/bucketing.py; None: k, the count rule).
+        the question in a bucket (replay/bucketing.py; None: k, the count rule). ``keep_bare``: a
+        question enters its bucket with no response stored (a method that replays prompts only).
         """
         k, K = int(num_correct), self.group_size
         if not 0 <= k <= K:
@@ -143,7 +148,7 @@ class ExperienceBuffer:
         q = self._questions.get(uid)
         ids, logps, hashes = new_responses(q, correct)
         if q is None:
-            if not ids:
+            if not ids and not keep_bare:
                 return  # a question with nothing stored could be selected but not replayed
             q = StoredQuestion(b, np.empty(0, np.int32), np.empty(0, np.float32), np.empty((0, 4), np.int64))
             self._questions[uid] = q
@@ -176,13 +181,15 @@ class ExperienceBuffer:
         step: int,
         bounds: Bounds | None,
         logprobs: Mapping[tuple[int, int], np.ndarray] | None,
+        rows: Sequence[tuple[int, int]] | None = None,
+        keep_bare: bool = False,
     ) -> None:
-        """``observe_group`` for each of a step's scored groups, storing its ``storable``
-        responses with ``logprobs[(group, response)]`` (the trainer's), or with the rollout
-        engine's when ``logprobs`` is None (then a response the engine gave none for is not
-        stored: there would be nothing to weight its replay with)."""
+        """``observe_group`` for each of a step's scored groups, storing its ``rows`` (the replay
+        method's ``enters``; None: ``storable``, ExGRPO's) with ``logprobs[(group, response)]``
+        (the trainer's), or with the rollout engine's when ``logprobs`` is None (then a response
+        the engine gave none for is not stored: there would be nothing to weight its replay with)."""
         correct: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in groups]
-        for gi, ri in self.storable(groups, bounds):
+        for gi, ri in self.storable(groups, bounds) if rows is None else rows:
             r = groups[gi].responses[ri]
             if logprobs is not None:
                 logp = logprobs[(gi, ri)]
@@ -194,7 +201,9 @@ class ExperienceBuffer:
         levels = BUCKET_BY[self.bucket_by].levels(groups, self.group_size)
         for gi, g in enumerate(groups):
             collect = collects(g, bounds)
-            self.observe_group(g.question.uid, g.num_correct, correct[gi], step, collect, levels[gi])
+            self.observe_group(
+                g.question.uid, g.num_correct, correct[gi], step, collect, levels[gi], keep_bare
+            )
 
     def end_step(self) -> list[str]:
         """Retire the questions that reached k == K this step; returns them."""
@@ -223,8 +232,9 @@ class ExperienceBuffer:
         self._readmitted += len(picked)
         return picked
 
-    def drop_question(self, uid: str) -> None:
-        """Remove buffered question `uid` and its experiences (not retired: it may come back)."""
+    def discard(self, uid: str) -> None:
+        """Take a buffered question out of the buffer and its bucket (not retired: fresh sampling
+        may still draw it), as a replay method's leaving rule does (replay.prompt.max_reuse)."""
         self._remove(uid)
 
     def _add_to_checksum(self, value: int) -> None:
@@ -305,6 +315,8 @@ class ExperienceBuffer:
         the checksum is kept up to date as experiences come and go."""
         sizes = [self.num_questions, self._num_experiences, self._tokens, self.checksum]
         content = [[list(b) for b in self._buckets], sorted(self._retired), *sizes]
+        if self.method_state:  # absent, the digest is the one buffers had before methods
+            content.append(self.method_state)
         return hashlib.blake2b(json.dumps(content).encode(), digest_size=8).hexdigest()
 
     @property
@@ -338,7 +350,7 @@ class ExperienceBuffer:
         """{"arrays": name -> numpy array, "index": JSON-able dict}. Copies the token data once."""
         qs = list(self._questions.values())
         arrays = pack_questions(qs)
-        index = {
+        index: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "group_size": self.group_size,
             "bucket_edges": self._scheme.user_edges,
@@ -354,6 +366,8 @@ class ExperienceBuffer:
             "pending_retire": list(self._pending),
             "readmitted": self._readmitted,
         }
+        if self.method_state:
+            index["method_state"] = json.loads(json.dumps(self.method_state))  # a copy, and JSON
         return {"arrays": arrays, "index": index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -383,6 +397,7 @@ class ExperienceBuffer:
         for q in self._questions.values():
             self._add_to_checksum(q.value_hashes())
         self._expired = int(index.get("expired", 0))  # absent from buffers saved before max_age
+        self.method_state = json.loads(json.dumps(index.get("method_state", {})))  # a deep copy
         if self.max_experiences or self.max_age:
             self._oldest.rebuild(self._questions)
             self._enforce_cap()

@@ -29,7 +29,8 @@ class OldestFirst:
         heapq.heappush(self.heap, (seq, uid))
 
     def rebuild(self, questions: Mapping[str, StoredQuestion]) -> None:
-        self.heap = [(int(q.meta[0, META_SEQ]), uid) for uid, q in questions.items()]
+        # a question kept with no response (a prompts-only method) has nothing to evict
+        self.heap = [(int(q.meta[0, META_SEQ]), uid) for uid, q in questions.items() if len(q.meta)]
         heapq.heapify(self.heap)
 
     def pick(

@@ -132,7 +132,7 @@ def unpack_questions(
     tok_ends = np.cumsum(meta[:, META_LEN]).tolist()
     out, e0, t0 = [], 0, 0
     for b, e1 in zip(buckets, exp_ends):
-        t1 = tok_ends[e1 - 1]
+        t1 = tok_ends[e1 - 1] if e1 > e0 else t0  # a question with no response: no tokens
         # copy(): each question must own its memory so retiring it frees it.
         out.append(StoredQuestion(int(b), ids[t0:t1].copy(), logp[t0:t1].copy(), meta[e0:e1].copy()))
         e0, t0 = e1, t1

@@ -88,7 +88,7 @@ def checked_arrays(
     counts = np.asarray(arrays["experience_counts"], dtype=np.int64)
     if not (
         len(index["questions"]) == len(index["question_buckets"]) == len(counts)
-        and (counts > 0).all()
+        and (counts >= 0).all()  # 0: a question kept with no response (a prompts-only method)
         and int(counts.sum()) == len(meta)
         and int(meta[:, META_LEN].sum()) == len(ids) == len(logp)
     ):

@@ -21,22 +21,19 @@ once. The project never executes model output: a function that does is the user'
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 import math
 import multiprocessing as mp
 import numbers
-import os
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 from exgrpo_cli.config.schema import ConfigError
+from exgrpo_cli.config.user_code import load_named
 from exgrpo_cli.data.types import Question, answer_only_questions
 from exgrpo_cli.reward.scorer import ScoreResult
 from exgrpo_cli.reward.verify import worker_setup
@@ -49,32 +46,9 @@ _START_TIMEOUT_S = 120.0
 def load_function(spec: str) -> Callable[..., Any]:
     """The callable `spec` names (`file.py:name` or `module:name`); ConfigError (exit 2) with one
     line when the file or module does not import or the name is absent or not callable."""
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name:
-        raise ConfigError(
-            f"invalid reward.function={spec!r}: allowed path/to/file.py:name or package.module:name"
-        )
-    try:
-        if where.endswith(".py") or os.sep in where or "/" in where:
-            path = Path(where).expanduser()
-            if not path.is_file():
-                raise ConfigError(f"invalid reward.function={spec!r}: no such file {path}")
-            module_spec = importlib.util.spec_from_file_location(f"exgrpo_user_reward_{path.stem}", path)
-            assert module_spec is not None and module_spec.loader is not None
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-    except ConfigError:
-        raise
-    except BaseException as err:  # SyntaxError, ImportError, whatever its top level raises
-        raise ConfigError(
-            f"invalid reward.function={spec!r}: importing it failed ({type(err).__name__}: {err})"
-        ) from None
-    fn = getattr(module, name, None)
-    if fn is None:
-        raise ConfigError(f"invalid reward.function={spec!r}: {where} has no {name!r}")
+    fn = load_named(spec, "reward.function")
     if not callable(fn):
+        name = spec.rpartition(":")[2]
         raise ConfigError(f"invalid reward.function={spec!r}: {name} is a {type(fn).__name__}, not callable")
     return fn  # type: ignore[no-any-return]
 

@@ -208,7 +208,7 @@ def start_buffer(carried: CarriedBuffer, uids: set[str]) -> str:
     buffer = carried.buffer
     _, dropped = carried_questions(carried, uids)
     for uid in dropped:
-        buffer.drop_question(uid)
+        buffer.discard(uid)
     line = (
         f"{KEY}: started with the buffer of {carried.checkpoint}: {buffer.num_questions} questions, "
         f"{buffer.num_experiences} experiences"

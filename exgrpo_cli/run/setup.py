@@ -47,9 +47,8 @@ from exgrpo_cli.plan.model_bounds import check_model
 from exgrpo_cli.policy import lora
 from exgrpo_cli.policy.load import load_policy
 from exgrpo_cli.replay.buffer import ExperienceBuffer
+from exgrpo_cli.replay.method_registry import build_replay_method
 from exgrpo_cli.replay.schedule import DelayedStart
-from exgrpo_cli.replay.selection import QUESTION_SELECTION
-from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 from exgrpo_cli.reward.stage import Reward, build_reward, needs_answer
 from exgrpo_cli.rollout import build_engine
 from exgrpo_cli.run.carry import CarriedBuffer, carried_questions, read_init_from, start_buffer
@@ -152,8 +151,7 @@ def choices(cfg: ExgrpoConfig) -> Choices:
         aggregation=pick(AGGREGATIONS, "algo.aggregation", cfg.algo.aggregation)(
             AggregationSettings(**dataclasses.asdict(cfg.algo.official_batch))
         ),
-        trajectory=pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", cfg.replay.trajectory_selection),
-        questions=pick(QUESTION_SELECTION, "replay.question_selection", cfg.replay.question_selection)(cfg),
+        method=build_replay_method(cfg),
         draw=pick(FRESH_DRAWS, "data.draw", cfg.data.draw),
     )
 

@@ -36,15 +36,14 @@ from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.policy.forward import token_budget
 from exgrpo_cli.policy.scoring import score_candidates
 from exgrpo_cli.replay.bucketing import Bounds
-from exgrpo_cli.replay.experience import Experience
+from exgrpo_cli.replay.methods import Replayed, ReplayMethod
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch, update_order
-from exgrpo_cli.replay.selection import QuestionSelector, n_replay
-from exgrpo_cli.replay.trajectory import TrajectoryRule
 from exgrpo_cli.reward.stage import Reward
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 from exgrpo_cli.step.divergence import check_synced_weights, engine_check
 from exgrpo_cli.step.metrics import accuracy_by_origin, loss_metrics, rollout_metrics
 from exgrpo_cli.step.offpolicy import MismatchWatch, correction_of, offpolicy_metrics
+from exgrpo_cli.step.replay import choose_replay, replayed_ages
 from exgrpo_cli.step.reward import grade_step
 from exgrpo_cli.step.state import RunState
 from exgrpo_cli.step.update import UpdatePlan, UpdateResult, pi_old_logprobs, policy_update
@@ -72,8 +71,7 @@ class Choices:
 
     loss: LossForStep
     aggregation: Aggregation
-    trajectory: TrajectoryRule
-    questions: QuestionSelector  # which buffered questions to replay (`replay.question_selection`)
+    method: ReplayMethod  # what replays and how (`replay.method`, replay/methods.py)
     draw: FreshDraw  # how the step's fresh questions come from the sampler (`data.draw`)
 
 
@@ -116,11 +114,12 @@ class Trainer:
         mem = PhaseMemory(self.device)
         t_step = time.perf_counter()
         mixed = self.replay_enabled and st.switch.active
-        replayed: list[tuple[Question, Experience]] = []
+        method = self.choices.method
+        replayed: list[Replayed] = []
         selected_score = float("nan")
         with t("select"), mem("select"):
             if mixed:
-                st.buffer.expire(step)  # replay.max_age: before selection, so no replayed row is older
+                method.expire(st.buffer, step)  # before selection, so no replayed row is older
                 replayed, selected_score = self.select_replay(step, t)
         retired = st.buffer.retired if self.replay_enabled else ()
         per_step = cfg.algo.questions_per_step
@@ -147,7 +146,7 @@ class Trainer:
             self.sync(step)
         if self.replay_enabled:
             with t("buffer"):
-                st.buffer.end_step()
+                method.end_step(st.buffer, step, groups)
                 self.maybe_readmit(step)
         st.step = step
         st.count_updates(result.applied)
@@ -160,7 +159,7 @@ class Trainer:
             **mem,
             **self.state_metrics(len(replayed), selected_score),
             **offpolicy_metrics(
-                result.offpolicy, result.correction, self.parallel, cfg, [step - e.step for _, e in replayed]
+                result.offpolicy, result.correction, self.parallel, cfg, replayed_ages(replayed, step)
             ),
         }
         metrics |= self.watch.observe(step, metrics["rollout/logprob_diff_mean"])
@@ -206,9 +205,10 @@ class Trainer:
         """The step's update settings. With `step`, the engine check of `rollout.max_logprob_diff`
         runs before the first optimizer step (may stop the run, naming the step)."""
         a, p, r = self.cfg.algo, self.cfg.replay, self.cfg.rollout
+        started = self.replay_enabled and self.state.switch.active
         check = None if step is None else engine_check(r.max_logprob_diff, step, self.parallel, r.top_p)
         return UpdatePlan(
-            loss=self.choices.loss(self.cfg, self.replay_enabled and self.state.switch.active),
+            loss=self.choices.method.loss(self.choices.loss(self.cfg, started), started),
             aggregation=self.choices.aggregation,
             entropy_coef=a.entropy_coef,
             importance_correction=p.importance_correction,
@@ -224,52 +224,38 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ stages
-    def select_replay(
-        self, step: int, timers: Timers | None = None
-    ) -> tuple[list[tuple[Question, Experience]], float]:
-        """docs/algorithm.md §3: n_replay questions by bucket Gaussian, then one trajectory each; also
-        the mean score of the chosen trajectories (mean token entropy, or mean NLL for
-        lowest_nll; NaN for rules without a score). `timers` gets
+    def select_replay(self, step: int, timers: Timers | None = None) -> tuple[list[Replayed], float]:
+        """docs/algorithm.md §3, through the method's hooks (step/replay.py): the replayed questions
+        with their stored responses and fresh counts; also the chosen responses' mean score (mean
+        token entropy, or mean NLL for lowest_nll; NaN for rules without a score). `timers` gets
         the candidates' scoring forward as `select_scoring` (part of `select`)."""
-        p, st, timers = self.cfg.replay, self.state, timers if timers is not None else Timers()
-        rule = self.choices.trajectory
-        rng = step_rng(self.cfg.trainer.seed, step, 2)
-        n = n_replay(p.ratio, self.cfg.algo.questions_per_step, st.buffer.num_questions)
-        uids = self.choices.questions(st.buffer, n, rng=rng)
-        if not uids:
-            return [], float("nan")
-        cands = {u: st.buffer.experiences(u) for u in uids}
-        scores: dict[str, list[float]] = {u: [] for u in uids}
-        if rule.score is not None:
-            owners = [u for u in uids for _ in cands[u]]
+        timers = timers if timers is not None else Timers()
+        p, st, method = self.cfg.replay, self.state, self.choices.method
+
+        def score(owners: list[str], responses: list[list[int]]) -> list[float]:
+            assert method.score is not None
             with timers("select_scoring"):
-                flat = score_candidates(
+                return score_candidates(
                     st.model,
                     [self.prompt_ids(self.questions[u]) for u in owners],
-                    [e.response_ids.tolist() for u in uids for e in cands[u]],
-                    kind=rule.score,
+                    responses,
+                    kind=method.score,
                     temperature=self.cfg.rollout.temperature,
                     pad_id=self.pad_id,
                     token_budget=self.token_budget,
                     max_rows=p.entropy_batch_size,
                     parallel=self.parallel,
                 )
-            for u, s in zip(owners, flat):
-                scores[u].append(s)
-        # every rank picks alike without asking rank 0: the same candidates (buffers agree,
-        # checked every step), the same scores (each computed by one rank, then shared with all)
-        # and the same generator (seed, step)
-        picks = [rule.pick(cands[u], scores[u], rng) for u in uids]
-        chosen = [(self.questions[u], cands[u][i]) for u, i in zip(uids, picks)]
-        picked = [scores[u][i] for u, i in zip(uids, picks) if scores[u]]
-        return chosen, float(np.mean(picked)) if picked else float("nan")
 
-    def rollout(
-        self, fresh: list[Question], replayed: list[tuple[Question, Experience]], step: int
-    ) -> list[Group]:
+        rng = step_rng(self.cfg.trainer.seed, step, 2)
+        return choose_replay(method, st.buffer, self.questions, self.cfg.rollout.n, rng, step, score)
+
+    def rollout(self, fresh: list[Question], replayed: list[Replayed], step: int) -> list[Group]:
+        """K fresh responses per fresh question; per replayed question the fresh ones its method
+        asks for, then its stored ones (docs/algorithm.md §4)."""
         K = self.cfg.rollout.n
-        questions = fresh + [q for q, _ in replayed]
-        counts = [K] * len(fresh) + [K - 1] * len(replayed)
+        questions = fresh + [r.question for r in replayed]
+        counts = [K] * len(fresh) + [r.fresh for r in replayed]
         prompts = [self.prompt_ids(q) for q in questions]
         seed = int(step_rng(self.cfg.trainer.seed, step, 1).integers(2**62))
         r = self.cfg.rollout
@@ -285,14 +271,15 @@ class Trainer:
             Group(q, p, list(rs), from_buffer=i >= len(fresh))
             for i, (q, p, rs) in enumerate(zip(questions, prompts, responses))
         ]
-        for g, (_, exp) in zip(groups[len(fresh) :], replayed):
-            g.responses.append(
+        for g, chosen in zip(groups[len(fresh) :], replayed):
+            g.responses.extend(
                 Response(
                     ids=exp.response_ids.tolist(),
                     behavior_logp=exp.behavior_logp.tolist(),
                     replayed=True,
                     age=step - exp.step,
                 )
+                for exp in chosen.experiences
             )
         return groups
 
@@ -361,7 +348,7 @@ class Trainer:
         buffer stores the engine's log-probs (every rank decides alike)."""
         if not self.cfg.replay.store_trainer_logprobs:
             return {}
-        wanted = set(self.state.buffer.storable(groups, self.bounds()))
+        wanted = set(self.choices.method.enters(groups, self.bounds()))
         if not wanted:
             return {}
         local = {
@@ -378,7 +365,9 @@ class Trainer:
         when lbound < k <= rbound). The stored log-probs are the trainer's (`trainer_logp`), or the
         rollout engine's with `replay.store_trainer_logprobs=false`."""
         logprobs = trainer_logp if self.cfg.replay.store_trainer_logprobs else None
-        self.state.buffer.observe_groups(groups, step, self.bounds(), logprobs)
+        method = self.choices.method
+        rows = method.enters(groups, self.bounds())
+        self.state.buffer.observe_groups(groups, step, self.bounds(), logprobs, rows, method.keeps_prompts)
 
     def check_ranks_agree(self, step: int) -> None:
         """Every rank holds the same buffer, switch and sampler position (parallel/sharding.py

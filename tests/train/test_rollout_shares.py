@@ -18,6 +18,7 @@ from exgrpo_cli.data.types import Question
 from exgrpo_cli.parallel import sharding as S
 from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.replay.experience import Experience
+from exgrpo_cli.replay.methods import Replayed
 from exgrpo_cli.replay.mixing import Group
 from exgrpo_cli.rollout.base import Rollout, SamplingSpec
 from exgrpo_cli.step.loop import Trainer
@@ -80,10 +81,14 @@ def _trainer(rank: int, world: int, engine: Engine) -> Trainer:
     return toy_trainer(cfg, state, rank, world, tokenizer=Tok(), template=Template(), engine=engine)
 
 
-def _replayed() -> list[tuple[Question, Experience]]:
+def _replayed() -> list[Replayed]:
     """Two replayed questions (K-1 fresh responses each, then the stored one)."""
     return [
-        (q, Experience(np.array([7, 8 + i], np.int32), np.array([-1.0, -2.0], np.float32), step=1))
+        Replayed(
+            q,
+            (Experience(np.array([7, 8 + i], np.int32), np.array([-1.0, -2.0], np.float32), step=1),),
+            K - 1,
+        )
         for i, q in enumerate(_questions(7)[5:])
     ]
 

@@ -70,7 +70,7 @@ def test_a_selection_rule_with_its_own_knob_is_one_registration(monkeypatch: pyt
     cfg.rollout.n, cfg.algo.questions_per_step = 2, 4  # replay.ratio 0.5: two replayed questions
     check_variants(cfg, "train")
     chosen, _ = _trainer(cfg, started=True).select_replay(step=3)
-    assert [q.uid for q, _ in chosen] == ["q2", "q3"]
+    assert [r.question.uid for r in chosen] == ["q2", "q3"]
 
 
 @pytest.mark.parametrize(

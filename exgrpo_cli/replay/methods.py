@@ -1,0 +1,160 @@
+"""Replay methods (`replay.method`): how a run reuses experience, as one protocol with named hooks.
+
+Place in the train step: everywhere replay touches it, and nowhere by name. The step calls the
+hooks of the one method the config names, in this order:
+
+  expire(buffer, step)                  what leaves the buffer before selection (max age, ...)
+  how_many(buffer) -> n                 how many questions are replayed this step
+  questions(buffer, n, rng, step)       which buffered questions (uids)
+  score                                 what the current policy computes per stored candidate
+                                        first (an algo.logprobs.CandidateScore; None: no forward)
+  members(candidates, scores, rng, K)   which stored responses join a question's group, and how
+                                        many fresh rollouts complete it (a `Members`)
+  loss(base, started)                   how replayed tokens enter the loss: the step's PolicyLoss
+                                        built from `base` (algo.loss's; replayed rows are the
+                                        batch's `replay_mask` rows)
+  enters(groups, bounds)                what enters the buffer: (group, response) of every
+                                        response it stores; `keeps_prompts`: a question enters its
+                                        bucket even when none of its responses is stored
+  end_step(buffer, step, groups)        what leaves after the step (retirement, ...), seeing the
+                                        step's scored groups
+
+A method keeps no state of its own: what it must remember across steps (reuse counts, the step a
+question was last replayed, priorities) goes into `buffer.method_state`, a JSON-able dict that is
+saved and digested with the buffer, so a resumed run and every rank see the same.
+
+The entry `exgrpo` (`ExgrpoReplay`) is the paper's rule and the default: Gaussian buckets
+(`replay.question_selection`), one stored response per question picked by
+`replay.trajectory_selection`, K-1 fresh beside it, the replayed tokens weighed by f(w) through
+algo.loss, the fresh correct responses of partly solved groups stored, K/K groups retired. Other
+methods subclass it and override the hooks they change (a method with the group shape of RLEP
+returns M picks and K fresh from `members`; one that replays prompts only returns no pick, K
+fresh, and sets `keeps_prompts`). A method that needs a hook this protocol lacks is the
+protocol's bug: extend it here, never `if method == ...` in the step.
+
+`REPLAY_METHODS` (replay/method_registry.py) maps a name to its factory (the run's config -> a
+method); `replay.method` may also name a user's class in a file, `path/to/file.py:Name` (loaded by
+config/user_code.py, the loader `reward.function` uses), called with the config like the entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from exgrpo_cli.algo.logprobs import CandidateScore
+from exgrpo_cli.algo.losses import PolicyLoss
+from exgrpo_cli.config.registry import pick
+from exgrpo_cli.data.types import Question
+from exgrpo_cli.replay.bucketing import Bounds, storable
+from exgrpo_cli.replay.experience import Experience
+from exgrpo_cli.replay.selection import QUESTION_SELECTION, n_replay
+from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
+
+if TYPE_CHECKING:
+    from exgrpo_cli.replay.buffer import ExperienceBuffer
+    from exgrpo_cli.replay.mixing import Group
+
+
+@dataclass(frozen=True)
+class Members:
+    """One replayed question's group: `picks`, indices of the stored candidates that join it (in
+    the order they are appended after the fresh responses), and `fresh`, how many fresh responses
+    are generated beside them."""
+
+    picks: tuple[int, ...]
+    fresh: int
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A question the method chose this step, with the stored responses its group replays (none
+    for a method that replays prompts only) and the fresh responses it asks for."""
+
+    question: Question
+    experiences: tuple[Experience, ...]
+    fresh: int
+
+
+@runtime_checkable
+class ReplayMethod(Protocol):
+    """The hooks the train step calls (the module docstring gives their order)."""
+
+    score: CandidateScore | None
+    keeps_prompts: bool
+
+    def expire(self, buffer: ExperienceBuffer, step: int) -> None: ...
+
+    def how_many(self, buffer: ExperienceBuffer) -> int: ...
+
+    def questions(
+        self, buffer: ExperienceBuffer, n: int, rng: np.random.Generator, step: int
+    ) -> list[str]: ...
+
+    def members(
+        self,
+        candidates: Sequence[Experience],
+        scores: Sequence[float],
+        rng: np.random.Generator,
+        group_size: int,
+    ) -> Members: ...
+
+    def loss(self, base: PolicyLoss, started: bool) -> PolicyLoss: ...
+
+    def enters(self, groups: Sequence[Group], bounds: Bounds | None) -> list[tuple[int, int]]: ...
+
+    def end_step(self, buffer: ExperienceBuffer, step: int, groups: Sequence[Group]) -> list[str]: ...
+
+
+HOOKS = ("expire", "how_many", "questions", "members", "loss", "enters", "end_step")
+
+
+class ExgrpoReplay:
+    """ExGRPO's replay (docs/algorithm.md §2-4), with the settings of `replay.*` it reads bound."""
+
+    keeps_prompts = False  # a question enters the buffer only with a stored correct response
+
+    def __init__(self, cfg: Any) -> None:
+        p = cfg.replay
+        self.ratio = float(p.ratio)
+        self.batch_questions = int(cfg.algo.questions_per_step)
+        self.selector = pick(QUESTION_SELECTION, "replay.question_selection", p.question_selection)(cfg)
+        self.rule = pick(TRAJECTORY_SELECTION, "replay.trajectory_selection", p.trajectory_selection)
+        self.score: CandidateScore | None = self.rule.score
+
+    def expire(self, buffer: ExperienceBuffer, step: int) -> None:
+        """`replay.max_age`: before selection, so that no replayed row is older."""
+        buffer.expire(step)
+
+    def how_many(self, buffer: ExperienceBuffer) -> int:
+        """n_replay = min(floor(rho * B), buffered questions) (docs/algorithm.md §3)."""
+        return n_replay(self.ratio, self.batch_questions, buffer.num_questions)
+
+    def questions(self, buffer: ExperienceBuffer, n: int, rng: np.random.Generator, step: int) -> list[str]:
+        return self.selector(buffer, n, rng=rng)
+
+    def members(
+        self,
+        candidates: Sequence[Experience],
+        scores: Sequence[float],
+        rng: np.random.Generator,
+        group_size: int,
+    ) -> Members:
+        """One stored response (the trajectory rule's) beside K-1 fresh ones."""
+        return Members((self.rule.pick(candidates, scores, rng),), group_size - 1)
+
+    def loss(self, base: PolicyLoss, started: bool) -> PolicyLoss:
+        """algo.loss's as it is: it already weighs replayed tokens by f(w)."""
+        return base
+
+    def enters(self, groups: Sequence[Group], bounds: Bounds | None) -> list[tuple[int, int]]:
+        """The fresh correct responses of the groups with lbound < k <= rbound (none before the
+        delayed start)."""
+        return storable(groups, bounds)
+
+    def end_step(self, buffer: ExperienceBuffer, step: int, groups: Sequence[Group]) -> list[str]:
+        """Retire the questions whose group was all correct this step."""
+        return buffer.end_step()
