@@ -297,3 +297,9 @@ def onpolicy_run(request: pytest.FixtureRequest) -> SharedRun:
 def replay_run(request: pytest.FixtureRequest) -> SharedRun:
     """3 steps of ExGRPO replaying from step 2 (REPLAY_RUN)."""
     return shared_train_run(request, "replay-run", REPLAY_RUN)
+
+
+@pytest.fixture(scope="session")
+def prompt_run(request: pytest.FixtureRequest) -> SharedRun:
+    """REPLAY_RUN under replay.method=prompt: a prompts-only buffer, replayed from step 2."""
+    return shared_train_run(request, "prompt-run", [*REPLAY_RUN, "replay.method=prompt"])

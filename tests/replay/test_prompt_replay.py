@@ -17,7 +17,16 @@ from exgrpo_cli.replay.methods import Members
 from exgrpo_cli.replay.mixing import Group, Response
 from exgrpo_cli.replay.prompt_replay import PromptReplay
 
-from conftest import REPLAY_RUN, checkpoint_tensors, metrics, run_cli, same_tensors, sigkill_mid_run, train_ok
+from conftest import (
+    REPLAY_RUN,
+    SharedRun,
+    checkpoint_tensors,
+    metrics,
+    run_cli,
+    same_tensors,
+    sigkill_mid_run,
+    train_ok,
+)
 
 K = 4
 
@@ -74,10 +83,8 @@ def test_a_prompts_only_buffer_and_its_counts_survive_a_save(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_prompt_replay_trains_every_token_on_policy(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    train_ok(out, *REPLAY_RUN, "replay.method=prompt")
-    rows = metrics(out)
+def test_prompt_replay_trains_every_token_on_policy(prompt_run: SharedRun) -> None:
+    rows = metrics(prompt_run.dir)  # REPLAY_RUN + replay.method=prompt, shared with inspect-buffer's test
     replaying = [r for r in rows if r.get("replay/replayed_questions", 0) > 0]
     assert replaying, "the scenario must replay"
     for r in rows[1:]:
