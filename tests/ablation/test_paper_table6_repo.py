@@ -1,6 +1,6 @@
-"""The ExGRPO paper's comparison with RePO (Table 6) as presets: experiment=paper-table6-repo (the
-RePO-Zero row on RePO's setting, values from RePO's public training script) and
-ablation=paper-table6-repo (that row and ExGRPO on the same setting)."""
+"""The ExGRPO paper's comparison with RePO (Table 6) as presets: experiment=paper-table6-repo (RePO's
+setting, values from RePO's public training script; ExGRPO's row as it is) and
+ablation=paper-table6-repo (ExGRPO and RePO-Zero, replay.method=repo, on that setting)."""
 
 from __future__ import annotations
 
@@ -31,16 +31,17 @@ REPO_SCRIPT = {
 }
 OURS = {
     "model.path": "Qwen/Qwen2.5-Math-1.5B",
-    "data.path": "../shared/data/train/deepmath_5k.jsonl",  # DeepMath-103K, as RePO's data
+    "data.source": "hf",
+    "data.path": "zwhe99/DeepMath-103K",  # RePO's data (build_training_dataset.py)
+    "data.question_key": "question",
+    "data.answer_key": "final_answer",
     "model.template": "think",
-    "replay.method": "repo",
+    "replay.method": "exgrpo",  # the setting trains ExGRPO; the RePO row adds replay.method=repo
     "replay.start_threshold": 0.0,
-    "algo.clip_after_start": True,  # RePO's on-policy term stays clipped
 }
 
 
-def test_the_repo_row_composes_with_repos_settings() -> None:
-    """Composing needs no registered method: `--cfg job` shows the row on any branch."""
+def test_the_setting_composes_with_repos_values() -> None:
     cfg = compose_train(["experiment=paper-table6-repo", "eval.data_dir=/benchmarks"])
     expected = dict(REPO_SCRIPT.values()) | OURS
     wrong = {k: (attrgetter(k)(cfg), v) for k, v in expected.items() if attrgetter(k)(cfg) != v}
@@ -55,8 +56,8 @@ def test_the_sweep_prints_both_rows_on_the_same_setting(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     lines = [line for line in res.stdout.splitlines() if line.startswith("exgrpo train")]
     assert len(lines) == 2 and all("experiment=paper-table6-repo" in line for line in lines)
-    assert "replay.method=exgrpo algo.clip_after_start=false" in lines[0]
-    assert "replay.method=repo" in lines[1]
+    assert "replay.method=exgrpo trainer.seed=0" in lines[0]
+    assert "replay.method=repo algo.clip_after_start=true" in lines[1]
     assert "is not applied" not in res.stderr  # the base is the recipe's scale, nothing dropped
 
 
@@ -68,7 +69,7 @@ def test_both_rows_pass_the_start_up_check() -> None:
     """What `exgrpo ablate` checks before its first run, for both rows (it needs `repo` registered)."""
     from exgrpo_cli.commands.variants import check_variants
 
-    for extra in (["replay.method=exgrpo", "algo.clip_after_start=false"], []):
+    for extra in (["replay.method=exgrpo"], ["replay.method=repo", "algo.clip_after_start=true"]):
         cfg = compose_train(["experiment=paper-table6-repo", "eval.data_dir=/benchmarks", *extra])
         validate(cfg, "train")
         check_variants(cfg, "train")
