@@ -25,7 +25,7 @@ its seeds. Pure maths over metric rows; the writers are at the end.
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,9 @@ def run_figures(rows: list[dict[str, Any]]) -> ReplayFigures:
 
 def variant_figures(runs: list[ReplayFigures]) -> ReplayFigures:
     """The mean over a variant's runs of each figure (over the runs that have it; NaN if none)."""
-    columns = list(zip(*(astuple(r) for r in runs))) if runs else [[] for _ in range(8)]
+    if not runs:
+        return ReplayFigures(*[NAN] * len(fields(ReplayFigures)))
+    columns = zip(*(astuple(r) for r in runs))
     return ReplayFigures(*(mean_std([float(x) for x in col])[0] for col in columns))
 
 

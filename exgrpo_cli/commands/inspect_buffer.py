@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import ExgrpoError
@@ -47,7 +48,11 @@ def run(cfg: ExgrpoConfig) -> None:
         raise ExgrpoError(f"{ckpt} has no replay buffer (replay/index.json)")
     buf = ExperienceBuffer.load(str(ckpt / "replay"))
     method, method_from = run_replay_method(ckpt)  # what the run replayed with (display only)
-    rep = {"checkpoint": str(ckpt), "replay_method": method, "replay_method_from": method_from}
+    rep: dict[str, Any] = {
+        "checkpoint": str(ckpt),
+        "replay_method": method,
+        "replay_method_from": method_from,
+    }
     rep |= buffer_report(buf, trainer_state)
     rep["seconds"] = round(time.perf_counter() - t0, 3)
     err_console = Console(stderr=True)

@@ -126,7 +126,7 @@ def run_replay_method(checkpoint: Path) -> tuple[str | None, str]:
     from; (None, why) when it cannot be read. Display only: a method named by a file
     (`path/to/file.py:Name`) is shown, never imported. The file is read as data, size-bounded and
     without following a link; a run from before `replay.method` existed trained ExGRPO."""
-    import yaml
+    from omegaconf import OmegaConf
 
     from exgrpo_cli.checkpoint.safe_read import read_regular
 
@@ -135,9 +135,12 @@ def run_replay_method(checkpoint: Path) -> tuple[str | None, str]:
     if saved is None or not saved.is_file():
         return None, "unknown (no .hydra/config.yaml beside the checkpoint)"
     try:
-        data = yaml.safe_load(read_regular(saved, MAX_CONFIG_BYTES))
-        replay = data["replay"]
-        method = replay.get("method", "exgrpo")
+        # YAML as data (Hydra saved it unresolved: its interpolations stay text, none resolved)
+        loaded = OmegaConf.create(read_regular(saved, MAX_CONFIG_BYTES).decode("utf-8"))
+        data = OmegaConf.to_container(loaded, resolve=False)
+        if not isinstance(data, dict) or not isinstance(data.get("replay"), dict):
+            raise TypeError("no replay section")
+        method = data["replay"].get("method", "exgrpo")
         if not isinstance(method, str):
             raise TypeError(f"replay.method is a {type(method).__name__}")
     except Exception as err:  # an edited or foreign file: the buffer is still worth showing
