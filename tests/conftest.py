@@ -372,3 +372,9 @@ def loopback_mirror(files: dict[str, bytes], lifetime_s: float = 120.0) -> Itera
         timer.cancel()
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(scope="session")
+def prompt_run(request: pytest.FixtureRequest) -> SharedRun:
+    """REPLAY_RUN under replay.method=prompt: a prompts-only buffer, replayed from step 2."""
+    return shared_train_run(request, "prompt-run", [*REPLAY_RUN, "replay.method=prompt"])

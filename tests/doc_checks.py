@@ -266,6 +266,12 @@ COMMANDS: dict[str, Check] = {
     "exgrpo ablate ablation=stability": C(DRY),
     "exgrpo ablate ablation=stability trainer.seed=100": C(DRY),
     "exgrpo ablate ablation=stability-quick": C(DRY),
+    "exgrpo ablate ablation=replay-methods": C(DRY),
+    "exgrpo ablate ablation=replay-methods-weak": C(DRY),
+    "exgrpo ablate ablation=paper-table6-repo ablation.dry_run=true": C(RUN),
+    "exgrpo train experiment=paper-table6-repo --cfg job": C(
+        RUN, "prints RePO's setting", says="path: zwhe99/DeepMath-103K"
+    ),
     "exgrpo ablate ablation=weak-start-ablations trainer.seed=100": C(DRY),
     "exgrpo ablate ablation=continual trainer.seed=100 "
     "model.path=outputs/strong-start/checkpoints/step_60/model": C(

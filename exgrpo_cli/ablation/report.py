@@ -1,6 +1,7 @@
 """A sweep's report: summary.md and .csv with the table over seeds (ablation/summary.py), curves.png,
 and the judgement: each variant against its reference (ablation/compare.py, comparisons.csv) and
-the per-step training dynamics of every finished run (ablation/dynamics.py, dynamics.png).
+the per-step training dynamics of every finished run (ablation/dynamics.py, dynamics.png), and
+what each variant replayed and how far off-policy (ablation/replay_figures.py, replay_figures.csv).
 
 Place: the last stage of `exgrpo ablate` (`summarize_dir`), or all of `ablation.summarize=<dir>`.
 """
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exgrpo_cli.ablation import compare as cp
+from exgrpo_cli.ablation import replay_figures as rf
 from exgrpo_cli.ablation import summary as sm
 from exgrpo_cli.ablation import sweep as sw
 from exgrpo_cli.ablation.summary import RunResult
@@ -20,6 +22,7 @@ if TYPE_CHECKING:  # rich is imported when a command runs
     from rich.console import Console
 
 COMPARISONS_CSV = "comparisons.csv"
+REPLAY_CSV = "replay_figures.csv"
 DYNAMICS_PNG = "dynamics.png"
 
 
@@ -91,14 +94,22 @@ def summarize_dir(
         judged = write_judgement(sweep, groups, metric_rows, base, pairs, title)
     except ValueError as err:  # a compare_to entry naming no variant
         raise UsageError(str(err)) from None
-    (sweep / "summary.md").write_text(sm.to_markdown(rows, title, notes) + "\n" + judged, encoding="utf-8")
+    figures = rf.table(metric_rows)  # what each variant replayed, and how far off-policy (replay_figures.py)
+    rf.write_csv(figures, sweep / REPLAY_CSV)
+    replayed = rf.to_markdown(figures)
+    (sweep / "summary.md").write_text(
+        sm.to_markdown(rows, title, notes) + "\n" + judged + ("\n" + replayed if replayed else ""),
+        encoding="utf-8",
+    )
     plot_curves(groups, sweep / "curves.png", title, base)
     # Off a terminal (a log, CI) rich would fold the table into 80 columns.
     wide = console if console.is_terminal else Console(file=console.file, width=max(console.width, 110))
     wide.print(sm.rich_table(rows, title))
-    if judged:  # the comparisons as summary.md has them (markdown reads as plain text too)
-        wide.print(judged, markup=False, highlight=False, soft_wrap=True)
+    for section in (judged, replayed):  # as summary.md has them (markdown reads as plain text too)
+        if section:
+            wide.print(section, markup=False, highlight=False, soft_wrap=True)
     console.print(
-        f"wrote {sweep / 'summary.md'}, summary.csv, comparisons.csv, curves.png and dynamics.png",
+        f"wrote {sweep / 'summary.md'}, summary.csv, comparisons.csv, {REPLAY_CSV}, curves.png "
+        "and dynamics.png",
         highlight=False,
     )

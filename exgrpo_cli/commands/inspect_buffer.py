@@ -1,7 +1,8 @@
 """`exgrpo inspect-buffer <run dir | checkpoint dir>`: what a run's replay buffer holds.
 
 A run dir means its latest complete checkpoint. Reads only the checkpoint's files
-(`replay/`, `trainer_state.json`, and `model/` for inspect.show / inspect.score) and writes nothing
+(`replay/`, `trainer_state.json`, and `model/` for inspect.show / inspect.score) and, for the
+replay method it names, the run's `.hydra/config.yaml` (as data, never executed), and writes nothing
 into the run it reads: `inspect.plot=true` writes `buffer.png` to `inspect.out_dir`, by default
 this command's own run dir (outputs/inspect_buffer/<time>/, which is removed again when the
 command wrote nothing there: commands/run_dir.py).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import ExgrpoError, UsageError
@@ -23,7 +25,7 @@ from exgrpo_cli.errors import ExgrpoError, UsageError
 def run(cfg: ExgrpoConfig) -> None:
     from rich.console import Console
 
-    from exgrpo_cli.inspection.report import TargetError, buffer_report, resolve_checkpoint
+    from exgrpo_cli.inspection.report import TargetError, buffer_report, resolve_checkpoint, run_replay_method
     from exgrpo_cli.replay.buffer import ExperienceBuffer
 
     opts = cfg.inspect
@@ -51,7 +53,13 @@ def run(cfg: ExgrpoConfig) -> None:
         raise UsageError(
             f"{ckpt}'s replay buffer does not load: {type(err).__name__}: {str(err)[:300]}"
         ) from None
-    rep = {"checkpoint": str(ckpt), **buffer_report(buf, trainer_state)}
+    method, method_from = run_replay_method(ckpt)  # what the run replayed with (display only)
+    rep: dict[str, Any] = {
+        "checkpoint": str(ckpt),
+        "replay_method": method,
+        "replay_method_from": method_from,
+    }
+    rep |= buffer_report(buf, trainer_state)
     rep["seconds"] = round(time.perf_counter() - t0, 3)
     err_console = Console(stderr=True)
     if opts.plot:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
     from matplotlib.axes import Axes
 
 
-def _hist(ax: Axes, dist: dict[str, Any], title: str, xlabel: str) -> None:
+def _hist(ax: Axes, dist: dict[str, Any], title: str, xlabel: str, empty: str = "empty") -> None:
     from matplotlib.ticker import MaxNLocator
 
     h = dist["histogram"]
@@ -22,7 +22,7 @@ def _hist(ax: Axes, dist: dict[str, Any], title: str, xlabel: str) -> None:
         widths = [b - a for a, b in zip(edges, edges[1:])]
         ax.bar(edges[:-1], h["counts"], width=widths, align="edge", color="tab:green", edgecolor="white")
     else:
-        ax.text(0.5, 0.5, "empty", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("experiences")
@@ -56,14 +56,19 @@ def plot_report(rep: dict[str, Any], path: Path) -> Path:
     ax2.set_ylabel("experiences")
     for a in (ax, ax2):
         a.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if not rep["experiences"]:  # matplotlib would centre an all-zero axis on 0, with negative ticks
+        ax2.set_ylim(0, 1)
     ax.set_title("questions and experiences per bucket")
     ax.legend([q, e], ["questions", "experiences"], fontsize=8, loc="upper left")
     fig.suptitle(
         f"replay buffer at step {rep.get('step')}: {rep['questions']} questions, "
-        f"{rep['experiences']} experiences, {rep['retired']} retired"
+        f"{rep['experiences'] if rep.get('stores') != 'prompts only' else 'prompts only, no'} experiences, "
+        f"{rep['retired']} retired"
     )
-    _hist(axes[1], rep["response_length"], "stored response length", "tokens")
-    _hist(axes[2], rep["behavior_logp_mean"], "behaviour log-prob (mean per experience)", "log-prob")
+    # a prompts-only buffer (replay.method=prompt) stores no response: say so, not "empty"
+    empty = "prompts only: no stored response" if rep.get("stores") == "prompts only" else "empty"
+    _hist(axes[1], rep["response_length"], "stored response length", "tokens", empty)
+    _hist(axes[2], rep["behavior_logp_mean"], "behaviour log-prob (mean per experience)", "log-prob", empty)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=100)

@@ -46,6 +46,7 @@ def _header(rep: dict[str, Any]) -> Table:
     t.add_column(style="bold")
     t.add_column()
     t.add_row("checkpoint", str(rep.get("checkpoint", "-")))
+    t.add_row("replay method", _method(rep))
     t.add_row("step", _fmt(rep.get("step")))
     t.add_row("delayed start", start)
     t.add_row(
@@ -53,12 +54,30 @@ def _header(rep: dict[str, Any]) -> Table:
         f"{rep['questions']:,} buffered, {rep['retired']:,} retired"
         + (f" ({rep['pending_retire']} pending)" if rep.get("pending_retire") else ""),
     )
-    t.add_row(
-        "experiences",
-        f"{rep['experiences']:,} ({rep['stored_tokens']:,} tokens, "
-        f"{rep['megabytes']:.2f} MB of arrays; group size K={rep['group_size']})",
-    )
+    if rep.get("stores") == "prompts only":
+        stored = (
+            f"none: prompts only (the method keeps questions, not responses; a replayed question "
+            f"gets fresh ones, so every token it trains on is on-policy; group size K={rep['group_size']})"
+        )
+    else:
+        stored = (
+            f"{rep['experiences']:,} ({rep['stored_tokens']:,} tokens, "
+            f"{rep['megabytes']:.2f} MB of arrays; group size K={rep['group_size']})"
+        )
+        if rep.get("without_behavior_logp"):
+            stored += f"; {rep['without_behavior_logp']:,} without behaviour log-probs (from elsewhere)"
+    t.add_row("experiences", stored)
+    state = rep.get("method_state") or {}
+    if state:
+        t.add_row("method state", ", ".join(f"{k} ({v} entries)" for k, v in state.items()))
     return t
+
+
+def _method(rep: dict[str, Any]) -> str:
+    """The run's replay.method and where it was read (the run's config; unknown without it)."""
+    name = rep.get("replay_method")
+    where = rep.get("replay_method_from") or ""
+    return f"{name} (from {where})" if name else (where or "unknown")
 
 
 def _buckets(rep: dict[str, Any]) -> Table:
@@ -149,6 +168,12 @@ def _age_title(rep: dict[str, Any]) -> str:
     return f"age, steps since collection at step {rep['step']} ({cap})"
 
 
+def _logp_title(rep: dict[str, Any]) -> str:
+    missing = rep.get("without_behavior_logp") or 0
+    title = "behaviour log-prob, mean per experience"
+    return f"{title} ({missing:,} without one left out: solutions from elsewhere)" if missing else title
+
+
 def render_report(rep: dict[str, Any]) -> Group:
     parts: list[RenderableType] = [_header(rep), Text(""), _buckets(rep)]
     if rep["experiences"]:
@@ -156,7 +181,7 @@ def render_report(rep: dict[str, Any]) -> Group:
             Text(""),
             distribution_table("stored response length (tokens)", rep["response_length"]),
             Text(""),
-            distribution_table("behaviour log-prob, mean per experience", rep["behavior_logp_mean"]),
+            distribution_table(_logp_title(rep), rep["behavior_logp_mean"]),
             Text(""),
             distribution_table(_age_title(rep), rep["age"]),
             Text(""),

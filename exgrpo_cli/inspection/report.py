@@ -1,10 +1,12 @@
 """Statistics of a replay buffer as a checkpoint holds it: pure functions, a JSON-able result.
 
 Place: `exgrpo inspect-buffer` loads `<checkpoint>/replay/` with `ExperienceBuffer.load`, reads
-`trainer_state.json`, and calls `buffer_report`; render.py, plot.py and `--json` only format the
-dict it returns. Everything is computed from the buffer's flat arrays (`state_dict()`) with numpy
-so that a buffer of 100k experiences is described in well under a second: no per-experience
-Python objects are built.
+`trainer_state.json` and the run's `replay.method` (`run_replay_method`), and calls
+`buffer_report`; render.py, plot.py and `--json` only format the dict it returns. Everything is
+computed from the buffer's flat arrays (`state_dict()`) with numpy so that a buffer of 100k
+experiences is described in well under a second: no per-experience Python objects are built.
+Every method's buffer is described: a prompts-only one (questions, no response) and one holding
+solutions from elsewhere (no behaviour log-probs) are named as such (`stores`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from exgrpo_cli.replay.buffer import ExperienceBuffer
 from exgrpo_cli.replay.persistence import META_LEN, META_STEP
 
 STATS = ("mean", "min", "p10", "median", "p90", "max")  # a distribution's numbers besides its count
+MAX_CONFIG_BYTES = 1 << 20  # the run's .hydra/config.yaml, read for its replay.method
 
 
 class TargetError(ValueError):
@@ -106,6 +109,45 @@ def segment_means(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return sums / lengths
 
 
+def stored_kind(questions: int, experiences: int, without_logp: int) -> str:
+    """What a buffer holds, in words: a method that replays prompts stores questions and no
+    response; one that replays other models' solutions stores responses without behaviour log-probs."""
+    if not experiences:
+        return "prompts only" if questions else "empty"
+    if without_logp == experiences:
+        return "responses without behaviour log-probs (solutions from elsewhere)"
+    if without_logp:
+        return "responses, some without behaviour log-probs (solutions from elsewhere)"
+    return "responses with behaviour log-probs"
+
+
+def run_replay_method(checkpoint: Path) -> tuple[str | None, str]:
+    """The run's `replay.method` as its `<run>/.hydra/config.yaml` names it, and where that came
+    from; (None, why) when it cannot be read. Display only: a method named by a file
+    (`path/to/file.py:Name`) is shown, never imported. The file is read as data, size-bounded and
+    without following a link; a run from before `replay.method` existed trained ExGRPO."""
+    from omegaconf import OmegaConf
+
+    from exgrpo_cli.checkpoint.safe_read import read_regular
+
+    run = run_dir_of(checkpoint)
+    saved = run / ".hydra" / "config.yaml" if run is not None else None
+    if saved is None or not saved.is_file():
+        return None, "unknown (no .hydra/config.yaml beside the checkpoint)"
+    try:
+        # YAML as data (Hydra saved it unresolved: its interpolations stay text, none resolved)
+        loaded = OmegaConf.create(read_regular(saved, MAX_CONFIG_BYTES).decode("utf-8"))
+        data = OmegaConf.to_container(loaded, resolve=False)
+        if not isinstance(data, dict) or not isinstance(data.get("replay"), dict):
+            raise TypeError("no replay section")
+        method = data["replay"].get("method", "exgrpo")
+        if not isinstance(method, str):
+            raise TypeError(f"replay.method is a {type(method).__name__}")
+    except Exception as err:  # an edited or foreign file: the buffer is still worth showing
+        return None, f"unknown ({saved} could not be read: {str(err)[:200]})"
+    return method[:300], str(saved)
+
+
 def buffer_report(
     buf: ExperienceBuffer, trainer_state: dict | None = None, top: int = 5, bins: int = 10
 ) -> dict[str, Any]:
@@ -133,6 +175,9 @@ def buffer_report(
         for b in range(buf.num_buckets)
     ]
     logp_means = segment_means(arrays["behavior_logp"], lengths)
+    # a response that came from elsewhere (another model's solution, a data column) has no
+    # behaviour policy here: its log-probs are not finite, and it stays out of their distribution
+    without_logp = int(np.count_nonzero(~np.isfinite(logp_means)))
     # Stable sort on -count: ties keep the buffer's insertion order, so the list is deterministic.
     order = np.argsort(-counts, kind="stable")[:top]
     uids = index["questions"]
@@ -141,7 +186,7 @@ def buffer_report(
     top_questions = []
     for i in order.tolist():
         e0 = int(exp_ends[i] - counts[i])
-        # a question kept with no response (a prompts-only replay method) has no tokens
+        # a question with no stored response (a prompts-only method's) has no length to average
         n_tok = int(tok_ends[exp_ends[i] - 1] - (tok_ends[e0 - 1] if e0 else 0)) if counts[i] else 0
         top_questions.append(
             {
@@ -149,7 +194,7 @@ def buffer_report(
                 "bucket": int(qbuckets[i]) + 1,
                 "accuracy": centres[int(qbuckets[i])],
                 "experiences": int(counts[i]),
-                "mean_length": n_tok / int(counts[i]) if counts[i] else float("nan"),
+                "mean_length": n_tok / int(counts[i]) if counts[i] else None,
             }
         )
     ts = trainer_state or {}
@@ -167,14 +212,20 @@ def buffer_report(
         "experiences": buf.num_experiences,
         "retired": len(index["retired"]),
         "pending_retire": len(index["pending_retire"]),
+        "stores": stored_kind(buf.num_questions, buf.num_experiences, without_logp),
+        "without_behavior_logp": without_logp,
         "stored_tokens": buf.stored_tokens,
         "megabytes": buf.nbytes / 2**20,
         "buckets": buckets,
         "response_length": distribution(lengths, bins, integer=True),
-        "behavior_logp_mean": distribution(logp_means, bins),
+        "behavior_logp_mean": distribution(logp_means[np.isfinite(logp_means)], bins),
         "collected_at_step": distribution(meta[:, META_STEP], bins, integer=True),
         "age": distribution(ages, bins, integer=True),
         "max_age": buf.max_age,  # replay.max_age of the run (0: no limit)
         "expired": int(index.get("expired", 0)),  # dropped for their age so far
         "top_questions": top_questions,
+        # what the run's method keeps per question (replay/methods.py): entries per record
+        "method_state": {
+            k: len(v) if isinstance(v, (dict, list)) else v for k, v in buf.method_state.items()
+        },
     }

@@ -39,6 +39,9 @@ def test_inspect_a_real_run_as_json_and_text(replay_run: SharedRun, tmp_path: Pa
     rep = _inspect(str(run_dir), "--json", cwd=tmp_path)  # a run dir: its latest checkpoint
     assert rep["checkpoint"].endswith("checkpoints/step_3") and rep["step"] == 3
     assert rep["delayed_start"] == {"active": True, "started_at": 1, "threshold": 0.0}
+    # the run's method, from its own .hydra/config.yaml (the default: no replay.method given)
+    assert rep["replay_method"] == "exgrpo" and rep["replay_method_from"].endswith(".hydra/config.yaml")
+    assert rep["stores"] == "responses with behaviour log-probs" and rep["without_behavior_logp"] == 0
     assert (rep["questions"], rep["experiences"], rep["retired"]) == (
         buf.num_questions,
         buf.num_experiences,
@@ -55,6 +58,7 @@ def test_inspect_a_real_run_as_json_and_text(replay_run: SharedRun, tmp_path: Pa
     text = _inspect(str(run_dir / "checkpoints/step_3"), cwd=tmp_path)  # a checkpoint dir
     for needle in (
         "delayed start",
+        "replay method  exgrpo (from",
         "active since step 1",
         "buckets",
         f"{buf.num_experiences:,}",

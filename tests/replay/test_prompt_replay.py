@@ -17,7 +17,16 @@ from exgrpo_cli.replay.methods import Members
 from exgrpo_cli.replay.mixing import Group, Response
 from exgrpo_cli.replay.prompt_replay import PromptReplay
 
-from conftest import REPLAY_RUN, checkpoint_tensors, metrics, run_cli, same_tensors, sigkill_mid_run, train_ok
+from conftest import (
+    REPLAY_RUN,
+    SharedRun,
+    checkpoint_tensors,
+    metrics,
+    run_cli,
+    same_tensors,
+    sigkill_mid_run,
+    train_ok,
+)
 
 K = 4
 
@@ -73,11 +82,9 @@ def test_a_prompts_only_buffer_and_its_counts_survive_a_save(tmp_path: Path) -> 
     assert ExperienceBuffer(K).digest() != back.digest()
 
 
-@pytest.mark.long  # a 3-step training run (~10 s): make test-long
-def test_prompt_replay_trains_every_token_on_policy(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    train_ok(out, *REPLAY_RUN, "replay.method=prompt")
-    rows = metrics(out)
+@pytest.mark.slow
+def test_prompt_replay_trains_every_token_on_policy(prompt_run: SharedRun) -> None:
+    rows = metrics(prompt_run.dir)  # REPLAY_RUN + replay.method=prompt, shared with inspect-buffer's test
     replaying = [r for r in rows if r.get("replay/replayed_questions", 0) > 0]
     assert replaying, "the scenario must replay"
     for r in rows[1:]:
@@ -117,4 +124,4 @@ def test_inspect_buffer_reports_a_prompts_only_buffer() -> None:
     rep = rp.buffer_report(buf, {"step": 1})
     assert rep["questions"] == 2 and rep["experiences"] == 0
     assert [q["experiences"] for q in rep["top_questions"]] == [0, 0]
-    assert all(math.isnan(q["mean_length"]) for q in rep["top_questions"])
+    assert all(q["mean_length"] is None for q in rep["top_questions"])  # JSON has no NaN
