@@ -8,6 +8,8 @@ from typing import Optional
 
 from omegaconf import MISSING
 
+from exgrpo_cli.config.replay_methods import LuffyConfig, RepoConfig, RlepConfig
+
 
 @dataclass
 class RolloutConfig:
@@ -186,6 +188,11 @@ class ReplayConfig:
     )
     prompt: PromptReplayConfig = field(
         default_factory=PromptReplayConfig, metadata={"help": "replay.method=prompt's settings"}
+    )
+    rlep: RlepConfig = field(default_factory=RlepConfig, metadata={"help": "replay.method=rlep's settings"})
+    repo: RepoConfig = field(default_factory=RepoConfig, metadata={"help": "replay.method=repo's settings"})
+    luffy: LuffyConfig = field(
+        default_factory=LuffyConfig, metadata={"help": "replay.method=luffy's settings"}
     )
     question_selection: str = field(
         default="gaussian", metadata={"help": "a name of replay.QUESTION_SELECTION: gaussian | uniform"}
