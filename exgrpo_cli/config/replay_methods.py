@@ -46,8 +46,11 @@ class RepoConfig:
         default=8, metadata={"help": "off-policy responses retrieved per replayed question (RePO: 8)"}
     )
     min_stored: int = field(
-        default=16,
-        metadata={"help": "stored responses a question needs before it is replayed (RePO: 16)"},
+        default=8,
+        metadata={
+            "help": "stored responses a question needs before it is replayed (ours: 8, enough to retrieve "
+            "replayed; RePO waits for its full per-prompt cache of 16)"
+        },
     )
     clip_eps: float = field(
         default=0.2, metadata={"help": "the off-policy term's ratio clip [1 - eps, 1 + eps] (RePO: 0.2)"}
