@@ -16,7 +16,8 @@ Place in the train step: its hooks (replay/methods.py) replace ExGRPO's where LU
   behaviour log-prob by definition); fresh tokens by algo.loss's rule.
 - What the buffer counts: a guided question's k is over its fresh rollouts (`observed`), so the
   solution, right by construction, never retires a question; K/K fresh groups retire as ExGRPO's.
-Guidance starts with the delayed start (replay.start_threshold; LUFFY has none: set it to 0).
+Guidance runs from step 1 whenever replay is on (replay.ratio > 0; LUFFY has no delayed start),
+while replay.start_threshold still switches algo.loss's fresh-token clip as it does for ExGRPO.
 """
 
 from __future__ import annotations

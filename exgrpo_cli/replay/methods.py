@@ -8,7 +8,8 @@ hooks of the one method the config names, in this order:
   questions(buffer, n, rng, step)       which buffered questions (uids)
   guidance(question)                    solutions from elsewhere that join a fresh question's group
                                         in place of as many fresh rollouts, trained as replayed
-                                        rows with behaviour log-prob 0 (LUFFY's; none by default)
+                                        rows with behaviour log-prob 0 (LUFFY's; none by default);
+                                        asked from step 1 (no delayed start) when replay.ratio > 0
   score                                 what the current policy computes per stored candidate
                                         first (an algo.logprobs.CandidateScore; None: no forward)
   values(buffer, uid, candidates, scores)  what `members` ranks a question's candidates by: the

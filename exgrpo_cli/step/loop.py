@@ -124,7 +124,8 @@ class Trainer:
         readmitted = self.take_readmitted(per_step - len(replayed))  # replay.readmit_into=batch
         slots = per_step - len(replayed) - len(readmitted)
         fresh = readmitted + self.choices.draw(st.sampler, slots, per_step, retired)
-        guided = [method.guidance(q) if mixed else () for q in fresh]  # solutions from the data
+        # solutions from elsewhere (LUFFY's, from the data) guide from step 1: no delayed start
+        guided = [method.guidance(q) if self.replay_enabled else () for q in fresh]
         with t("rollout"), mem("rollout"):
             groups = self.rollout(fresh, replayed, step, guided)
         with t("reward"):

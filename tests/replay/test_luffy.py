@@ -54,10 +54,10 @@ def test_luffy_trains_on_the_data_columns_solutions() -> None:
     rollouts and its `target` solution's tokens (log-probs 0), advantages over the K, and the
     solution rows reach the loss."""
     k = 4  # REPLAY_RUN's rollout.n
-    rows, updates = train_in_process([*REPLAY_RUN, "replay.method=luffy"])
-    # guidance starts with replay (the delayed start, at 0 here: from step 2)
-    assert [r["replay/replayed_questions"] for r in rows] == [0, 8, 8]  # then every question
-    for r, u in list(zip(rows, updates))[1:]:
+    rows, updates = train_in_process([*REPLAY_RUN, "replay.method=luffy", "replay.start_threshold=0.99"])
+    # every question guided from step 1: LUFFY has no delayed start
+    assert [r["replay/replayed_questions"] for r in rows] == [8, 8, 8]
+    for r, u in zip(rows, updates):
         b, tok = u.batch, u.tokenizer
         for gi, g in enumerate(u.groups):
             solution = [resp for resp in g.responses if resp.replayed]
