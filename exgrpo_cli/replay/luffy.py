@@ -23,7 +23,6 @@ while replay.start_threshold still switches algo.loss's fresh-token clip as it d
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,7 +31,7 @@ from torch import Tensor
 from exgrpo_cli.algo.losses import LossInputs, PolicyLoss, exgrpo_token_losses
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.bucketing import Bounds
-from exgrpo_cli.replay.methods import ExgrpoReplay
+from exgrpo_cli.replay.methods import ExgrpoReplay, fresh_view
 
 if TYPE_CHECKING:
     from exgrpo_cli.replay.buffer import ExperienceBuffer
@@ -87,12 +86,7 @@ class LuffyReplay(ExgrpoReplay):
         return shaped_offpolicy_loss(base, self.gamma)
 
     def observed(self, groups: Sequence[Group]) -> Sequence[Group]:
-        return [
-            replace(g, responses=[r for r in g.responses if not r.replayed])
-            if any(r.replayed for r in g.responses)
-            else g
-            for g in groups
-        ]
+        return fresh_view(groups)
 
     def enters(self, groups: Sequence[Group], bounds: Bounds | None) -> list[tuple[int, int]]:
         return []

@@ -57,7 +57,7 @@ config/user_code.py, the loader `reward.function` uses), called with the config 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -96,6 +96,18 @@ class Replayed:
     question: Question
     experiences: tuple[Experience, ...]
     fresh: int
+
+
+def fresh_view(groups: Sequence[Group]) -> list[Group]:
+    """The groups without their replayed rows, for a method whose groups hold more than K rows
+    (K fresh + M stored, or solutions from elsewhere): the buffer counts k over the fresh rollouts,
+    the current policy's. The replayed rows come after the fresh ones, which keep their places."""
+    return [
+        replace(g, responses=[r for r in g.responses if not r.replayed])
+        if any(r.replayed for r in g.responses)
+        else g
+        for g in groups
+    ]
 
 
 @runtime_checkable

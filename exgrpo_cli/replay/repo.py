@@ -21,6 +21,7 @@ Place in the train step: its hooks (replay/methods.py) replace ExGRPO's where Re
   importance ratio against their stored log-probs, max(-A w, -A clip(w, 1 - eps, 1 + eps)) with
   eps = `replay.repo.clip_eps` (RePO: 0.2), no f(w) shaping (the off-policy term, weight 1 as
   RePO's off_policy_loss_coef). Both terms go through the step's one aggregation.
+- What the buffer counts: a replayed question's k is over its K fresh responses (`observed`).
 - What leaves: ExGRPO's rules (K/K retirement, replay.max_age, replay.max_experiences).
 """
 
@@ -37,7 +38,7 @@ from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.losses import LossInputs, PolicyLoss, exgrpo_token_losses
 from exgrpo_cli.replay.bucketing import Bounds
 from exgrpo_cli.replay.experience import Experience, content_hash
-from exgrpo_cli.replay.methods import ExgrpoReplay, Members
+from exgrpo_cli.replay.methods import ExgrpoReplay, Members, fresh_view
 from exgrpo_cli.replay.selection import n_replay
 
 if TYPE_CHECKING:
@@ -130,6 +131,9 @@ class RepoReplay(ExgrpoReplay):
 
     def loss(self, base: PolicyLoss, started: bool) -> PolicyLoss:
         return clipped_offpolicy_loss(base, self.clip_eps)
+
+    def observed(self, groups: Sequence[Group]) -> Sequence[Group]:
+        return fresh_view(groups)  # k over the K fresh: the retrieved ones would push it above K
 
     def enters(self, groups: Sequence[Group], bounds: Bounds | None) -> list[tuple[int, int]]:
         """Every fresh response of the groups the buffer collects, right or wrong."""

@@ -36,7 +36,7 @@ import torch
 from exgrpo_cli.algo.losses import LossInputs, PolicyLoss
 from exgrpo_cli.config.registry import pick
 from exgrpo_cli.replay.experience import Experience
-from exgrpo_cli.replay.methods import ExgrpoReplay, Members
+from exgrpo_cli.replay.methods import ExgrpoReplay, Members, fresh_view
 from exgrpo_cli.replay.selection import QUESTION_SELECTION
 
 if TYPE_CHECKING:
@@ -73,8 +73,4 @@ class RlepReplay(ExgrpoReplay):
         return rlep_loss
 
     def observed(self, groups: Sequence[Group]) -> Sequence[Group]:
-        # the replayed successes come after the fresh responses: the fresh ones keep their places
-        return [
-            g if not g.from_buffer else replace(g, responses=[r for r in g.responses if not r.replayed])
-            for g in groups
-        ]
+        return fresh_view(groups)

@@ -106,3 +106,14 @@ def test_repo_trains_retrieving_by_reward_with_split_advantages() -> None:
             assert bool((u.advantages[(b.group_index == g) & b.replay_mask] == 0).all())  # one row
         assert u.plan.importance_correction and u.result.stats.replay_tokens > 0
         assert math.isfinite(r["loss/importance_weight_mean"])
+
+
+def test_the_buffer_counts_a_replayed_question_over_its_fresh_responses() -> None:
+    """K right fresh ones and 2 retrieved: k = K of K (the question retires), not K + 2 (refused)."""
+    method, buf = _method("reward"), ExperienceBuffer(K)
+    fresh = [Response([5, j], [-1.0, -1.0], reward=1.0) for j in range(K)]
+    off = [Response([6, j], [-1.0, -1.0], reward=1.0, replayed=True) for j in range(2)]
+    groups = [Group(Question("a", "a", "1"), [1], fresh + off, from_buffer=True)]
+    seen = method.observed(groups)
+    buf.observe_groups(seen, 3, (0, K - 1), None, method.enters(seen, (0, K - 1)), False, True)
+    assert seen[0].num_correct == K and method.end_step(buf, 3) == ["a"] and buf.is_retired("a")
