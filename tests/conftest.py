@@ -378,3 +378,53 @@ def loopback_mirror(files: dict[str, bytes], lifetime_s: float = 120.0) -> Itera
 def prompt_run(request: pytest.FixtureRequest) -> SharedRun:
     """REPLAY_RUN under replay.method=prompt: a prompts-only buffer, replayed from step 2."""
     return shared_train_run(request, "prompt-run", [*REPLAY_RUN, "replay.method=prompt"])
+
+
+@dataclass
+class RecordedUpdate:
+    """One step's update as the trainer made it: its batch, the advantages, the plan, the result;
+    the step's groups (with their questions) as the rollout built them, and the run's tokenizer."""
+
+    batch: Any  # replay.mixing.MixedBatch
+    advantages: torch.Tensor
+    plan: Any  # step.update.UpdatePlan
+    result: Any  # step.update.UpdateResult
+    groups: list[Any]  # replay.mixing.Group
+    tokenizer: Any
+
+
+def train_in_process(
+    overrides: list[str], steps: int = 3
+) -> tuple[list[dict[str, float]], list[RecordedUpdate]]:
+    """`steps` train steps of the config `exgrpo train overrides...` builds, in this process, on the
+    real path (build_trainer, Trainer.train_step), recording what reaches each update: the step's
+    metrics and its RecordedUpdate. Nothing is written (no run dir, no checkpoint)."""
+    import torch
+
+    from exgrpo_cli.run.setup import build_trainer
+
+    cfg = compose_train(overrides)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.trainer.threads)  # as `exgrpo train` does (run/training.py)
+    trainer, _, _ = build_trainer(cfg, torch.device("cpu"))
+    seen: list[RecordedUpdate] = []
+    groups: list[Any] = []
+    real_update, real_rollout = trainer.update, trainer.rollout
+
+    def rollout(*args: Any) -> Any:
+        groups[:] = real_rollout(*args)
+        return groups[:]
+
+    def update(batch: Any, advantages: torch.Tensor, plan: Any, old: Any) -> Any:
+        result = real_update(batch, advantages, plan, old)
+        seen.append(RecordedUpdate(batch, advantages, plan, result, groups[:], trainer.tokenizer))
+        return result
+
+    trainer.rollout, trainer.update = rollout, update  # type: ignore[method-assign]
+    try:
+        rows = [trainer.train_step(step) for step in range(1, steps + 1)]
+    finally:
+        trainer.scorer.close()
+        trainer.engine.close()
+        torch.set_num_threads(threads)
+    return rows, seen

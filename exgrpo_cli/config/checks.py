@@ -29,6 +29,7 @@ BEST_METRICS = ("val/accuracy", "val/source_mean", "val/source_mean_no_minerva")
 # replay.readmit_into: back into fresh sampling (from the next epoch), or into the next steps'
 # training batches (the paper's App. E.4)
 READMIT_INTO = ("sampling", "batch")
+REPO_STRATEGIES = ("reward", "recency", "random")  # replay.repo.strategy (replay/repo.py)
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -240,6 +241,12 @@ def check_replay(cfg: ExgrpoConfig, command: str) -> None:
     q = p.prioritized
     _check(q.retest_every >= 0, "replay.prioritized.retest_every", q.retest_every, ">= 0 (0: never)")
     _check(0 <= q.retest_fraction <= 1, "replay.prioritized.retest_fraction", q.retest_fraction, "[0, 1]")
+    _check(p.rlep.replayed >= 1, "replay.rlep.replayed", p.rlep.replayed, ">= 1")
+    _one_of("replay.repo.strategy", p.repo.strategy, REPO_STRATEGIES)
+    _check(p.repo.replayed >= 1, "replay.repo.replayed", p.repo.replayed, ">= 1")
+    _check(p.repo.min_stored >= 1, "replay.repo.min_stored", p.repo.min_stored, ">= 1")
+    _check(0 < p.repo.clip_eps < 1, "replay.repo.clip_eps", p.repo.clip_eps, "(0, 1)")
+    _check(p.luffy.gamma > 0, "replay.luffy.gamma", p.luffy.gamma, "> 0")
 
 
 @section_check

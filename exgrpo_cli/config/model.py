@@ -137,6 +137,10 @@ class DataConfig:
     answer_key: str = field(
         default="ground_truth", metadata={"help": "field with the gold answer (dotted path allowed)"}
     )
+    solution_key: str = field(
+        default="target",
+        metadata={"help": "column with another model's solution (replay.method=luffy's guidance)"},
+    )
     val_path: str = field(default="", metadata={"help": "optional held-out file in the same format"})
     val_size: int = field(
         default=256, metadata={"help": "held-out questions taken from the end of the data when no val_path"}

@@ -1,7 +1,7 @@
 """The one typed configuration schema of exgrpo.
 
-Every key a user can set lives here (its sections in config/model.py, config/train.py and
-config/commands.py), with its type, default and meaning; the YAML files under
+Every key a user can set lives here (its sections in config/model.py, config/train.py,
+config/replay.py and config/commands.py), with its type, default and meaning; the YAML files under
 `conf/` only choose presets and override values. Hydra validates types when it merges the YAML
 and the command line into these dataclasses; `validate()` (config/checks.py) then checks the
 ranges and the rules that span several fields, so that a bad value stops the run with exit code 2
@@ -16,13 +16,11 @@ from typing import Any
 
 from exgrpo_cli.config.commands import AblationConfig, EvalConfig, InspectConfig
 from exgrpo_cli.config.model import ArchConfig, DataConfig, LoraConfig, ModelConfig, SyntheticConfig
+from exgrpo_cli.config.replay import PrioritizedReplayConfig, PromptReplayConfig, ReplayConfig
 from exgrpo_cli.config.train import (
     AlgoConfig,
     LoggerConfig,
     OfficialBatchConfig,
-    PrioritizedReplayConfig,
-    PromptReplayConfig,
-    ReplayConfig,
     RewardConfig,
     RewardModelConfig,
     RolloutConfig,

@@ -47,6 +47,9 @@ NAMES: dict[str, tuple[str, ...]] = {
         "exgrpo",
         "prompt",
         "prioritized",
+        "rlep",
+        "repo",
+        "luffy",
     ),
     "replay.bucket_by": (
         "count",

@@ -94,8 +94,9 @@ def make_question(uid: str, a: int, op: str, b: int) -> Question:
     digits = max(len(str(a)), len(str(b)))
     meta = {"source": "synthetic", "op": op, "digits": digits, "a": a, "b": b}
     question, answer = f"What is {a}{op}{b}?", str(compute(a, op, b))
-    # its "data columns", as a reward=python function receives them
-    columns = {"question": question, "answer": answer, **meta}
+    # its "data columns", as a reward=python function receives them; `target`: the worked solution
+    # the generator knows, as the column of that name in LUFFY's data (replay.method=luffy)
+    columns = {"question": question, "answer": answer, "target": worked_solution(a, op, b), **meta}
     return Question(uid=uid, question=question, answer=answer, meta=meta, columns=columns)
 
 

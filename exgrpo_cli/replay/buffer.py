@@ -122,6 +122,7 @@ class ExperienceBuffer:
         collect: bool,
         level: int | None = None,
         keep_bare: bool = False,
+        keep_any: bool = False,
     ) -> None:
         """Apply one scored group (docs/algorithm.md §2).
 
@@ -130,11 +131,13 @@ class ExperienceBuffer:
         fresh correct responses. ``collect`` is False before the delayed start. ``level`` places
         the question in a bucket (replay/bucketing.py; None: k, the count rule). ``keep_bare``: a
         question enters its bucket with no response stored (a method that replays prompts only).
+        ``keep_any``: ``correct`` may hold incorrect responses too (a method that stores every
+        response with its reward, as RePO's).
         """
         k, K = int(num_correct), self.group_size
         if not 0 <= k <= K:
             raise ValueError(f"num_correct must be in 0..{K} (got {k})")
-        if len(correct) > k:
+        if len(correct) > (K if keep_any else k):
             raise ValueError(f"{len(correct)} correct responses but num_correct={k} for {uid!r}")
         if uid in self._retired:
             return  # retired questions are never replayed again (until readmitted)
@@ -183,6 +186,7 @@ class ExperienceBuffer:
         logprobs: Mapping[tuple[int, int], np.ndarray] | None,
         rows: Sequence[tuple[int, int]] | None = None,
         keep_bare: bool = False,
+        keep_any: bool = False,
     ) -> None:
         """``observe_group`` for each of a step's scored groups, storing its ``rows`` (the replay
         method's ``enters``; None: ``storable``, ExGRPO's) with ``logprobs[(group, response)]``
@@ -202,7 +206,7 @@ class ExperienceBuffer:
         for gi, g in enumerate(groups):
             collect = collects(g, bounds)
             self.observe_group(
-                g.question.uid, g.num_correct, correct[gi], step, collect, levels[gi], keep_bare
+                g.question.uid, g.num_correct, correct[gi], step, collect, levels[gi], keep_bare, keep_any
             )
 
     def end_step(self) -> list[str]:

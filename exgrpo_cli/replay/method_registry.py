@@ -13,15 +13,21 @@ from typing import Any
 
 from exgrpo_cli.config.schema import ConfigError
 from exgrpo_cli.config.user_code import load_named
+from exgrpo_cli.replay.luffy import LuffyReplay
 from exgrpo_cli.replay.methods import HOOKS, ExgrpoReplay, ReplayMethod
 from exgrpo_cli.replay.prioritized_replay import PrioritizedReplay
 from exgrpo_cli.replay.prompt_replay import PromptReplay
+from exgrpo_cli.replay.repo import RepoReplay
+from exgrpo_cli.replay.rlep import RlepReplay
 
 # `replay.method`: name -> (the run's config.ExgrpoConfig, duck-typed) -> the method.
 REPLAY_METHODS: dict[str, Callable[[Any], ReplayMethod]] = {
     "exgrpo": ExgrpoReplay,
     "prompt": PromptReplay,
     "prioritized": PrioritizedReplay,
+    "rlep": RlepReplay,
+    "repo": RepoReplay,
+    "luffy": LuffyReplay,
 }
 
 
@@ -54,7 +60,7 @@ def build_replay_method(cfg: Any) -> ReplayMethod:
             f"invalid replay.method={spec!r}: building it failed ({type(err).__name__}: {err})"
         ) from None
     missing = [h for h in HOOKS if not callable(getattr(method, h, None))]
-    missing += [a for a in ("score", "keeps_prompts") if not hasattr(method, a)]
+    missing += [a for a in ("score", "keeps_prompts", "stores_any") if not hasattr(method, a)]
     if missing:
         raise ConfigError(
             f"invalid replay.method={spec!r}: it lacks {', '.join(missing)} "

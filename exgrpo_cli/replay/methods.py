@@ -6,16 +6,34 @@ hooks of the one method the config names, in this order:
   expire(buffer, step)                  what leaves the buffer before selection (max age, ...)
   how_many(buffer) -> n                 how many questions are replayed this step
   questions(buffer, n, rng, step)       which buffered questions (uids)
+  guidance(question)                    solutions from elsewhere that join a fresh question's group
+                                        in place of as many fresh rollouts, trained as replayed
+                                        rows with behaviour log-prob 0 (LUFFY's; none by default);
+                                        asked from step 1 (no delayed start) when replay.ratio > 0
   score                                 what the current policy computes per stored candidate
                                         first (an algo.logprobs.CandidateScore; None: no forward)
+  values(buffer, uid, candidates, scores)  what `members` ranks a question's candidates by: the
+                                        policy's `scores` (default), or what the method recorded
+                                        of them (RePO: their stored rewards)
   members(candidates, scores, rng, K)   which stored responses join a question's group, and how
                                         many fresh rollouts complete it (a `Members`)
+  importance_correction(configured)     whether replayed tokens are weighed against their stored
+                                        log-probs (True) or against pi_old of the step, as fresh
+                                        ones are (False); `configured`: replay.importance_correction
+  advantages(batch, scale_by_std)       the rows' advantages (Dr.GRPO over each question's group;
+                                        a method may group its rows otherwise, as RePO's split)
   loss(base, started)                   how replayed tokens enter the loss: the step's PolicyLoss
                                         built from `base` (algo.loss's; replayed rows are the
                                         batch's `replay_mask` rows)
+  observed(groups)                      the groups as the buffer counts them (k, level, which
+                                        responses `enters` may name): the groups themselves, or a
+                                        view without the replayed rows
   enters(groups, bounds)                what enters the buffer: (group, response) of every
                                         response it stores; `keeps_prompts`: a question enters its
-                                        bucket even when none of its responses is stored
+                                        bucket even when none of its responses is stored;
+                                        `stores_any`: `enters` may name incorrect responses too
+  recorded(buffer, groups, rows)        what the method remembers of the responses just stored
+                                        (RePO: their rewards), in `buffer.method_state`
   end_step(buffer, step, groups)        what leaves after the step (retirement, ...), seeing the
                                         step's scored groups
 
@@ -40,11 +58,13 @@ config/user_code.py, the loader `reward.function` uses), called with the config 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+from torch import Tensor
 
+from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.logprobs import CandidateScore
 from exgrpo_cli.algo.losses import PolicyLoss
 from exgrpo_cli.config.registry import pick
@@ -56,7 +76,7 @@ from exgrpo_cli.replay.trajectory import TRAJECTORY_SELECTION
 
 if TYPE_CHECKING:
     from exgrpo_cli.replay.buffer import ExperienceBuffer
-    from exgrpo_cli.replay.mixing import Group
+    from exgrpo_cli.replay.mixing import Group, MixedBatch
 
 
 @dataclass(frozen=True)
@@ -79,12 +99,25 @@ class Replayed:
     fresh: int
 
 
+def fresh_view(groups: Sequence[Group]) -> list[Group]:
+    """The groups without their replayed rows, for a method whose groups hold more than K rows
+    (K fresh + M stored, or solutions from elsewhere): the buffer counts k over the fresh rollouts,
+    the current policy's. The replayed rows come after the fresh ones, which keep their places."""
+    return [
+        replace(g, responses=[r for r in g.responses if not r.replayed])
+        if any(r.replayed for r in g.responses)
+        else g
+        for g in groups
+    ]
+
+
 @runtime_checkable
 class ReplayMethod(Protocol):
     """The hooks the train step calls (the module docstring gives their order)."""
 
     score: CandidateScore | None
     keeps_prompts: bool
+    stores_any: bool
 
     def expire(self, buffer: ExperienceBuffer, step: int) -> None: ...
 
@@ -94,6 +127,12 @@ class ReplayMethod(Protocol):
         self, buffer: ExperienceBuffer, n: int, rng: np.random.Generator, step: int
     ) -> list[str]: ...
 
+    def guidance(self, question: Question) -> tuple[str, ...]: ...
+
+    def values(
+        self, buffer: ExperienceBuffer, uid: str, candidates: Sequence[Experience], scores: list[float]
+    ) -> list[float]: ...
+
     def members(
         self,
         candidates: Sequence[Experience],
@@ -102,20 +141,45 @@ class ReplayMethod(Protocol):
         group_size: int,
     ) -> Members: ...
 
+    def importance_correction(self, configured: bool) -> bool: ...
+
+    def advantages(self, batch: MixedBatch, scale_by_std: bool) -> Tensor: ...
+
     def loss(self, base: PolicyLoss, started: bool) -> PolicyLoss: ...
 
+    def observed(self, groups: Sequence[Group]) -> Sequence[Group]: ...
+
     def enters(self, groups: Sequence[Group], bounds: Bounds | None) -> list[tuple[int, int]]: ...
+
+    def recorded(
+        self, buffer: ExperienceBuffer, groups: Sequence[Group], rows: Sequence[tuple[int, int]]
+    ) -> None: ...
 
     def end_step(self, buffer: ExperienceBuffer, step: int, groups: Sequence[Group]) -> list[str]: ...
 
 
-HOOKS = ("expire", "how_many", "questions", "members", "loss", "enters", "end_step")
+HOOKS = (
+    "expire",
+    "how_many",
+    "questions",
+    "guidance",
+    "values",
+    "members",
+    "importance_correction",
+    "advantages",
+    "loss",
+    "observed",
+    "enters",
+    "recorded",
+    "end_step",
+)
 
 
 class ExgrpoReplay:
     """ExGRPO's replay (docs/algorithm.md §2-4), with the settings of `replay.*` it reads bound."""
 
     keeps_prompts = False  # a question enters the buffer only with a stored correct response
+    stores_any = False  # only correct responses are stored
 
     def __init__(self, cfg: Any) -> None:
         p = cfg.replay
@@ -136,6 +200,16 @@ class ExgrpoReplay:
     def questions(self, buffer: ExperienceBuffer, n: int, rng: np.random.Generator, step: int) -> list[str]:
         return self.selector(buffer, n, rng=rng)
 
+    def guidance(self, question: Question) -> tuple[str, ...]:
+        """None: every fresh question gets K fresh rollouts."""
+        return ()
+
+    def values(
+        self, buffer: ExperienceBuffer, uid: str, candidates: Sequence[Experience], scores: list[float]
+    ) -> list[float]:
+        """The policy's scores of the candidates (the trajectory rule's: mean entropy, NLL, none)."""
+        return scores
+
     def members(
         self,
         candidates: Sequence[Experience],
@@ -146,14 +220,31 @@ class ExgrpoReplay:
         """One stored response (the trajectory rule's) beside K-1 fresh ones."""
         return Members((self.rule.pick(candidates, scores, rng),), group_size - 1)
 
+    def importance_correction(self, configured: bool) -> bool:
+        """replay.importance_correction as set: the stored log-probs (the "w/o IS" ablation: pi_old)."""
+        return configured
+
+    def advantages(self, batch: MixedBatch, scale_by_std: bool) -> Tensor:
+        """A_i = r_i - mean(r of i's group), the replayed response in its question's group."""
+        return group_advantages(batch.rewards, batch.group_index, scale_by_std)
+
     def loss(self, base: PolicyLoss, started: bool) -> PolicyLoss:
         """algo.loss's as it is: it already weighs replayed tokens by f(w)."""
         return base
+
+    def observed(self, groups: Sequence[Group]) -> Sequence[Group]:
+        """The groups as they are: a replayed question's k counts its replayed response."""
+        return groups
 
     def enters(self, groups: Sequence[Group], bounds: Bounds | None) -> list[tuple[int, int]]:
         """The fresh correct responses of the groups with lbound < k <= rbound (none before the
         delayed start)."""
         return storable(groups, bounds)
+
+    def recorded(
+        self, buffer: ExperienceBuffer, groups: Sequence[Group], rows: Sequence[tuple[int, int]]
+    ) -> None:
+        """Nothing: ExGRPO remembers no more than the buffer holds."""
 
     def end_step(self, buffer: ExperienceBuffer, step: int, groups: Sequence[Group]) -> list[str]:
         """Retire the questions whose group was all correct this step."""

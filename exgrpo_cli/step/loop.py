@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.aggregation import Aggregation
 from exgrpo_cli.algo.losses import LossForStep
 from exgrpo_cli.config.schema import ExgrpoConfig
@@ -43,7 +42,7 @@ from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 from exgrpo_cli.step.divergence import check_synced_weights, engine_check
 from exgrpo_cli.step.metrics import accuracy_by_origin, loss_metrics, rollout_metrics
 from exgrpo_cli.step.offpolicy import MismatchWatch, correction_of, offpolicy_metrics
-from exgrpo_cli.step.replay import choose_replay, replayed_ages
+from exgrpo_cli.step.replay import choose_replay, guidance_response, replayed_ages
 from exgrpo_cli.step.reward import grade_step
 from exgrpo_cli.step.state import RunState
 from exgrpo_cli.step.update import UpdatePlan, UpdateResult, pi_old_logprobs, policy_update
@@ -126,15 +125,17 @@ class Trainer:
         readmitted = self.take_readmitted(per_step - len(replayed))  # replay.readmit_into=batch
         slots = per_step - len(replayed) - len(readmitted)
         fresh = readmitted + self.choices.draw(st.sampler, slots, per_step, retired)
+        # solutions from elsewhere (LUFFY's, from the data) guide from step 1: no delayed start
+        guided = [method.guidance(q) if self.replay_enabled else () for q in fresh]
         with t("rollout"), mem("rollout"):
-            groups = self.rollout(fresh, replayed, step)
+            groups = self.rollout(fresh, replayed, step, guided)
         with t("reward"):
             reward_metrics = self.score(groups)
         if self.replay_enabled:
             st.switch.update(step, reward_metrics["reward/accuracy"])
         mine = self.training_share(groups, step)
         batch = build_mixed_batch([groups[i] for i in mine], step_groups=mine)
-        advantages = group_advantages(batch.rewards, batch.group_index, cfg.algo.scale_by_std)
+        advantages = method.advantages(batch, cfg.algo.scale_by_std)
         with t("update"), mem("update"):
             plan = self.update_plan(step)  # one plan for the pi_old pass and the update
             old = self.pi_old(batch, plan)
@@ -157,7 +158,8 @@ class Trainer:
             **self.update_metrics(result),
             **t,
             **mem,
-            **self.state_metrics(len(replayed), selected_score),
+            # the questions the method chose: replayed from the buffer, or guided by a data solution
+            **self.state_metrics(len(replayed) + sum(map(bool, guided)), selected_score),
             **offpolicy_metrics(
                 result.offpolicy, result.correction, self.parallel, cfg, replayed_ages(replayed, step)
             ),
@@ -211,7 +213,7 @@ class Trainer:
             loss=self.choices.method.loss(self.choices.loss(self.cfg, started), started),
             aggregation=self.choices.aggregation,
             entropy_coef=a.entropy_coef,
-            importance_correction=p.importance_correction,
+            importance_correction=self.choices.method.importance_correction(p.importance_correction),
             max_response_tokens=self.cfg.model.max_response_tokens,
             updates=a.updates_per_step,
             micro_batch_tokens=self.token_budget,
@@ -250,18 +252,26 @@ class Trainer:
         rng = step_rng(self.cfg.trainer.seed, step, 2)
         return choose_replay(method, st.buffer, self.questions, self.cfg.rollout.n, rng, step, score)
 
-    def rollout(self, fresh: list[Question], replayed: list[Replayed], step: int) -> list[Group]:
-        """K fresh responses per fresh question; per replayed question the fresh ones its method
-        asks for, then its stored ones (docs/algorithm.md §4)."""
+    def rollout(
+        self,
+        fresh: list[Question],
+        replayed: list[Replayed],
+        step: int,
+        guided: list[tuple[str, ...]] | None = None,
+    ) -> list[Group]:
+        """K fresh responses per fresh question, less one per solution its method `guided` it with
+        (then the solutions); per replayed question the fresh ones its method asks for, then its
+        stored ones (docs/algorithm.md §4)."""
         K = self.cfg.rollout.n
+        guided = guided if guided is not None else [() for _ in fresh]
         questions = fresh + [r.question for r in replayed]
-        counts = [K] * len(fresh) + [r.fresh for r in replayed]
+        counts = [K - len(g) for g in guided] + [r.fresh for r in replayed]
         prompts = [self.prompt_ids(q) for q in questions]
         seed = int(step_rng(self.cfg.trainer.seed, step, 1).integers(2**62))
-        r = self.cfg.rollout
+        ro = self.cfg.rollout
         # each rank samples its own stream: `seed` on rank 0 (and alone)
         spec = SamplingSpec(
-            r.temperature, r.top_p, self.cfg.model.max_response_tokens, self.parallel.seed(seed)
+            ro.temperature, ro.top_p, self.cfg.model.max_response_tokens, self.parallel.seed(seed)
         )
         # every rank scores and stores every group: buffers stay identical across ranks
         responses = self.parallel.map(
@@ -271,6 +281,10 @@ class Trainer:
             Group(q, p, list(rs), from_buffer=i >= len(fresh))
             for i, (q, p, rs) in enumerate(zip(questions, prompts, responses))
         ]
+        for g, texts in zip(groups, guided):
+            g.responses.extend(
+                guidance_response(self.tokenizer, text, self.cfg.model.max_response_tokens) for text in texts
+            )
         for g, chosen in zip(groups[len(fresh) :], replayed):
             g.responses.extend(
                 Response(
@@ -348,7 +362,8 @@ class Trainer:
         buffer stores the engine's log-probs (every rank decides alike)."""
         if not self.cfg.replay.store_trainer_logprobs:
             return {}
-        wanted = set(self.choices.method.enters(groups, self.bounds()))
+        method = self.choices.method
+        wanted = set(method.enters(method.observed(groups), self.bounds()))
         if not wanted:
             return {}
         local = {
@@ -366,8 +381,13 @@ class Trainer:
         rollout engine's with `replay.store_trainer_logprobs=false`."""
         logprobs = trainer_logp if self.cfg.replay.store_trainer_logprobs else None
         method = self.choices.method
-        rows = method.enters(groups, self.bounds())
-        self.state.buffer.observe_groups(groups, step, self.bounds(), logprobs, rows, method.keeps_prompts)
+        seen = method.observed(groups)  # a view keeps the groups' order and the fresh rows' places
+        rows = method.enters(seen, self.bounds())
+        buffer = self.state.buffer
+        buffer.observe_groups(
+            seen, step, self.bounds(), logprobs, rows, method.keeps_prompts, method.stores_any
+        )
+        method.recorded(buffer, seen, rows)
 
     def check_ranks_agree(self, step: int) -> None:
         """Every rank holds the same buffer, switch and sampler position (parallel/sharding.py
