@@ -122,7 +122,9 @@ def test_the_1x80_7b_dry_run_with_lora_fits(tmp_path: Path) -> None:
 
 def _paper_dry_run(name: str, tmp_path: Path) -> str:
     experiment, devices = name.rsplit("-", 1)
-    args = [f"experiment={experiment}", "trainer.dry_run=true", f"trainer.plan_devices={devices}"]
+    # eval.data_dir fixed: the recipes read data.val_path from it, and its default is the user cache
+    fixed = ["eval.data_dir=/benchmarks"]
+    args = [f"experiment={experiment}", "trainer.dry_run=true", f"trainer.plan_devices={devices}", *fixed]
     out = run_cli(["train", *args, f"hydra.run.dir={tmp_path}"], timeout=300)
     refusals = [line for line in out.stderr.splitlines() if line.startswith("exgrpo train:")]
     return "\n".join(

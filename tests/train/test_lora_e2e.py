@@ -92,6 +92,10 @@ def test_resume_with_other_lora_settings_is_refused(reference: Path, tmp_path: P
     resume = f"trainer.resume={reference / 'checkpoints' / 'step_4'}"
     res = _train(tmp_path / "x", resume, "model.lora.rank=4")
     assert res.returncode == 2, res.stderr[-2000:]
+    assert "model.lora.rank: 8 -> 4" in res.stderr  # the resume's changed keys, named (#46)
+    # confirmed (trainer.resume_changes=true), the adapter itself still cannot take another rank
+    res = _train(tmp_path / "y", resume, "model.lora.rank=4", "trainer.resume_changes=true")
+    assert res.returncode == 2, res.stderr[-2000:]
     assert "was trained with" in res.stderr
 
 
