@@ -82,7 +82,7 @@ def main() -> None:
             rc = _run(argv)
         result: dict = {"rc": rc, "seconds": round(time.perf_counter() - start, 1), "argv": argv}
         if step.get("capture"):
-            result["output"] = out.getvalue()[-4000:]
+            result["output"] = out.getvalue()[-20000:]  # a whole `--cfg job` (~9 KB since the replay methods)
         if step.get("dry") and rc == 0:
             result["composed"], result["errors"] = _compose_printed(out.getvalue())
         results[step["id"]] = result

@@ -28,7 +28,7 @@ from exgrpo_cli.config.schema import ExgrpoConfig
 CONFIG_FILE = "config.json"
 # the sections whose keys change what is trained
 OBJECTIVE_SECTIONS = ("reward", "replay", "algo", "model", "data", "rollout")
-# keys inside them that decide only speed, memory or where a part runs
+# keys inside them that decide only speed, memory or where a part runs, or that a resume never reads
 SPEED_OR_MEMORY = frozenset(
     {
         "reward.model.device",
@@ -45,6 +45,8 @@ SPEED_OR_MEMORY = frozenset(
         "rollout.validation_sleep_level",
         "data.val_path",
         "data.val_size",
+        # read only by a fresh start: a resume continues its own buffer and never reads it again
+        "replay.init_from",
     }
 )
 MAX_LISTED = 12
