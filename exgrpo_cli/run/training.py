@@ -36,6 +36,7 @@ from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.reward.stage import unreachable_threshold
 from exgrpo_cli.rollout.base import SamplingSpec
 from exgrpo_cli.run import notices, preempt
+from exgrpo_cli.run.best import BestCheckpoint
 from exgrpo_cli.run.carry import CarriedBuffer, early_read
 from exgrpo_cli.run.lock import lock_run_dir
 from exgrpo_cli.run.log_files import guard_log_files
@@ -53,7 +54,7 @@ from exgrpo_cli.run.setup import (
 from exgrpo_cli.step.loop import Trainer
 
 if TYPE_CHECKING:
-    from exgrpo_cli.step.state import RunState
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -261,17 +262,17 @@ def _loop(
     final: dict[str, float],
     stop: StopRequested,
 ) -> None:
-    st, ranks, t = trainer.state, trainer.parallel, trainer.cfg.trainer
+    st, parallel, t = trainer.state, trainer.parallel, trainer.cfg.trainer
     switch, ratio, warned = st.switch, trainer.cfg.replay.ratio, False
     top_reward, empty_warned = -math.inf, False  # the run's highest fresh reward (this process's)
-    best = _Best(out / "checkpoints", st, ranks, t.best_metric) if t.keep_best else None
+    best = BestCheckpoint(out / "checkpoints", st, parallel, t.best_metric) if t.keep_best else None
     with stop:
         stop.training()  # a signal now waits for the step's end and its checkpoint
         for step in range(st.step + 1, t.steps + 1):
             raw = trainer.train_step(step)
             peaks = {k: v for k, v in raw.items() if k.startswith("memory/")}
-            metrics = ranks.mean({k: v for k, v in raw.items() if k not in peaks})  # run-wide means
-            metrics.update(ranks.max(peaks))  # memory: the fullest rank
+            metrics = parallel.mean({k: v for k, v in raw.items() if k not in peaks})  # run-wide means
+            metrics.update(parallel.max(peaks))  # memory: the fullest rank
             last = step == t.steps
             if val_qs and (last or (t.eval_every and step % t.eval_every == 0)):
                 metrics.update(validate(trainer, val_qs))
@@ -303,14 +304,14 @@ def _loop(
             final.update({k: v for k, v in metrics.items() if k.startswith("val/")})
             give_up = st.skipped_in_a_row >= t.max_skipped_steps
             # a signal may reach one rank only: all ranks stop at the same step (and requeue or not)
-            code = ranks.max({"stop": float(stop.code)})["stop"]
+            code = parallel.max({"stop": float(stop.code)})["stop"]
             stop.agree(int(code))
             improved = best is not None and best.improved(metrics.get(t.best_metric))
             if improved and best is not None:
                 best.record(step, metrics[t.best_metric])
             saved_s = time.monotonic()
             if last or stop.flag or give_up or improved or (t.save_every and step % t.save_every == 0):
-                saved = st.save(out / "checkpoints", t.keep_checkpoints, trainer.tokenizer, ranks, last)
+                saved = st.save(out / "checkpoints", t.keep_checkpoints, trainer.tokenizer, parallel, last)
                 if improved and best is not None:
                     best.keep(saved, step, metrics[t.best_metric])
             saved_s = time.monotonic() - saved_s
@@ -331,63 +332,6 @@ def _loop(
         logger.print(summary)
     if best is not None:
         logger.print(best.summary())
-
-
-class _Best:
-    """trainer.keep_best: the best validation score so far and the save that keeps a new best
-    (checkpoint/store.py). The score lives in the run state (`RunState.best`, in every
-    checkpoint), so a resumed run compares with the best of the history it continues, also after
-    a roll-back; `checkpoints/best` is the copy a user evaluates. The score is `trainer.best_metric`
-    (evaluation/val_scores.py); a best recorded under another criterion does not count."""
-
-    def __init__(self, root: Path, state: RunState, parallel: DataParallel, metric: str) -> None:
-        self.root, self.state, self.parallel, self.metric = root, state, parallel, metric
-        best, folder = state.best, root / f"step_{state.step}"
-        if (
-            parallel.is_main
-            and best is not None
-            and best["step"] == state.step
-            and (folder / ckpt.COMPLETE).is_file()
-        ):
-            try:
-                record = ckpt.best_record(root)
-            except ckpt.CheckpointError as err:  # malformed: relinked below with the state's record
-                log.warning("%s", err)
-                record = None
-            if record is None or record["step"] != state.step:
-                # the run stopped between publishing this step and linking it as the best
-                ckpt.keep_best(root, folder, state.step, float(best["score"]), self.metric)
-
-    def improved(self, score: float | None) -> bool:
-        """Whether this validation beats the best so far; every rank takes rank 0's decision (a
-        save is a collective)."""
-        if score is None:  # no validation this step (on every rank alike)
-            return False
-        best = self.state.best
-        if best is not None and best.get("metric", "val/accuracy") != self.metric:
-            best = None  # resumed under another criterion: its scores do not compare
-        return bool(self.parallel.from_main(best is None or score > float(best["score"])))
-
-    def record(self, step: int, score: float) -> None:
-        """Before the save: the checkpoint of this step holds its own best record."""
-        self.state.best = {"step": step, "score": score, "metric": self.metric}
-
-    def keep(self, saved: Path | None, step: int, score: float) -> None:
-        if saved is not None:  # rank 0
-            ckpt.keep_best(self.root, saved, step, score, self.metric)
-
-    def summary(self) -> str:
-        try:
-            record = ckpt.best_record(self.root) if self.parallel.is_main else None
-        except ckpt.CheckpointError as err:  # a run that finished must not crash on it
-            return f"best checkpoint: {err}"
-        if record is None:
-            return "no best checkpoint: the run never validated (no held-out questions)"
-        best = self.root / ckpt.BEST
-        return (
-            f"best checkpoint: {best} (step {record['step']}, {record['metric']} "
-            f"{record['score']:.4f}); evaluate it with exgrpo eval model.path={best / 'model'}"
-        )
 
 
 def validate(trainer: Trainer, val_qs: list[Question]) -> dict[str, float]:

@@ -54,7 +54,7 @@ def test_the_best_score_comes_from_the_resumed_state_not_from_an_abandoned_futur
 
     from exgrpo_cli.checkpoint import store as ckpt
     from exgrpo_cli.parallel.sharding import DataParallel
-    from exgrpo_cli.run.training import _Best
+    from exgrpo_cli.run.best import BestCheckpoint as _Best
 
     root = tmp_path / "checkpoints"
     ckpt.keep_best(root, _published(root, 5), 5, 0.9, "val/accuracy")  # the abandoned future's best
@@ -72,7 +72,7 @@ def test_a_stop_between_the_save_and_the_best_link_is_finished_at_resume(tmp_pat
 
     from exgrpo_cli.checkpoint import store as ckpt
     from exgrpo_cli.parallel.sharding import DataParallel
-    from exgrpo_cli.run.training import _Best
+    from exgrpo_cli.run.best import BestCheckpoint as _Best
 
     root = tmp_path / "checkpoints"
     ckpt.keep_best(root, _published(root, 1), 1, 0.2, "val/accuracy")
