@@ -21,7 +21,7 @@ from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 
 if TYPE_CHECKING:
     from exgrpo_cli.parallel.sharding import DataParallel
-    from exgrpo_cli.reward.stage import Backend
+    from exgrpo_cli.reward.scorer import Backend
 
 
 @dataclass

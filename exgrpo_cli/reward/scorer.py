@@ -29,6 +29,7 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from exgrpo_cli.reward.extract import AnswerRule, choice_letter, normalise, prepare_math, training_rule
 from exgrpo_cli.reward.pool import VerifyPool
@@ -51,6 +52,26 @@ class ScoreResult:
     unscored: int = 0  # items a reward function returned None for (scored 0)
     # reward.components: each kind's own rewards by name (`rewards` is their weighted sum); else None
     components: dict[str, list[float]] | None = None
+
+
+class Backend(Protocol):
+    """What scores responses (`RewardScorer`, a kind's backend, the run's `Reward`): a `ScoreResult`
+    per call. `rules` is None unless the caller gives `rule_for_prompt` to validation (then: the
+    scorer's own rule); `questions` are the samples' data rows (a reward function reads them)."""
+
+    def score(
+        self,
+        responses: Sequence[str],
+        answers: Sequence[str],
+        kinds: Any = None,
+        *,
+        rules: Any = None,
+        questions: Any = None,
+    ) -> ScoreResult: ...
+
+    def close(self) -> None: ...
+
+    def metrics(self) -> dict[str, int]: ...
 
 
 class RewardScorer:

@@ -19,35 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from exgrpo_cli.config.schema import RewardConfig
 from exgrpo_cli.errors import ExgrpoError
-from exgrpo_cli.reward.scorer import RewardScorer, ScoreResult
+from exgrpo_cli.reward.scorer import Backend, RewardScorer, ScoreResult
 from exgrpo_cli.reward.weighted import WeightedReward
 
 if TYPE_CHECKING:
     import torch
-
-
-class Backend(Protocol):
-    """What scores responses (`RewardScorer`, a kind's backend, the run's `Reward`): a `ScoreResult`
-    per call. `rules` is None unless the caller gives `rule_for_prompt` to validation (then: the
-    scorer's own rule); `questions` are the samples' data rows (a reward function reads them)."""
-
-    def score(
-        self,
-        responses: Sequence[str],
-        answers: Sequence[str],
-        kinds: Any = None,
-        *,
-        rules: Any = None,
-        questions: Any = None,
-    ) -> ScoreResult: ...
-
-    def close(self) -> None: ...
-
-    def metrics(self) -> dict[str, int]: ...
 
 
 class RewardFailed(ExgrpoError):

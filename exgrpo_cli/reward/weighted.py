@@ -14,34 +14,16 @@ in `reward/errors` and `reward/timeouts`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from exgrpo_cli.reward.scorer import ScoreResult
-
-
-class Scoring(Protocol):
-    """A kind's backend, as reward/stage.py's `Backend` (repeated here: stage.py imports this)."""
-
-    def score(
-        self,
-        responses: Sequence[str],
-        answers: Sequence[str],
-        kinds: Any = None,
-        *,
-        rules: Any = None,
-        questions: Any = None,
-    ) -> ScoreResult: ...
-
-    def close(self) -> None: ...
-
-    def metrics(self) -> dict[str, int]: ...
+from exgrpo_cli.reward.scorer import Backend, ScoreResult
 
 
 class WeightedReward:
     """The weighted sum of named backends; `components` of the last result hold each one's own
     rewards (unweighted), in the order of `weights`."""
 
-    def __init__(self, parts: Mapping[str, Scoring], weights: Mapping[str, float]) -> None:
+    def __init__(self, parts: Mapping[str, Backend], weights: Mapping[str, float]) -> None:
         if not parts or set(parts) != set(weights):
             raise ValueError(f"components {sorted(parts)} and weights {sorted(weights)} differ")
         self.parts, self.weights = dict(parts), {name: float(weights[name]) for name in parts}
