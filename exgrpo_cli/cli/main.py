@@ -102,7 +102,10 @@ def main(argv: list[str] | None = None) -> None:
     rest = [a for a in rest if a != "--help-all"]
     preflight(command, rest, full_help)
     check_run_dir(command, rest)
-    run_hydra(command, rest)
+    from exgrpo_cli.parallel.process_end import ends_without_teardown
+
+    with ends_without_teardown():  # a rank under torchrun: no teardown race with gloo's threads
+        run_hydra(command, rest)
 
 
 # what exgrpo and Hydra open in a run dir, each checked before Hydra writes the first of them

@@ -58,7 +58,7 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, float]:
     """What every rank `trainer.nproc` starts runs (in a fresh process): rank 0 says an error, each
     rank exits with its code; a crash's traceback goes to the rank's log (the parent says which
     rank failed)."""
-    from exgrpo_cli.run.launch import launched_rank, rank_logging
+    from exgrpo_cli.run.launch import launched_rank, rank_crashed, rank_logging
     from exgrpo_cli.run.training import run_training
 
     out, rank = Path(cfg.trainer.output_dir), launched_rank()
@@ -71,7 +71,7 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, float]:
             raise
         except Exception:
             log.exception("rank %s failed", rank)
-            raise SaidElsewhere(1) from None
+            raise rank_crashed() from None
 
 
 def weights_source(cfg: ExgrpoConfig) -> ModelConfig:

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import torch
 
 from exgrpo_cli.errors import UsageError
+from exgrpo_cli.parallel import process_end
 from exgrpo_cli.parallel.placement import NO_OFFLOAD, Offload
 from exgrpo_cli.parallel.sharding import DataParallel
 
@@ -65,6 +66,7 @@ def init_distributed(timeout_s: float = 1800.0, device: str = "auto") -> DataPar
     if world == 1:  # one GPU without torchrun: a one-rank group, so that FSDP2 can wrap the model
         kwargs.update(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     tdist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    process_end.note_group_opened()  # the process ends without the interpreter's teardown
     log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
     return info
 

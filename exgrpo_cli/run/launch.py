@@ -20,13 +20,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from exgrpo_cli.config.schema import ExgrpoConfig
-from exgrpo_cli.errors import ExgrpoError
+from exgrpo_cli.errors import ExgrpoError, SaidElsewhere
 from exgrpo_cli.run import preempt
 from exgrpo_cli.run.rank_failure import rank_log
 
@@ -34,6 +35,12 @@ log = logging.getLogger(__name__)
 
 # how long the ranks may take to finish a step and save after a stop, before they are killed
 SHUTDOWN_TIMEOUT_S = 1800
+# how long a rank that crashed waits before it exits: torch's launcher looks every 0.5 s
+# (`monitor_interval`) and, of the ranks it finds dead in one look, reports the lowest only. A rank
+# whose collective failed because a peer died (SIGKILL from the OOM killer) must not be found dead
+# in the same look as that peer, or the line names it instead of the peer (the interpreter's
+# teardown used to give that time by chance; ranks now skip it: parallel/process_end.py).
+PEER_FIRST_S = 2.0
 
 
 def under_launcher() -> bool:
@@ -76,6 +83,14 @@ def rank_logging(out: Path) -> None:
     root.setLevel(logging.INFO)
 
 
+def rank_crashed() -> SaidElsewhere:
+    """The error that ends a launched rank after an unexpected exception (already logged with its
+    traceback; exit code 1), returned after `PEER_FIRST_S`, so that the launcher has seen a rank
+    that died before this one did."""
+    time.sleep(PEER_FIRST_S)
+    return SaidElsewhere(1)
+
+
 class RanksFailed(ExgrpoError):
     """A rank of `launch` failed (which, how, how to resume); the exit code is the worst rank's."""
 
@@ -92,6 +107,7 @@ def launch(cfg: ExgrpoConfig, nproc: int, target: Callable[[ExgrpoConfig], Any])
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from exgrpo_cli.parallel.fsdp import free_port
+    from exgrpo_cli.parallel.process_end import call_then_end
 
     config = LaunchConfig(
         min_nodes=1,
@@ -116,7 +132,8 @@ def launch(cfg: ExgrpoConfig, nproc: int, target: Callable[[ExgrpoConfig], Any])
     os.environ[preempt.PARENT_REQUEUES_ENV] = "1"  # the ranks inherit it: this process requeues
     try:
         with _Forward() as forward, _TorchLogToFile():
-            results: dict[int, Any] = elastic_launch(config, target)(cfg)
+            # each rank ends without the interpreter's teardown (parallel/process_end.py)
+            results: dict[int, Any] = elastic_launch(config, call_then_end)(target, cfg)
     except ChildFailedError as err:
         raise _failure(cfg, nproc, err) from None
     finally:

@@ -21,6 +21,7 @@ from exgrpo_cli.algo.aggregation import Aggregation, AggregationSettings, offici
 from exgrpo_cli.algo.losses import ExgrpoLoss
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.parallel import fsdp as D
+from exgrpo_cli.parallel.process_end import ends_without_teardown
 from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_batch
 from exgrpo_cli.step.update import policy_update
@@ -172,4 +173,5 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    with ends_without_teardown():  # no race with gloo's threads at exit
+        main(sys.argv[1])

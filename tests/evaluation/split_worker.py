@@ -12,6 +12,7 @@ from split_common import run_both  # noqa: E402  (beside this file)
 
 from exgrpo_cli.config.schema import ModelConfig
 from exgrpo_cli.parallel import fsdp as D
+from exgrpo_cli.parallel.process_end import ends_without_teardown
 from exgrpo_cli.policy.model import load_model, load_tokenizer
 
 
@@ -29,4 +30,5 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    with ends_without_teardown():  # no race with gloo's threads at exit
+        main(sys.argv[1])

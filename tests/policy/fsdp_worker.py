@@ -20,6 +20,7 @@ import torch
 from exgrpo_cli.checkpoint import optimizer_files
 from exgrpo_cli.parallel import fsdp as D
 from exgrpo_cli.parallel.offload import gather_full as full  # a DTensor shard's full tensor, else the tensor
+from exgrpo_cli.parallel.process_end import ends_without_teardown
 from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.rollout.vllm_weights import named_tensors
 
@@ -198,4 +199,5 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    with ends_without_teardown():  # no race with gloo's threads at exit
+        main(sys.argv[1])

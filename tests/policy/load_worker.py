@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from exgrpo_cli.checkpoint import optimizer_files
 from exgrpo_cli.config.schema import ModelConfig
 from exgrpo_cli.parallel import fsdp as D
+from exgrpo_cli.parallel.process_end import ends_without_teardown
 from exgrpo_cli.policy.model import load_sharded
 
 STOP_IDS = [2, 7]
@@ -74,4 +75,5 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    with ends_without_teardown():  # no race with gloo's threads at exit
+        main(sys.argv[1])

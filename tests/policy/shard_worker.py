@@ -16,7 +16,6 @@ one_rank_fsdp (1 rank): a one-GPU run's model (FSDP2 over a one-rank group, DTen
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
@@ -25,6 +24,7 @@ from exgrpo_cli.checkpoint import optimizer_files
 from exgrpo_cli.parallel import fsdp as D
 from exgrpo_cli.parallel.offload import HostAdamW
 from exgrpo_cli.parallel.offload import gather_full as full  # a DTensor shard's full tensor, else the tensor
+from exgrpo_cli.parallel.process_end import ends_without_teardown
 from exgrpo_cli.parallel.sharding import DataParallel
 
 LR, STEPS = 1e-2, 3
@@ -158,13 +158,8 @@ def main(mode: str, out_path: str) -> None:
             json.dump({"world_size": parallel.world_size, **report}, fh)
     parallel.barrier()
     D.close_distributed()
-    # Every check has passed and rank 0 has written the report. What follows is the interpreter
-    # tearing down torch's gloo objects, which this test does not measure: CI once saw rank 1 abort
-    # there ("terminate called without an active exception", SIGABRT) after ~100 clean runs here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    with ends_without_teardown():  # no race with gloo's threads at exit
+        main(sys.argv[1], sys.argv[2])

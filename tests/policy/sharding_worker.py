@@ -12,6 +12,7 @@ import sys
 import torch
 
 from exgrpo_cli.parallel import fsdp as D
+from exgrpo_cli.parallel.process_end import ends_without_teardown
 
 
 def main(out: str) -> None:
@@ -45,4 +46,5 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    with ends_without_teardown():  # no race with gloo's threads at exit
+        main(sys.argv[1])

@@ -134,4 +134,7 @@ def logprob_diff(model: Any, prompts: list[list[int]], rollouts: list[Rollout]) 
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
+    from exgrpo_cli.parallel.process_end import ends_without_teardown
+
+    with ends_without_teardown():  # no race with gloo's threads at exit
+        main(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
