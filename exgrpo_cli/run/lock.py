@@ -4,16 +4,22 @@ Where it sits: at the start of `exgrpo train` (run/training.py), after the run d
 anything in it is read, deleted or written; released when the run ends. Two runs in one dir would
 share checkpoints and truncate each other's metrics.jsonl.
 
-Design. `<run>/.exgrpo.lock` is created with O_CREAT|O_EXCL, which is atomic on local disks and
-on NFSv3+/Lustre/GPFS, where flock is often a no-op or node-local. It holds who holds it (pid,
-host, boot id, the pid's start time, SLURM job id and restart count, torchrun's run id and parent
-pid) and the holder refreshes its mtime every HEARTBEAT_S. A lock found in place is stale, and is
-taken over, when:
+Design. The holder's record (pid, host, boot id, the pid's start time, SLURM job id and restart
+count, torchrun's run id and parent pid) is written whole to a temporary file in the run dir and
+published by os.link to `<run>/.exgrpo.lock`, which fails when the name exists; a hard link is
+atomic on local disks and on NFSv3+/Lustre/GPFS, where flock is often a no-op or node-local. So a
+lock is never seen empty or half written: an O_EXCL create followed by a write left an empty file
+for a moment, which a second start took over as torn while the first went on. (Where hard links
+are refused, the lock is created in place with O_EXCL.) The holder refreshes its mtime every
+HEARTBEAT_S. A lock found in place is stale, and is taken over, when:
 - its host is this host (same boot): the pid is gone, or now belongs to another process (its
   start time differs);
-- it was written by this same SLURM job (same SLURM_JOB_ID) on another node or an earlier restart:
-  SLURM requeues a job only after its previous allocation ended, and the old node's pid cannot be
-  probed from here;
+- it was written by this same SLURM job (same SLURM_JOB_ID) at a lower restart count
+  (SLURM_RESTART_COUNT): SLURM requeues a job only after its previous allocation ended, and the old
+  node's pid cannot be probed from here. Two tasks of one allocation (the same job and count) are
+  judged like any two hosts;
+- it is unreadable (empty, or not a lock record: a writer killed mid-write, or one without links)
+  and has been so for TORN_GRACE_S;
 - otherwise (another host): its heartbeat is older than STALE_S, measured against the shared
   filesystem's own clock (the mtime of a file touched now), not this node's, so clock skew
   between nodes cannot make a live lock look stale.
@@ -23,6 +29,7 @@ and checks that what it renamed is what it judged stale.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -42,6 +49,10 @@ if TYPE_CHECKING:
 LOCK = ".exgrpo.lock"
 HEARTBEAT_S = 30.0
 STALE_S = 600.0
+# an unreadable lock younger than this may be a start between its create and its write
+TORN_GRACE_S = 60.0
+# os.link's errors on a filesystem without hard links (some FUSE and object-store mounts)
+NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK})
 
 
 class RunDirLocked(UsageError):
@@ -113,6 +124,12 @@ def _fs_now(folder: Path) -> float:
         probe.unlink(missing_ok=True)
 
 
+def _restart_count(value: Any) -> int | None:
+    """A recorded SLURM_RESTART_COUNT as a number; None when it is not one."""
+    text = str(value).strip()
+    return int(text) if text.isdigit() else None
+
+
 def stale_reason(rec: dict[str, Any], mtime: float, folder: Path) -> str | None:
     """Why the lock `rec` (last heartbeat at `mtime`) is stale, or None when it may be live."""
     me = holder_record()
@@ -125,7 +142,12 @@ def stale_reason(rec: dict[str, Any], mtime: float, folder: Path) -> str | None:
         return None
     job = rec.get("slurm_job_id")
     if job and job == me["slurm_job_id"]:
-        return f"written by an earlier run of this SLURM job {job} (requeued: its allocation ended)"
+        was, now = _restart_count(rec.get("slurm_restart_count")), _restart_count(me["slurm_restart_count"])
+        if was is not None and now is not None and was < now:
+            return (
+                f"written by restart {was} of this SLURM job {job}, now at restart {now} "
+                "(requeued: its allocation ended)"
+            )
     age = _fs_now(folder) - mtime
     if age > STALE_S:
         return f"its heartbeat is {age:.0f} s old (more than {STALE_S:.0f} s)"
@@ -145,17 +167,43 @@ class RunLock:
         """Take the lock; returns a note when a stale lock was taken over."""
         note = None
         for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                note = self._take_over_stale()
-                continue
+            if self._publish():
+                self._thread = threading.Thread(target=self._beat, name="exgrpo-run-lock", daemon=True)
+                self._thread.start()
+                return note
+            note = self._take_over_stale()
+        raise RunDirLocked(f"{self.path.parent} is locked ({self.path}) and could not be taken over")
+
+    def _publish(self) -> bool:
+        """Put this holder's record at the lock's path, whole; False when a lock is there already."""
+        temp = self.path.with_name(f"{LOCK}.new-{secrets.token_hex(4)}")
+        fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        try:
             with os.fdopen(fd, "w") as fh:
                 json.dump(self.record, fh)
-            self._thread = threading.Thread(target=self._beat, name="exgrpo-run-lock", daemon=True)
-            self._thread.start()
-            return note
-        raise RunDirLocked(f"{self.path.parent} is locked ({self.path}) and could not be taken over")
+            try:
+                os.link(temp, self.path)
+                return True
+            except FileExistsError:
+                # on NFS a retried link whose first try succeeded answers EEXIST: the count says
+                return os.stat(temp).st_nlink > 1
+            except OSError as err:
+                if err.errno not in NO_LINKS:
+                    raise
+        finally:
+            temp.unlink(missing_ok=True)
+        return self._create_in_place()
+
+    def _create_in_place(self) -> bool:
+        """Where hard links are refused: O_EXCL create, then write (empty for a moment, which a
+        second start sees as unreadable and leaves alone for TORN_GRACE_S)."""
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.record, fh)
+        return True
 
     def _read_found(self) -> tuple[bytes, float] | None:
         """The bytes and mtime of the lock found in place (None: it is gone). Read without blocking
@@ -186,7 +234,13 @@ class RunLock:
         why: str | None
         if not isinstance(rec, dict):
             what = f"{len(raw)} bytes that are not a lock record ({raw[:40]!r})" if raw else "an empty file"
-            why = f"it is unreadable: {what} (a torn write)"
+            age = _fs_now(self.path.parent) - mtime
+            if age < TORN_GRACE_S:  # maybe a start between its create and its write
+                raise RunDirLocked(
+                    f"{self.path.parent} is being locked by another start ({self.path} holds {what}, "
+                    f"{max(age, 0):.0f} s old); try again in a minute, or if no run uses the dir remove it"
+                )
+            why = f"it is unreadable: {what} for {age:.0f} s (a torn write)"
         else:
             why = stale_reason(rec, mtime, self.path.parent)
         if why is None:

@@ -98,9 +98,13 @@ def test_a_dead_holder_on_this_host_is_stale(tmp_path: Path) -> None:
 def test_a_slurm_requeue_onto_another_node_takes_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The old node's pid cannot be probed: the same SLURM job id says its allocation ended."""
+    """The old node's pid cannot be probed: the same SLURM job id at a lower restart count says its
+    allocation ended."""
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    _plant(tmp_path, host="node-that-died", boot_id="other", pid=1, slurm_job_id="4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    _plant(
+        tmp_path, host="node-that-died", boot_id="other", pid=1, slurm_job_id="4242", slurm_restart_count="0"
+    )
     lock = run_lock.RunLock(tmp_path)
     note = lock.acquire()
     assert note is not None and "SLURM job 4242" in note

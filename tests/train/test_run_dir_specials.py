@@ -86,8 +86,11 @@ def test_a_special_file_at_the_lock_is_refused_at_once(tmp_path: Path, kind: str
     [(b"", "an empty file"), (b"[1, 2]", "not a lock record (b'[1, 2]')"), (b"\x00garbage", "not a lock")],
 )
 def test_an_unreadable_lock_is_described_by_what_it_holds(tmp_path: Path, content: bytes, named: str) -> None:
-    """The old note said 'took over the stale lock of pid None on host None, since None'."""
+    """The old note said 'took over the stale lock of pid None on host None, since None'. (Taken
+    over once it has been unreadable for TORN_GRACE_S: tests/train/test_run_lock_races.py.)"""
     (tmp_path / run_lock.LOCK).write_bytes(content)
+    old = time.time() - run_lock.TORN_GRACE_S - 60
+    os.utime(tmp_path / run_lock.LOCK, (old, old))
     lock = run_lock.RunLock(tmp_path)
     note = lock.acquire()
     lock.release()
