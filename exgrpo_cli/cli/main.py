@@ -121,15 +121,18 @@ RUN_DIR_FILES = (
 
 def _named_run_dir(command: str, args: list[str]) -> str | None:
     """The run dir a single run will use when it is known before Hydra starts: `hydra.run.dir=`
-    on the command line, or a SLURM job's default (outputs/<command>/slurm-<job id>, which a
-    requeued job finds again); None for a timestamped new one or a sweep."""
+    on the command line (or `+hydra.run.dir=`, `++hydra.run.dir=`, which Hydra takes the same
+    way), or a SLURM job's default (outputs/<command>/slurm-<job id>, which a requeued job finds
+    again); None for a timestamped new one or a sweep."""
     from exgrpo_cli.host import slurm_job_id
 
     if any(a in ("-m", "--multirun") for a in args):
         return None
-    named = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
+    from exgrpo_cli.config.paths import run_dir_override
+
+    named = [value for value in map(run_dir_override, args) if value is not None]
     if named:
-        return named[-1].strip("'\"")
+        return named[-1]
     job = slurm_job_id()
     return f"outputs/{command.replace('-', '_')}/slurm-{job}" if job else None
 

@@ -4,8 +4,8 @@ into it: a refused command (exit 2), a dry run, an `inspect-buffer` without plot
 Hydra creates `outputs/<command>/<time>/` with `.hydra/` and the log file before `dispatch` runs;
 a folder that holds nothing else is the trace of a run that never happened, and a newcomer's
 `ls outputs` should not fill up with them. A folder with anything more (a checkpoint, a plan, a
-result) is never touched, nor one the user named (`hydra.run.dir=...`, maybe an existing folder);
-multirun job folders are left to the sweep.
+result) is never touched, nor one the user named (`hydra.run.dir=...`, or with `+`/`++` before
+it; maybe an existing folder); multirun job folders are left to the sweep.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from exgrpo_cli.config.paths import hydra_config
+from exgrpo_cli.config.paths import hydra_config, run_dir_override
 
 
 def hydra_run_dir() -> tuple[Path, str] | None:
@@ -25,7 +25,7 @@ def hydra_run_dir() -> tuple[Path, str] | None:
     hc = hydra_config()
     if hc is None:
         return None
-    if hc.mode != RunMode.RUN or any(o.startswith("hydra.run.dir=") for o in hc.overrides.hydra):
+    if hc.mode != RunMode.RUN or any(run_dir_override(o) is not None for o in hc.overrides.hydra):
         return None
     return Path(hc.runtime.output_dir), str(hc.job.name)
 

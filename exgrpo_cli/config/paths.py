@@ -27,3 +27,12 @@ def hydra_config() -> HydraConf | None:
         return HydraConfig.get()
     except (ImportError, ValueError):
         return None
+
+
+def run_dir_override(override: str) -> str | None:
+    """The value of a command-line `hydra.run.dir=...` (also as `+hydra.run.dir=` or
+    `++hydra.run.dir=`, which Hydra takes the same way), unquoted; None for any other override."""
+    key, eq, value = override.partition("=")
+    if not eq or key.lstrip("+") != "hydra.run.dir" or len(key) - len("hydra.run.dir") > 2:
+        return None
+    return value.strip("'\"")

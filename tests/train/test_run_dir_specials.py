@@ -152,6 +152,34 @@ def test_a_fifo_in_a_run_dir_is_refused_before_hydra_writes(tmp_path: Path, rel:
     assert time.monotonic() - t0 < 30 and (run / rel).is_fifo()
 
 
+@pytest.mark.parametrize("prefix", ["+", "++"])
+def test_a_prefixed_run_dir_override_is_checked_too(tmp_path: Path, prefix: str) -> None:
+    """`++hydra.run.dir=<run>` names the run dir as the plain form does, but the check knew only the
+    plain form: Hydra opened the FIFO at .hydra/config.yaml and the command blocked (`+`: Hydra's
+    own error)."""
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    os.mkfifo(run / ".hydra" / "config.yaml")
+    t0 = time.monotonic()
+    with released_after(run):
+        res = run_cli(["train", f"{prefix}hydra.run.dir={run}"], timeout=90)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines() == [
+        f"exgrpo train: {run / '.hydra' / 'config.yaml'} is a FIFO, where a run dir holds a regular "
+        "file: remove it, or use another run dir"
+    ], res.stderr[-2000:]
+    assert time.monotonic() - t0 < 30
+
+
+def test_only_a_run_dir_override_names_the_run_dir() -> None:
+    from exgrpo_cli.config.paths import run_dir_override
+
+    assert run_dir_override("hydra.run.dir='a b'") == "a b"
+    assert run_dir_override("++hydra.run.dir=x") == run_dir_override("+hydra.run.dir=x") == "x"
+    for other in ("+++hydra.run.dir=x", "hydra.run.dir.x=y", "~hydra.run.dir", "trainer.steps=3"):
+        assert run_dir_override(other) is None, other
+
+
 def test_a_fifo_at_metrics_jsonl_is_refused_by_the_logger(tmp_path: Path) -> None:
     from exgrpo_cli.config.schema import LoggerConfig, WandbConfig
     from exgrpo_cli.errors import UsageError
