@@ -7,7 +7,9 @@ command than the run's first one would silently continue on another objective (t
 reward instead of the run's `reward=python`). Each checkpoint holds the config it was trained with
 (`config.json`, written by step/state.py with the checkpoint and covered by its checksums); here
 it is read as JSON through checkpoint/safe_read (size-bounded, regular file only, never executed)
-and compared key by key within the sections that decide what is trained. A difference is refused
+and compared key by key within the sections that decide what is trained: a key is a schema field
+(config/keys.py), so a mapping of the user's own keys (reward.components) is compared whole, and
+only a key the checkpoint's config lacks (added to exgrpo since) is skipped. A difference is refused
 in one line naming every differing key, unless `trainer.resume_changes=true` confirms it. The
 sections that cannot change the objective (trainer: steps, saving, eval cadence; logger; eval)
 are never compared, and neither are the keys below that only decide speed or memory. A SLURM
@@ -23,6 +25,7 @@ from typing import Any
 
 from exgrpo_cli.checkpoint.safe_read import UnsafeFile, read_json
 from exgrpo_cli.checkpoint.store import ResumeRefused
+from exgrpo_cli.config.keys import sections as schema_sections
 from exgrpo_cli.config.schema import ExgrpoConfig
 
 CONFIG_FILE = "config.json"
@@ -58,10 +61,12 @@ def trained_with(cfg: ExgrpoConfig) -> dict[str, Any]:
     return {name: whole[name] for name in OBJECTIVE_SECTIONS}
 
 
-def _flat(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(value, dict):
+def _flat(prefix: str, value: Any, out: dict[str, Any], sections: frozenset[str]) -> dict[str, Any]:
+    """`value` as dotted keys: a schema section is opened key by key, anything else is one value,
+    a mapping of the user's own keys (reward.components) compared whole."""
+    if prefix in sections and isinstance(value, dict):
         for key, inner in value.items():
-            _flat(f"{prefix}.{key}", inner, out)
+            _flat(f"{prefix}.{key}", inner, out, sections)
     else:
         out[prefix] = value
     return out
@@ -76,14 +81,16 @@ def _shown(value: Any) -> str:
 
 def changes(saved: dict[str, Any], command: dict[str, Any]) -> list[str]:
     """`key: <checkpoint's> -> <command's>` for every key of both that differs, in key order."""
+    sections = frozenset(name for name, _, _ in schema_sections())
     before: dict[str, Any] = {}
     after: dict[str, Any] = {}
     for name in OBJECTIVE_SECTIONS:
         if isinstance(saved.get(name), dict):
-            _flat(name, saved[name], before)
-        _flat(name, command[name], after)
+            _flat(name, saved[name], before, sections)
+        _flat(name, command[name], after, sections)
     # a key on one side only is not compared: one added to exgrpo since the checkpoint was written
-    # (or removed since) says nothing about what the run trained with
+    # (or removed since) says nothing about what the run trained with. A key is a schema field:
+    # a dict-valued one is one key, so {math: 1, choice: 0.5} against {} or {math: 1} differs
     out = []
     for key in sorted(set(before) & set(after)):
         if key in SPEED_OR_MEMORY or not key.startswith(OBJECTIVE_SECTIONS):

@@ -69,6 +69,32 @@ def test_a_checkpoints_config_is_data_shown_short_and_on_one_line() -> None:
     assert "\n" not in line and len(line) < 120, line
 
 
+@pytest.mark.parametrize("command", [{"math": 1.0}, {}, {"math": 1.0, "choice": 2.0}])
+def test_reward_components_are_compared_whole(tmp_path: Path, command: dict[str, float]) -> None:
+    """A mapping of the user's own keys is one setting. The old comparison opened it key by key and
+    compared only the keys of both sides: {math: 1, choice: 0.5} resumed with {math: 1} or the
+    default {} was accepted without a word."""
+    folder = _checkpoint(tmp_path / "step_2", _cfg(reward={"components": {"math": 1.0, "choice": 0.5}}))
+    with pytest.raises(ckpt.ResumeRefused) as refused:
+        check_resume_changes(_cfg(reward={"components": command}), folder)
+    message = str(refused.value)
+    assert 'reward.components: {"math": 1.0, "choice": 0.5} -> ' in message and "\n" not in message, message
+    same = _cfg(reward={"components": {"choice": 0.5, "math": 1}})  # order and 1 vs 1.0: the same
+    assert check_resume_changes(same, folder) is None
+
+
+def test_a_key_added_since_the_checkpoint_is_not_a_change() -> None:
+    """A field exgrpo added after the checkpoint was written (a dict-valued one, or a whole new
+    subsection) is absent from its config: not compared, whatever the command sets."""
+    saved = trained_with(ExgrpoConfig())
+    del saved["reward"]["components"]
+    del saved["model"]["lora"]
+    command = trained_with(_cfg(reward={"components": {"math": 1.0}}))
+    assert changes(saved, command) == []
+    saved["reward"]["components"] = {}  # present in both: compared
+    assert changes(saved, command) == ['reward.components: {} -> {"math": 1.0}']
+
+
 @pytest.mark.parametrize("kind", ["missing", "fifo", "not-a-mapping", "not-json"])
 def test_an_unreadable_config_is_refused_and_a_missing_one_is_a_warning(tmp_path: Path, kind: str) -> None:
     folder = tmp_path / "step_1"
