@@ -48,8 +48,12 @@ def _problem(name: str, value: str) -> str | None:
             ok = False
         return None if ok else "a number of seconds > 0"
     if name == "WANDB_BASE_URL":
-        parts = urlsplit(value)
-        return None if parts.scheme in ("http", "https") and parts.netloc else "an http(s):// URL"
+        try:  # an unclosed [ of an IPv6 host, or a port that is no number, raises ValueError
+            parts = urlsplit(value)
+            ok = parts.scheme in ("http", "https") and bool(parts.netloc) and parts.port != 0
+        except ValueError:
+            ok = False
+        return None if ok else "an http(s):// URL"
     return None
 
 

@@ -4,6 +4,8 @@ anything of the run is created; both used to be pydantic tracebacks from wandb.i
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,6 +58,8 @@ def test_an_empty_wandb_mode_is_unset(
         ("WANDB_INIT_TIMEOUT", "soon"),
         ("WANDB_SILENT", "maybe"),
         ("WANDB_BASE_URL", "x"),
+        ("WANDB_BASE_URL", "http://[::1"),  # urlsplit's ValueError was a traceback
+        ("WANDB_BASE_URL", "https://host:port"),
     ],
 )
 def test_a_bad_tracker_variable_is_one_line_before_any_file(
@@ -66,10 +70,20 @@ def test_a_bad_tracker_variable_is_one_line_before_any_file(
     value: str,
 ) -> None:
     monkeypatch.setenv(name, value)
-    with pytest.raises(UsageError, match=f"^{name}='{value}' is not a value W&B accepts: ") as refused:
+    refusal = f"^{re.escape(name)}='{re.escape(value)}' is not a value W&B accepts: "
+    with pytest.raises(UsageError, match=refusal) as refused:
         MetricLogger(str(tmp_path), LoggerConfig(console=False, wandb=WandbConfig(mode="offline")), {}, 1)
     assert "\n" not in str(refused.value)
     assert not (tmp_path / METRICS_FILE).exists() and not (tmp_path / "wandb").exists()
+
+
+@pytest.mark.parametrize("url", ["https://api.wandb.ai", "http://[::1]:8080", "http://10.0.0.2:8080/"])
+def test_a_wandb_base_url_with_a_host_and_port_is_accepted(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    from exgrpo_cli.metrics.tracker_env import check_tracker_env
+
+    monkeypatch.setenv("WANDB_BASE_URL", url)
+    check_tracker_env()
+    assert os.environ["WANDB_BASE_URL"] == url
 
 
 def test_train_refuses_a_bad_wandb_mode_at_start_up(tmp_path: Path) -> None:
