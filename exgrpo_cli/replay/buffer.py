@@ -89,6 +89,9 @@ class ExperienceBuffer:
         # what the replay method remembers across steps (replay/methods.py): JSON-able, saved and
         # digested with the buffer; empty under ExGRPO
         self.method_state: dict[str, Any] = {}
+        # whether incorrect responses were ever stored (a method that stores any, as RePO's): a
+        # method that replays stored responses as correct ones cannot take such a buffer over
+        self.holds_any = False
 
     # ----------------------------------------------------------------- buckets
     def bucket_centres(self) -> list[float]:
@@ -123,6 +126,7 @@ class ExperienceBuffer:
         level: int | None = None,
         keep_bare: bool = False,
         keep_any: bool = False,
+        counted: int | None = None,
     ) -> None:
         """Apply one scored group (docs/algorithm.md §2).
 
@@ -132,7 +136,9 @@ class ExperienceBuffer:
         the question in a bucket (replay/bucketing.py; None: k, the count rule). ``keep_bare``: a
         question enters its bucket with no response stored (a method that replays prompts only).
         ``keep_any``: ``correct`` may hold incorrect responses too (a method that stores every
-        response with its reward, as RePO's).
+        response with its reward, as RePO's). ``counted``: how many responses k is out of (None:
+        K); a question retires when all of them are correct (a group LUFFY guides counts its
+        K - 1 fresh rollouts beside the solution).
         """
         k, K = int(num_correct), self.group_size
         if not 0 <= k <= K:
@@ -141,7 +147,7 @@ class ExperienceBuffer:
             raise ValueError(f"{len(correct)} correct responses but num_correct={k} for {uid!r}")
         if uid in self._retired:
             return  # retired questions are never replayed again (until readmitted)
-        if k == K:
+        if k == (K if counted is None else counted) and k > 0:
             # Deferred to end_step: the question may still be part of this step's batch.
             self._pending[uid] = None
             return
@@ -163,6 +169,7 @@ class ExperienceBuffer:
             self._buckets[b].add(uid)
             q.bucket = b
         if ids:
+            self.holds_any = self.holds_any or keep_any
             seqs = range(self._next_seq, self._next_seq + len(ids))
             meta = np.array([[len(a), step, h, i] for a, h, i in zip(ids, hashes, seqs)], dtype=np.int64)
             self._next_seq += len(ids)
@@ -206,7 +213,15 @@ class ExperienceBuffer:
         for gi, g in enumerate(groups):
             collect = collects(g, bounds)
             self.observe_group(
-                g.question.uid, g.num_correct, correct[gi], step, collect, levels[gi], keep_bare, keep_any
+                g.question.uid,
+                g.num_correct,
+                correct[gi],
+                step,
+                collect,
+                levels[gi],
+                keep_bare,
+                keep_any,
+                counted=len(g.responses),
             )
 
     def end_step(self) -> list[str]:
@@ -372,6 +387,8 @@ class ExperienceBuffer:
         }
         if self.method_state:
             index["method_state"] = json.loads(json.dumps(self.method_state))  # a copy, and JSON
+        if self.holds_any:  # absent: correct responses only (every buffer saved before methods)
+            index["holds_any"] = True
         return {"arrays": arrays, "index": index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -402,6 +419,7 @@ class ExperienceBuffer:
             self._add_to_checksum(q.value_hashes())
         self._expired = int(index.get("expired", 0))  # absent from buffers saved before max_age
         self.method_state = json.loads(json.dumps(index.get("method_state", {})))  # a deep copy
+        self.holds_any = index.get("holds_any", False) is True
         if self.max_experiences or self.max_age:
             self._oldest.rebuild(self._questions)
             self._enforce_cap()

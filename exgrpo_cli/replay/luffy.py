@@ -15,7 +15,8 @@ Place in the train step: its hooks (replay/methods.py) replace ExGRPO's where LU
   `replay.luffy.gamma` (LUFFY: 0.1), not clipped (`importance_correction` always True: the 0 is the
   behaviour log-prob by definition); fresh tokens by algo.loss's rule.
 - What the buffer counts: a guided question's k is over its fresh rollouts (`observed`), so the
-  solution, right by construction, never retires a question; K/K fresh groups retire as ExGRPO's.
+  solution, right by construction, never retires a question; a group whose fresh rollouts are all
+  correct retires, as ExGRPO's K/K (K - 1 of K - 1 beside a solution).
 Guidance runs from step 1 whenever replay is on (replay.ratio > 0; LUFFY has no delayed start),
 while replay.start_threshold still switches algo.loss's fresh-token clip as it does for ExGRPO.
 """

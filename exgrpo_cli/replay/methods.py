@@ -37,6 +37,15 @@ hooks of the one method the config names, in this order:
   end_step(buffer, step, groups)        what leaves after the step (retirement, ...), seeing the
                                         step's scored groups
 
+and, once at the start of a run that resumes or carries a buffer (replay.init_from):
+
+  carried(state) -> state               what of another run's `method_state` a carried buffer
+                                        keeps (none by default: its steps and counts were the
+                                        other run's; RePO keeps its stored rewards)
+  replays(buffer) -> why not | None     why this method cannot replay the buffer's content (a
+                                        buffer of prompts only, of incorrect responses, without
+                                        the rewards RePO ranks by), refused in one line
+
 A method keeps no state of its own: what it must remember across steps (reuse counts, the step a
 question was last replayed, priorities) goes into `buffer.method_state`, a JSON-able dict that is
 saved and digested with the buffer, so a resumed run and every rank see the same.
@@ -157,6 +166,10 @@ class ReplayMethod(Protocol):
 
     def end_step(self, buffer: ExperienceBuffer, step: int, groups: Sequence[Group]) -> list[str]: ...
 
+    def carried(self, state: dict[str, Any]) -> dict[str, Any]: ...
+
+    def replays(self, buffer: ExperienceBuffer) -> str | None: ...
+
 
 HOOKS = (
     "expire",
@@ -172,6 +185,8 @@ HOOKS = (
     "enters",
     "recorded",
     "end_step",
+    "carried",
+    "replays",
 )
 
 
@@ -249,3 +264,32 @@ class ExgrpoReplay:
     def end_step(self, buffer: ExperienceBuffer, step: int, groups: Sequence[Group]) -> list[str]:
         """Retire the questions whose group was all correct this step."""
         return buffer.end_step()
+
+    def carried(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Nothing: ExGRPO keeps no state beside the buffer."""
+        return {}
+
+    def replays(self, buffer: ExperienceBuffer) -> str | None:
+        """A stored response of every question, and correct ones only: each replayed question
+        brings one back, as a correct response (its f(w)-weighted positive advantage)."""
+        return prompts_only(buffer) or (
+            "it holds incorrect responses too (as replay.method=repo stores them), which this method "
+            "would replay as correct ones"
+            if buffer.holds_any
+            else None
+        )
+
+
+def prompts_only(buffer: ExperienceBuffer) -> str | None:
+    """Why a method that replays stored responses cannot take `buffer`: a question of it holds
+    none (a buffer of prompts, as replay.method=prompt and prioritized write); None when each
+    holds one."""
+    for b in range(buffer.num_buckets):
+        for i in range(buffer.bucket_sizes()[b]):
+            uid = buffer.question_at(b, i)
+            if not buffer.experiences(uid):
+                return (
+                    f"its question {uid[:60]!r} holds no stored response (a buffer of prompts, as "
+                    "replay.method=prompt or prioritized writes), and this method replays stored responses"
+                )
+    return None

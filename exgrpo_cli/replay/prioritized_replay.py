@@ -9,8 +9,8 @@ p(1-p) for 0/1 rewards with p the success rate: zero for a problem always solved
   response stored (as `prompt`); its priority is p(1-p) of that bucket's centre (k/K with the
   default edges).
 - Which problems: the n of highest priority (a heap's top n, as the paper samples), ties by
-  bucket, then arrival; how many: n_replay, as ExGRPO's. The group: K fresh responses, so every
-  token stays on-policy.
+  bucket, then the bucket's slot order; how many: n_replay, as ExGRPO's. The group: K fresh
+  responses, so every token stays on-policy.
 - What leaves: a replayed problem whose group is now all wrong (p = 0, priority 0) leaves the
   buffer, and one all right (p = 1) retires, as ExGRPO's; neither is lost for good: the retest
   rule. An unsolved problem stays in fresh sampling, so each epoch retests it; every

@@ -10,7 +10,8 @@ Place in the train step: its hooks (replay/methods.py) replace ExGRPO's where th
 - The group: no stored response, K fresh ones: a replayed prompt trains as a fresh question.
 - The loss: algo.loss's, unchanged (there is no replayed row in the batch).
 - What leaves: a question replayed `replay.prompt.max_reuse` times leaves the buffer after the
-  step (it stays in fresh sampling); K/K groups retire it, as ExGRPO's; replay.max_age applies.
+  step (it stays in fresh sampling); K/K groups retire it, as ExGRPO's. replay.max_age, which
+  ages stored responses, is refused (a prompt stores none).
 What a prompt remembers (its reuse count, the step it was last replayed) is the buffer's
 `method_state`, saved and digested with it. The ordering rule, the ties and the defaults of
 cooldown and max_reuse are ours (docs/algorithm.md §9): the paper names the knobs, not one rule.
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from exgrpo_cli.algo.logprobs import CandidateScore
+from exgrpo_cli.config.schema import ConfigError
 from exgrpo_cli.replay.bucketing import Bounds
 from exgrpo_cli.replay.experience import Experience
 from exgrpo_cli.replay.methods import ExgrpoReplay, Members
@@ -41,6 +43,14 @@ class PromptReplay(ExgrpoReplay):
         self.score: CandidateScore | None = None  # no stored response to score
         self.cooldown = int(cfg.replay.prompt.cooldown)
         self.max_reuse = int(cfg.replay.prompt.max_reuse)
+        if int(cfg.replay.max_age):
+            # max_age ages stored responses (their collection step): a prompt holds none, so it
+            # would never leave; the reuse rules bound a prompt's life here
+            raise ConfigError(
+                f"invalid replay.max_age={cfg.replay.max_age} with replay.method={cfg.replay.method}: it "
+                "ages stored responses and this method stores none (use replay.prompt.max_reuse and "
+                "replay.prompt.cooldown, or replay.max_age=0)"
+            )
 
     @staticmethod
     def _state(buffer: ExperienceBuffer) -> tuple[dict[str, int], dict[str, int]]:
@@ -57,7 +67,8 @@ class PromptReplay(ExgrpoReplay):
             for i in range(size)
             if (uid := buffer.question_at(b, i)) not in last or step - last[uid] > self.cooldown
         ]
-        # nearest to 0.5 first; ties by bucket, then by the order the bucket took them in
+        # nearest to 0.5 first; ties by bucket, then by the bucket's slot order (deterministic, not
+        # arrival: a question leaving a bucket hands its slot to the bucket's last one)
         chosen = [uid for *_, uid in sorted(ready)[: max(n, 0)]]
         for uid in chosen:
             reuse[uid] = reuse.get(uid, 0) + 1
@@ -75,6 +86,10 @@ class PromptReplay(ExgrpoReplay):
 
     def enters(self, groups: Sequence[Group], bounds: Bounds | None) -> list[tuple[int, int]]:
         return []
+
+    def replays(self, buffer: ExperienceBuffer) -> str | None:
+        """Any buffer: its questions are replayed as prompts, whatever they store."""
+        return None
 
     def end_step(self, buffer: ExperienceBuffer, step: int, groups: Sequence[Group]) -> list[str]:
         retired = buffer.end_step()

@@ -38,7 +38,7 @@ from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.losses import LossInputs, PolicyLoss, exgrpo_token_losses
 from exgrpo_cli.replay.bucketing import Bounds
 from exgrpo_cli.replay.experience import Experience, content_hash
-from exgrpo_cli.replay.methods import ExgrpoReplay, Members, fresh_view
+from exgrpo_cli.replay.methods import ExgrpoReplay, Members, fresh_view, prompts_only
 from exgrpo_cli.replay.selection import n_replay
 
 if TYPE_CHECKING:
@@ -161,6 +161,28 @@ class RepoReplay(ExgrpoReplay):
             if uid in buffer:
                 held = {_key(e.response_ids) for e in buffer.experiences(uid)}
                 record[uid] = {h: v for h, v in record[uid].items() if h in held}
+
+    def carried(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The stored responses' rewards, which `reward` retrieval ranks by."""
+        return {"reward": state["reward"]} if "reward" in state else {}
+
+    def replays(self, buffer: ExperienceBuffer) -> str | None:
+        """Stored responses with their rewards (written by a repo run): a buffer of prompts has no
+        response, one of another method no reward record."""
+        reason = prompts_only(buffer)
+        if reason or self.strategy != "reward":
+            return reason
+        record = buffer.method_state.get("reward", {})
+        for b in range(buffer.num_buckets):
+            for i in range(buffer.bucket_sizes()[b]):
+                uid = buffer.question_at(b, i)
+                if any(_key(e.response_ids) not in record.get(uid, {}) for e in buffer.experiences(uid)):
+                    return (
+                        f"a stored response of its question {uid[:60]!r} has no recorded reward (the "
+                        "buffer of a run without replay.method=repo), which replay.repo.strategy=reward "
+                        "ranks by"
+                    )
+        return None
 
     def end_step(self, buffer: ExperienceBuffer, step: int, groups: Sequence[Group]) -> list[str]:
         retired = buffer.end_step()

@@ -23,7 +23,13 @@ Carried entries (docs/replay-buffer.md "Starting from another run's buffer"): th
 count as step 0 of the new run (the other run's step numbers mean nothing here), so their age at
 step s is s and `replay.max_age` counts from the new run's start; questions the new run's training
 data lacks are dropped (a replayed question needs its prompt); the retired set and the run
-counters (re-admitted, expired) stay with the old run: retirement judged the old policy.
+counters (re-admitted, expired) stay with the old run: retirement judged the old policy. Of the old
+run's replay-method state (`method_state`) the new run's method keeps what its `carried` hook
+says (none by default: reuse counts and replay steps were the old run's; RePO keeps its stored
+rewards), and its `replays` hook refuses a content it cannot replay: a buffer of prompts only
+(replay.method=prompt, prioritized) for a method that replays stored responses, incorrect
+responses (repo) for one that replays them as correct, no reward record for repo's `reward`
+retrieval.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from exgrpo_cli.checkpoint import store as ckpt
 from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.replay.buffer import ExperienceBuffer
+from exgrpo_cli.replay.method_registry import build_replay_method
 from exgrpo_cli.replay.persistence import META_STEP, load_buffer
 
 log = logging.getLogger(__name__)
@@ -158,6 +165,12 @@ def read_init_from(cfg: ExgrpoConfig, tokenizer: Any) -> CarriedBuffer:
         buffer = carried_buffer(state, _fresh_buffer(cfg))
     except Exception as err:  # noqa: BLE001
         raise _refuse(target, f"{str(err)[:240]}") from None
+    # what this run's method keeps of the other run's state, and whether it can replay the content
+    method = build_replay_method(cfg)
+    buffer.method_state = method.carried(buffer.method_state)
+    reason = method.replays(buffer)
+    if reason:
+        raise _refuse(target, f"replay.method={cfg.replay.method} cannot start with its buffer: {reason}")
     if vocab_digest(saved_vocab(folder, target)) != vocab_digest(dict(tokenizer.get_vocab())):
         raise _refuse(
             target,

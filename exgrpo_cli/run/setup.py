@@ -240,12 +240,19 @@ def build_trainer(
             data_fingerprint=fingerprint,
             trained_with=trained_with(cfg),
         )
+        picked = choices(cfg)
         if resume_from is not None:
             _load_checkpoint(state, resume_from, parallel, new_data)
+            # a resume under another replay.method (trainer.resume_changes): can it replay this?
+            reason = picked.method.replays(state.buffer)
+            if reason:
+                raise UsageError(
+                    f"cannot resume {resume_from} with replay.method={cfg.replay.method}: {reason}"
+                )
         elif carried is not None and cfg.replay.init_from:
             _start_with(state, carried, {q.uid for q in train_qs}, parallel)
         scorer = build_reward(cfg.reward, template.requires_think, parallel.device)
-        trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, choices(cfg), parallel=parallel)
+        trainer = Trainer(cfg, state, tokenizer, template, engine, scorer, picked, parallel=parallel)
     except BaseException:
         # the caller closes the engine and grader of the trainer it gets; without one (a checkpoint
         # that does not load, ...) they are closed here: vLLM's workers and GPU memory, the

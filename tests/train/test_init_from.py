@@ -122,6 +122,18 @@ def test_a_buffer_of_another_group_size_or_bucket_rule_is_refused(
 
 
 @pytest.mark.slow
+def test_a_method_that_cannot_replay_the_buffer_is_refused(replay_run: SharedRun) -> None:
+    """An ExGRPO buffer has no reward record: RePO's reward retrieval cannot start with it, its
+    recency retrieval can (replay/methods.py `replays`)."""
+    with pytest.raises(
+        carry.InitFromRefused, match="replay.method=repo cannot start with its buffer: a stored"
+    ):
+        carry.early_read(_cfg(replay_run.dir, "replay.method=repo"))
+    carried = carry.early_read(_cfg(replay_run.dir, "replay.method=repo", "replay.repo.strategy=recency"))
+    assert carried is not None and carried.buffer.num_questions > 0
+
+
+@pytest.mark.slow
 def test_another_tokenizer_is_refused(replay_run: SharedRun, tmp_path: Path) -> None:
     model = tmp_path / "tiny"
     shutil.copytree(TINY, model)
