@@ -320,7 +320,9 @@ def replay_run(request: pytest.FixtureRequest) -> SharedRun:
 class Mirror:
     """A bounded HTTP server on 127.0.0.1 serving `files` (name -> bytes) as /<name>. `mode`:
     ok | truncate (half the body, then the connection closes) | hang (headers, then no data until
-    the server stops). `hits`: GET requests per name. It stops by itself after `lifetime_s`."""
+    the server stops) | chunked-cut (a chunked reply cut inside its first chunk) | not-http (another
+    service's greeting instead of an HTTP reply). `hits`: GET requests per name. It stops by itself
+    after `lifetime_s`."""
 
     url: str
     files: dict[str, bytes]
@@ -341,10 +343,19 @@ def loopback_mirror(files: dict[str, bytes], lifetime_s: float = 120.0) -> Itera
             name = self.path.lstrip("/")
             mirror.hits[name] = mirror.hits.get(name, 0) + 1
             body = mirror.files.get(name)
+            self.close_connection = True
+            if mirror.mode == "not-http":  # eval.data_url on, say, an SSH port
+                self.wfile.write(b"SSH-2.0-OpenSSH_9.6\r\n")
+                return
             if body is None:
                 self.send_error(404)
                 return
             self.send_response(200)
+            if mirror.mode == "chunked-cut":
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.write(b"%x\r\n" % len(body) + body[: len(body) // 2])
+                return
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             if mirror.mode == "hang":

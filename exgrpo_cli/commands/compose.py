@@ -22,7 +22,23 @@ def to_typed(cfg: DictConfig | ListConfig) -> ExgrpoConfig:
     obj = OmegaConf.to_object(cfg)
     if not isinstance(obj, ExgrpoConfig):
         raise TypeError(f"the composed config is a {type(obj).__name__}, not an ExgrpoConfig")
-    return obj
+    return with_cache_paths(obj)
+
+
+def with_cache_paths(cfg: ExgrpoConfig) -> ExgrpoConfig:
+    """eval.data_dir and data.val_path with the benchmark cache's default folder as it is here:
+    under XDG_CACHE_HOME="" Hydra's oc.env makes `/exgrpo/benchmarks` of it, which every reader
+    of the paper recipes' `${eval.data_dir}/valid.parquet` would take as written."""
+    from exgrpo_cli.data.pinned import resolve_cache_path
+
+    data_dir, val = resolve_cache_path(cfg.eval.data_dir), resolve_cache_path(cfg.data.val_path)
+    if (data_dir, val) == (cfg.eval.data_dir, cfg.data.val_path):
+        return cfg
+    return dataclasses.replace(
+        cfg,
+        eval=dataclasses.replace(cfg.eval, data_dir=data_dir),
+        data=dataclasses.replace(cfg.data, val_path=val),
+    )
 
 
 def hydra_choices() -> dict[str, str]:

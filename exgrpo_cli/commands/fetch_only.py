@@ -10,11 +10,22 @@ weights in the hub cache. Everything is fetched in one go; the first failure sto
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from exgrpo_cli.config.schema import ExgrpoConfig
 
 
 def _say(line: str) -> None:
     print(f"fetch-only: {line}", flush=True)
+
+
+def _pinned(path: Path) -> None:
+    """A prepared benchmark file; one of the user's own folder may be kept unofficial (warned)."""
+    from exgrpo_cli.data.fetch import mismatch
+    from exgrpo_cli.data.pinned import PINNED
+
+    official = mismatch(path, PINNED[path.name]) is None
+    _say(f"{path.name}: {path} ({'sha256 verified' if official else 'yours, not the official file: kept'})")
 
 
 def _models(paths: list[str]) -> None:
@@ -31,7 +42,6 @@ def fetch_for_eval(cfg: ExgrpoConfig) -> None:
     """The suite's pinned files into eval.data_dir, MMLU-Pro's hub split (unless its file is
     there), and the weights of every model of the run."""
     import dataclasses
-    from pathlib import Path
 
     from exgrpo_cli.data.hub import fetch_dataset
     from exgrpo_cli.data.pinned import resolve_data_dir
@@ -41,7 +51,7 @@ def fetch_for_eval(cfg: ExgrpoConfig) -> None:
     cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, fetch_only=True))
     benches = resolve(cfg)
     for path in prepare(cfg, [b.file for b in benches]):
-        _say(f"{path.name}: {path} (sha256 verified)")
+        _pinned(path)
     folder = resolve_data_dir(cfg.eval.data_dir)
     for b in benches:
         if b.hf_id and not (folder and (Path(folder) / b.file).is_file()):
@@ -59,7 +69,7 @@ def fetch_for_train(cfg: ExgrpoConfig) -> None:
     cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, fetch_only=True))
     val = prepare_val_path(cfg)
     if val is not None:
-        _say(f"{val.name}: {val} (sha256 verified)")
+        _pinned(val)
     d = cfg.data
     if d.source == "hf":
         _say(f"training data: {fetch_dataset(d.path, d.split)} rows of {d.path} ({d.split})")

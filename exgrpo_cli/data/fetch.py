@@ -2,19 +2,27 @@
 
 Where it sits: at start-up, before any data is read and before any model loads (`exgrpo eval`'s
 benchmark loader; `exgrpo train`'s held-out file; the fetch-only mode of both). A missing file is
-downloaded into a temporary name in the same folder, its size and sha256 checked, then renamed into
-place, so a reader never sees a partial file; the folder is locked (flock on the folder itself,
-which leaves no lock file behind) while one process fetches, so 8 ranks or two jobs sharing a cache
-download each file once. Every failure removes the temporary file and stops with one line naming
-the file, the URL and the folder to put it in by hand (exit 2: `FetchError` is a `UsageError`).
+downloaded into a temporary name in the same folder (created as any new file is: the umask, a
+shared folder's default ACL), its size and sha256 checked, then renamed into place, so a reader
+never sees a partial file. While one process fetches it holds an flock on `<folder>/.fetch.lock`
+(opened for writing: NFSv4 grants no exclusive lock otherwise; removed by its holder, so nothing is
+left behind), so 8 ranks or two jobs sharing a cache download each file once; on a file system
+without locks (Lustre mounted without `flock`) the fetch goes on unlocked after a warning, since the
+rename is atomic and every copy is verified. Every failure removes the temporary file and stops
+with one line naming the file, the URL and the folder to put it in by hand (exit 2: `FetchError` is
+a `UsageError`).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
+import http.client
+import logging
 import os
-import tempfile
+import secrets
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -26,6 +34,12 @@ from exgrpo_cli.errors import UsageError
 CHUNK = 1 << 16
 OFFLINE_ENV = ("HF_HUB_OFFLINE", "EXGRPO_OFFLINE")  # either one set: the internet is not tried
 FALLBACK_DOC = "docs/evaluation.md#no-network-place-the-files-by-hand"
+LOCK_FILE = ".fetch.lock"
+# flock's answers on a file system that has no locks (Lustre without the flock mount option, some
+# NFS set-ups), and NFSv4's to an exclusive lock on a file this user may only read
+NO_LOCKS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF})
+
+log = logging.getLogger(__name__)
 
 # progress(done_bytes, total_bytes); called once with done=0 before the first byte
 Progress = Callable[[int, int], None]
@@ -35,15 +49,26 @@ class FetchError(UsageError, ValueError):
     """A pinned file could not be fetched or does not verify; the message is one line."""
 
 
+def offline_env() -> str | None:
+    """The variable that marks this machine offline (HF_HUB_OFFLINE=1 ...), None when none does."""
+    return next((k for k in OFFLINE_ENV if os.environ.get(k, "").lower() in ("1", "true", "yes", "on")), None)
+
+
 def offline() -> bool:
-    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in OFFLINE_ENV)
+    return offline_env() is not None
 
 
 def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK), b""):
-            h.update(block)
+    try:
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(CHUNK), b""):
+                h.update(block)
+    except OSError as err:  # another user's file in a shared folder, unreadable to this one
+        raise FetchError(
+            f"cannot read {path} to check it ({err.strerror or err}): make it readable to this user, "
+            "or point eval.data_dir at another folder"
+        ) from None
     return h.hexdigest()
 
 
@@ -70,16 +95,60 @@ def _by_hand(pinned: PinnedFile, url: str, folder: Path) -> str:
     )
 
 
-def _lock(folder: Path) -> int:
-    """An exclusive flock on the folder (a directory fd; closing it releases the lock). The kernel
-    releases it when the process ends, even killed, so a crashed fetch never blocks the next one."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError:
+def _lock(folder: Path) -> int | None:
+    """An exclusive flock on `folder/.fetch.lock`, the fd that holds it; None (after a warning) on
+    a file system without locks. The kernel releases a lock when its process ends, even killed,
+    so a crashed fetch never blocks the next one. The holder removes the file before it lets go
+    (`_unlock`), so a lock taken on a file that is no longer the one at the path is retaken."""
+    path = folder / LOCK_FILE
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except PermissionError:
+            if not os.path.lexists(path):
+                raise  # the folder is not writable: nothing can be fetched into it
+            try:  # another user's lock file (made under their umask): a read-only fd locks too
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # its holder just removed it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as err:
+            os.close(fd)
+            if err.errno not in NO_LOCKS:
+                raise
+            if err.errno != errno.EBADF:  # no locks here at all: no one's lock file to keep
+                path.unlink(missing_ok=True)
+            _say(
+                f"warning: cannot lock {path} ({err.strerror or err}): this file system has no file "
+                "locks, so the fetch goes on without one (two processes may download the same file; "
+                "each copy is verified and renamed into place whole)"
+            )
+            return None
+        try:
+            held = os.fstat(fd)
+            now = os.stat(path, follow_symlinks=False)
+            if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass  # its holder removed it while this process waited: lock the next one
         os.close(fd)
-        raise
-    return fd
+
+
+def _unlock(folder: Path, fd: int | None) -> None:
+    """Remove the lock file while still holding it (a process waiting on it then retakes the
+    lock on a new file), then let go."""
+    if fd is None:
+        return
+    try:
+        (folder / LOCK_FILE).unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+def _say(line: str) -> None:
+    log.warning(line)
+    print(line, file=sys.stderr)
 
 
 def ensure(
@@ -96,8 +165,8 @@ def ensure(
     if target.is_file():
         _check_present(target, pinned)
         return target
-    if offline() and not mirror:
-        env = next(k for k in OFFLINE_ENV if os.environ.get(k, "").lower() in ("1", "true", "yes", "on"))
+    env = offline_env()
+    if env and not mirror:
         raise FetchError(
             f"{pinned.name} is not in {folder} and {env} is set (no network): {_by_hand(pinned, url, folder)}"
         )
@@ -112,7 +181,7 @@ def ensure(
     try:
         return _fetch_locked(pinned, folder, url, timeout_s, progress)
     finally:
-        os.close(lock)
+        _unlock(folder, lock)
 
 
 def _fetch_locked(
@@ -123,10 +192,9 @@ def _fetch_locked(
         _check_present(target, pinned)
         return target
     try:
-        fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{pinned.name}.", suffix=".part")
+        fd, tmp = _create_part(folder, pinned.name)
     except OSError as err:
         raise FetchError(f"cannot write {pinned.name} into {folder} ({err.strerror or err})") from None
-    tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out:
             _download(url, out, pinned, folder, timeout_s, progress)
@@ -140,6 +208,20 @@ def _fetch_locked(
     finally:
         tmp.unlink(missing_ok=True)
     return target
+
+
+def _create_part(folder: Path, name: str) -> tuple[int, Path]:
+    """A new temporary file beside `name`, created as a plain open would create `name` (mode 0o666
+    less the umask, a default ACL applied): mkstemp's 0600 would outlive the rename and hide the
+    file from the other users of a shared eval.data_dir."""
+    for _ in range(100):
+        tmp = folder / f".{name}.{secrets.token_hex(6)}.part"
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(folder))
 
 
 def _check_present(target: Path, pinned: PinnedFile) -> None:
@@ -181,8 +263,14 @@ def _download(
             f"{got} of {pinned.size} bytes; nothing was kept in {folder}. Raise eval.fetch_timeout_s, or "
             f"{_by_hand(pinned, url, folder)}"
         ) from None
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        reason = getattr(err, "reason", err)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
+        # http.client's own errors are no OSError: a reply that is not HTTP (BadStatusLine:
+        # eval.data_url on another service's port), a chunked body cut short (IncompleteRead)
+        reason: object = getattr(err, "reason", err)
+        if isinstance(err, http.client.BadStatusLine) and not isinstance(err, OSError):
+            reason = f"not an HTTP reply: {str(err)[:80]!r}"
+        elif isinstance(err, http.client.HTTPException) and not isinstance(err, OSError):
+            reason = repr(err)
         if got:
             raise FetchError(
                 f"fetching {pinned.name} from {url}: the connection broke after {got} of "

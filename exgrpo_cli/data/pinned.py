@@ -65,21 +65,39 @@ PINNED: dict[str, PinnedFile] = {
 }
 
 
+# eval.data_dir's default as Hydra resolves it under XDG_CACHE_HOME="" (set but empty: oc.env takes
+# the empty value, not its default): a folder at the root that is no one's cache
+EMPTY_XDG_DATA_DIR = "/exgrpo/benchmarks"
+
+
+def cache_home() -> Path:
+    """$XDG_CACHE_HOME, else ~/.cache; an empty XDG_CACHE_HOME counts as unset, as the XDG spec
+    says (the one rule for the eval's folder and the training's held-out file)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser()
+
+
 def benchmark_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/exgrpo/benchmarks, else ~/.cache/exgrpo/benchmarks (an empty
-    XDG_CACHE_HOME counts as unset, as the XDG spec says)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
-    return Path(base).expanduser() / "exgrpo" / "benchmarks"
+    """`cache_home()`/exgrpo/benchmarks: the per-user cache of the pinned files."""
+    return cache_home() / "exgrpo" / "benchmarks"
+
+
+def resolve_cache_path(path: str) -> str:
+    """`path` with eval.data_dir's default folder written as it is here: the default unresolved
+    (outside Hydra) or resolved under an empty XDG_CACHE_HOME becomes `benchmark_cache_dir()`, so
+    `${eval.data_dir}/valid.parquet` (the paper recipes' data.val_path) lands in the cache too;
+    any other path is returned as it is."""
+    for default in (DEFAULT_DATA_DIR, EMPTY_XDG_DATA_DIR):
+        if path == default or path.startswith(default + "/"):
+            return str(benchmark_cache_dir()) + path[len(default) :]
+    return path
 
 
 def resolve_data_dir(data_dir: str) -> str:
-    """`eval.data_dir` as a folder path: the default (unresolved outside Hydra, or resolved to an
-    empty XDG_CACHE_HOME) becomes the cache folder, `~` is expanded; "" stays "" (no folder)."""
+    """`eval.data_dir` as a folder path: the default (see `resolve_cache_path`) becomes the cache
+    folder, `~` is expanded; "" stays "" (no folder)."""
     if not data_dir:
         return ""
-    if data_dir == DEFAULT_DATA_DIR or data_dir == "/exgrpo/benchmarks":
-        return str(benchmark_cache_dir())
-    return str(Path(data_dir).expanduser())
+    return str(Path(resolve_cache_path(data_dir)).expanduser())
 
 
 def is_cache(data_dir: str) -> bool:

@@ -27,6 +27,7 @@ from typing import Any
 from exgrpo_cli.config.schema import DataConfig, ExgrpoConfig
 from exgrpo_cli.data import synthetic
 from exgrpo_cli.data.bad_rows import DataError
+from exgrpo_cli.data.fetch import offline_env
 from exgrpo_cli.data.pinned import PINNED, resolve_data_dir
 from exgrpo_cli.data.rows import read_rows
 from exgrpo_cli.data.sources import dig, parse_row
@@ -171,6 +172,8 @@ def check_data(cfg: ExgrpoConfig) -> None:
         present = [b.name for b in benches if not missing_data([b], cfg.eval.data_dir)]
         without = f" (or run without them: eval.benchmarks=[{','.join(present)}])" if present else ""
         fetch = " (eval.fetch_only=true fetches the official ones into it)" if folder else ""
+        if folder and (env := offline_env()) and not cfg.eval.data_url:  # prepare fetched nothing
+            fetch = f" ({env} is set: fetch them with eval.fetch_only=true where there is network)"
         raise BenchmarkDataError(
             f"missing benchmark data {where}{fetch}: {'; '.join(missing)}. Where each file comes from: "
             f"{DATA_DOC}{without}"
@@ -184,9 +187,8 @@ def load_suite(cfg: ExgrpoConfig) -> list[LoadedBenchmark]:
     benches = resolve(cfg)
     from exgrpo_cli.evaluation.data_files import prepare
 
-    prepare(
-        cfg, [b.file for b in benches]
-    )  # the cache's files fetched or verified; a foreign copy warned about
+    # fetched or verified (a foreign copy of the user's: warned); offline, missing ones left to check_data
+    prepare(cfg, [b.file for b in benches], leave_offline_missing=True)
     check_data(cfg)  # every missing file in one message, before any is read
     for bench in benches:
         try:

@@ -3,9 +3,10 @@
 Where it sits: the first step of `exgrpo eval` (benchmarks.load_suite calls `prepare`), before any
 file is parsed and before any model loads. The paper's files are pinned (data/pinned.py): in the
 per-user cache (eval.data_dir's default) a missing one is fetched (data/fetch.py) and a present one
-must verify; a folder of the user's own (an explicit eval.data_dir) is read as it is, and is written
-only when the command asks for it (eval.data_url or eval.fetch_only), with a warning for a file that
-is not the official one, since its scores are then not the paper's benchmark.
+must verify; a folder of the user's own (an explicit eval.data_dir) is read as it is, with a warning
+for a file that is not the official one (its scores are then not the paper's benchmark), and is
+written only when the command asks for it (eval.data_url or eval.fetch_only), which fetches the
+files it lacks and leaves the ones it has as they are.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exgrpo_cli.data.fetch import Progress, ensure, mismatch, source_url
-from exgrpo_cli.data.pinned import PINNED, PinnedFile, is_cache, resolve_data_dir
+from exgrpo_cli.data.fetch import Progress, ensure, mismatch, offline, source_url
+from exgrpo_cli.data.pinned import PINNED, PinnedFile, is_cache, resolve_cache_path, resolve_data_dir
 
 if TYPE_CHECKING:
     from exgrpo_cli.config.schema import ExgrpoConfig
@@ -38,31 +39,43 @@ def fetches(cfg: ExgrpoConfig) -> bool:
     return is_cache(e.data_dir) or bool(e.data_url) or e.fetch_only
 
 
-def prepare(cfg: ExgrpoConfig, files: list[str]) -> list[Path]:
+def prepare(cfg: ExgrpoConfig, files: list[str], leave_offline_missing: bool = False) -> list[Path]:
     """Fetch what is missing (where allowed) and check what is there; returns the files' paths.
     Raises FetchError (exit 2, one line) for a download that fails or a cached file that does not
-    verify; a missing file in a folder exgrpo does not write is left to the caller's message."""
+    verify; a missing file in a folder exgrpo does not write is left to the caller's message, and
+    so, with `leave_offline_missing`, is one that an offline machine cannot fetch (the eval's
+    check_data then names every missing file at once)."""
     folder_s = resolve_data_dir(cfg.eval.data_dir)
     if not folder_s:
         return []
     folder = Path(folder_s)
+    own = not is_cache(cfg.eval.data_dir)
     out = []
     for pinned in pinned_files(files):
         path = folder / pinned.name
-        if fetches(cfg):
+        if own and path.is_file():  # the user's own copy, whatever this run may fetch: used, not refused
+            _warn_if_foreign(path, pinned)
+            out.append(path)
+        elif fetches(cfg) and not (leave_offline_missing and _unfetchable(cfg, path)):
             with _progress(pinned, folder, cfg.eval.data_url) as tick:
                 out.append(ensure(pinned, folder, cfg.eval.data_url, cfg.eval.fetch_timeout_s, tick))
-        elif path.is_file():
-            why = mismatch(path, pinned)
-            if why:  # the user's own copy: used, but never silently
-                line = (
-                    f"warning: {path} is not the official {pinned.name} ({why}): its scores are not "
-                    "the paper's benchmark"
-                )
-                log.warning(line)
-                print(line, file=sys.stderr)
-            out.append(path)
     return out
+
+
+def _unfetchable(cfg: ExgrpoConfig, path: Path) -> bool:
+    """A missing file on an offline machine without a mirror: `ensure` would only refuse it."""
+    return not path.is_file() and offline() and not cfg.eval.data_url
+
+
+def _warn_if_foreign(path: Path, pinned: PinnedFile) -> None:
+    why = mismatch(path, pinned)
+    if why:  # used, but never silently
+        line = (
+            f"warning: {path} is not the official {pinned.name} ({why}): its scores are not the "
+            "paper's benchmark"
+        )
+        log.warning(line)
+        print(line, file=sys.stderr)
 
 
 class _Bar:
@@ -118,7 +131,8 @@ def pinned_val_file(cfg: ExgrpoConfig) -> PinnedFile | None:
     folder = resolve_data_dir(cfg.eval.data_dir)
     if not val or not folder or Path(val).name not in PINNED:
         return None
-    return PINNED[Path(val).name] if Path(val).expanduser().parent == Path(folder) else None
+    in_folder = Path(resolve_cache_path(val)).expanduser().parent == Path(folder)
+    return PINNED[Path(val).name] if in_folder else None
 
 
 def prepare_val_path(cfg: ExgrpoConfig) -> Path | None:

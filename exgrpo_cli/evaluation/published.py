@@ -157,15 +157,17 @@ def check(published: str) -> None:
         lookup(published)
 
 
-def row_for(published: str, preset: str, path: str) -> PublishedRow | None:
+def row_for(published: str, preset: str, path: str, adapter: bool = False) -> PublishedRow | None:
     """The row a model is compared with: eval.published when set ("none": no row); else the row
     of the weights `path` names; else, for a model of a preset with figures (a checkpoint trained
-    from it), that backbone's ExGRPO row; else none."""
+    from it), that backbone's ExGRPO row; else none. With `adapter` (eval.adapter: a LoRA adapter
+    on its base, `path`) the weights are the trained ones, not the base's: the row is that of the
+    same checkpoint's merged model, the preset's ExGRPO row."""
     if published == "none":
         return None
     if published:
         return lookup(published)
-    if path in WEIGHTS:
+    if path in WEIGHTS and not adapter:
         return FIGURES[WEIGHTS[path]]
     return FIGURES.get(f"{preset}/exgrpo")
 

@@ -253,9 +253,10 @@ def summarize(
 
 
 def with_published(cfg: ExgrpoConfig, results: list[ModelResult]) -> None:
-    """Each model's comparison with the paper's row (eval.published, else its weights' or preset's)."""
+    """Each model's comparison with the paper's row (eval.published, else its weights' or preset's;
+    an adapter's base is not its weights)."""
     for m in results:
-        row = row_for(cfg.eval.published, cfg.model.preset, m.path)
+        row = row_for(cfg.eval.published, cfg.model.preset, m.path, adapter=bool(cfg.eval.adapter))
         m.comparison = compare(row, {b.name: b.score for b in m.benchmarks}) if row else None
 
 

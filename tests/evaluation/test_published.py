@@ -4,14 +4,16 @@ mean over the same benchmarks), and nothing at all for a model without figures."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.evaluation import published as P
-from exgrpo_cli.evaluation.report import BenchmarkResult, ModelResult, markdown, write_reports
+from exgrpo_cli.evaluation.report import BenchmarkResult, ModelResult, markdown, with_published, write_reports
 
 from conftest import REPO
 
@@ -51,6 +53,27 @@ def test_which_row_a_model_is_compared_with():
         UsageError, match=r"invalid eval.published='qwen/exgrpo': one of none, qwen2.5-math-7b/base"
     ):
         P.check("qwen/exgrpo")
+
+
+def test_an_adapter_on_its_base_is_compared_as_its_merged_model_is():
+    """eval.adapter evaluates trained weights loaded over the base's path: the base's row would
+    compare a trained model with the untrained one."""
+    base = "Elliott/Qwen2.5-Math-7B-16k-think"  # model=qwen2.5-math-7b's own path
+    cfg = ExgrpoConfig()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, preset="qwen2.5-math-7b", path=base))
+    step = "run/checkpoints/step_5"
+    with_adapter = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, adapter=step))
+    scores = {"aime24": 0.3, "math500": 0.8}
+    adapter = _result(f"{base} + {step}/adapter", base, scores)
+    merged, plain = _result("merged", f"{step}/model", scores), _result(base, base, scores)
+    with_published(with_adapter, [adapter])
+    with_published(cfg, [merged, plain])
+    assert adapter.comparison is not None and merged.comparison is not None and plain.comparison is not None
+    assert adapter.comparison.row.name == merged.comparison.row.name == "qwen2.5-math-7b/exgrpo"
+    assert plain.comparison.row.name == "qwen2.5-math-7b/base"  # the base alone keeps its own row
+    assert P.row_for("qwen2.5-math-7b/on-policy", "qwen2.5-math-7b", base, adapter=True).name.endswith(
+        "/on-policy"
+    )  # eval.published still chooses
 
 
 def test_differences_per_benchmark_and_for_the_averages_of_a_subset():
