@@ -32,11 +32,12 @@ import errno
 import logging
 import math
 import os
+import re
 import secrets
 import shutil
 import signal
 import socket
-import time
+import stat
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -52,6 +53,12 @@ from exgrpo_cli.checkpoint.files import (
     os_error_in,
     write_json,
 )
+from exgrpo_cli.checkpoint.quarantine import (  # re-exported: callers use ckpt.quarantine
+    NOTE,
+    QUARANTINE_PREFIX,
+    quarantine,
+    quarantine_target,
+)
 from exgrpo_cli.checkpoint.safe_read import read_json
 from exgrpo_cli.errors import ExgrpoError, UsageError
 from exgrpo_cli.parallel.sharding import DataParallel
@@ -63,7 +70,9 @@ OPTIMIZER = "optimizer/"  # the sharded optimizer state's folder in a checkpoint
 BEST = "best"
 BEST_SCORE = "BEST.json"
 FORMAT = 2
-QUARANTINE_PREFIX = "corrupt-"
+# the only folder names of the step rotation: a user's copy (`cp -r step_100 step_100.bak`) is
+# neither resumed nor pruned
+STEP_NAME = re.compile(r"step_([0-9]+)")
 # Fault injection for the tests: set to a step number, the process SIGKILLs itself midway through
 # writing that checkpoint, or its write fails as on a full disk (ENOSPC)
 FAULT_KILL_IN_CHECKPOINT = "EXGRPO_FAULT_KILL_IN_CHECKPOINT"
@@ -157,7 +166,8 @@ def disk_fault(step: int) -> None:
 
 
 def _step_of(p: Path) -> int:
-    return int(p.name.split("_")[1])
+    """N of a folder of `complete_checkpoints`, which lists only names step_<digits>."""
+    return int(p.name.removeprefix("step_"))
 
 
 def _prune(ckpt_root: Path, keep: int, protect: Path) -> None:
@@ -181,9 +191,44 @@ def clean_torn(ckpt_root: Path) -> list[Path]:
 
 
 def complete_checkpoints(ckpt_root: Path) -> list[Path]:
+    """The folders of the step rotation: named step_<N> (N digits), a folder of their own (not a
+    link, which would resume, prune or quarantine what it points at), with their COMPLETE."""
+    return [p for p in _complete(ckpt_root) if STEP_NAME.fullmatch(p.name)]
+
+
+def copies(ckpt_root: Path) -> list[Path]:
+    """Complete folders named step_* that are not step_<N> (a user's `step_100.bak`): never
+    resumed nor pruned, but named by trainer.resume=never before it deletes anything."""
+    return [p for p in _complete(ckpt_root) if not STEP_NAME.fullmatch(p.name)]
+
+
+def _complete(ckpt_root: Path) -> list[Path]:
     if not ckpt_root.is_dir():
         return []
-    return [p for p in ckpt_root.glob("step_*") if (p / COMPLETE).is_file()]
+    found = ckpt_root.glob("step_*")
+    return sorted(p for p in found if not p.is_symlink() and p.is_dir() and (p / COMPLETE).is_file())
+
+
+def check_root(ckpt_root: Path) -> None:
+    """Refuse (ResumeRefused, one line) a run dir whose `checkpoints` is there but not a folder of
+    its own: a symlink (`checkpoints -> ../other_run/checkpoints` would resume another run's
+    checkpoint, then write, prune and delete in that run), a file, a FIFO, a device. Called before
+    anything under it is read or written."""
+    try:
+        mode = os.lstat(ckpt_root).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise ResumeRefused(f"{ckpt_root} cannot be examined ({err.strerror})") from None
+    if stat.S_ISDIR(mode):
+        return
+    link = stat.S_ISLNK(mode)
+    kind = "a symlink" if link else "a file" if stat.S_ISREG(mode) else "a special file"
+    why = " (a link would resume, prune and delete another folder's checkpoints)" if link else ""
+    raise ResumeRefused(
+        f"{ckpt_root} is {kind}, where a run dir holds its own checkpoints folder{why}: remove it, "
+        "or use another run dir"
+    )
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
@@ -211,7 +256,7 @@ def resume_candidates(ckpt_root: Path) -> list[Path]:
 
 
 # files of ours beside a checkpoint's manifest, at its top level: never listed in it
-SIDECARS = (BEST_SCORE, "QUARANTINED.txt")
+SIDECARS = (BEST_SCORE, NOTE)
 
 
 def verify(folder: Path, prefix: str = "", parallel: DataParallel | None = None) -> str | None:
@@ -282,23 +327,6 @@ def _manifest_problem(
         if got["sha256"] != want["sha256"]:
             return f"{folder / name}: checksum mismatch (the file changed after it was written)"
     return None
-
-
-def quarantine_target(folder: Path) -> Path:
-    """Where `quarantine` will move `folder`: computed before anything in it is parsed."""
-    target = folder.parent / f"{QUARANTINE_PREFIX}{folder.name}"
-    if target.exists():
-        target = folder.parent / f"{QUARANTINE_PREFIX}{folder.name}-{int(time.time())}"
-    return target
-
-
-def quarantine(folder: Path, reason: str, target: Path | None = None) -> Path:
-    """Rename a checkpoint that failed verification (or loading) out of the way, with the reason
-    beside it (at most 2000 characters)."""
-    target = target if target is not None else quarantine_target(folder)
-    os.replace(folder, target)
-    (target / "QUARANTINED.txt").write_text(reason[:2000] + "\n")
-    return target
 
 
 def latest_verified(ckpt_root: Path, parallel: DataParallel | None = None) -> tuple[Path | None, list[str]]:

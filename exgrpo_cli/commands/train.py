@@ -35,7 +35,11 @@ def run(cfg: ExgrpoConfig) -> None:
         fetch_for_train(cfg)
         return
     if not cfg.trainer.dry_run:  # the paper recipes' cached held-out file, fetched before anything loads
+        from exgrpo_cli.checkpoint.store import check_root
         from exgrpo_cli.evaluation.data_files import prepare_val_path
+
+        # a run dir whose checkpoints/ links elsewhere: refused before the plan reads through it
+        check_root(Path(cfg.trainer.output_dir) / "checkpoints")
 
         prepare_val_path(cfg)
     nproc = resolve_nproc(cfg)  # before the plan: it plans for the ranks this command starts
@@ -63,7 +67,8 @@ def rank_main(cfg: ExgrpoConfig) -> dict[str, float]:
 
     out, rank = Path(cfg.trainer.output_dir), launched_rank()
     out.mkdir(parents=True, exist_ok=True)
-    rank_logging(out)
+    with exit_on_error("train"):  # a refused log file: every rank says its own
+        rank_logging(out)
     with exit_on_error("train", say=rank == 0):
         try:
             return run_training(cfg)

@@ -29,6 +29,7 @@ from typing import Any
 from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import ExgrpoError, SaidElsewhere
 from exgrpo_cli.run import preempt
+from exgrpo_cli.run.log_files import open_log
 from exgrpo_cli.run.rank_failure import rank_log
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def resolve_nproc(cfg: ExgrpoConfig) -> int:
 
 def rank_logging(out: Path) -> None:
     """The rank's log file in the run dir, as Hydra sets it up for a one-process run."""
-    handler = logging.FileHandler(rank_log(out, launched_rank()))
+    handler = open_log(rank_log(out, launched_rank()))  # a FIFO or link there: one line, exit 2
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)

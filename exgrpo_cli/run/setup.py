@@ -52,6 +52,7 @@ from exgrpo_cli.replay.schedule import DelayedStart
 from exgrpo_cli.reward.stage import Reward, build_reward, needs_answer
 from exgrpo_cli.rollout import build_engine
 from exgrpo_cli.run.carry import CarriedBuffer, carried_questions, read_init_from, start_buffer
+from exgrpo_cli.run.log_files import guard_log_files, open_log
 from exgrpo_cli.run.resume_changes import trained_with
 from exgrpo_cli.step.loop import Choices, Trainer
 from exgrpo_cli.step.state import RunState
@@ -63,10 +64,12 @@ log = logging.getLogger(__name__)
 
 
 def _kept(root: Path) -> list[Path]:
-    """What a fresh start would delete: published, best and quarantined checkpoints."""
+    """What a fresh start would delete: published, best and quarantined checkpoints, and complete
+    copies of one under another step_* name (step_100.bak)."""
     if not root.is_dir():
         return []
-    found = ckpt.complete_checkpoints(root) + sorted(root.glob(f"{ckpt.QUARANTINE_PREFIX}*"))
+    found = ckpt.complete_checkpoints(root) + ckpt.copies(root)
+    found += sorted(root.glob(f"{ckpt.QUARANTINE_PREFIX}*"))
     return found + [p for p in (root / ckpt.BEST,) if p.is_dir()]
 
 
@@ -106,8 +109,11 @@ def decide_resume(cfg: ExgrpoConfig, parallel: DataParallel) -> tuple[Path | Non
     """The checkpoint to resume from (None: a fresh start) and warnings to show. A collective:
     the ranks share the verification of the checkpoint's files; rank 0 alone removes or
     quarantines anything. `auto` takes the newest checkpoint that verifies (quarantining newer
-    ones that do not, and refusing with exit 2 when none does); an explicit path must verify."""
+    ones that do not, and refusing with exit 2 when none does); an explicit path must verify. A
+    `checkpoints` that is not a folder of its own (a symlink to another run's) is refused first,
+    on every rank, before anything under it is read or removed."""
     root = Path(cfg.trainer.output_dir) / "checkpoints"
+    ckpt.check_root(root)
     r = cfg.trainer.resume
     warnings: list[str] = []
     if parallel.is_main:
@@ -402,12 +408,13 @@ def share_run_dir(cfg: ExgrpoConfig, parallel: DataParallel) -> ExgrpoConfig:
         name = Path(h.baseFilename)
         if name.parent != Path(own):
             continue
-        new = logging.FileHandler(Path(hydra0) / f"{name.stem}.rank{parallel.rank}{name.suffix}")
+        new = open_log(Path(hydra0) / f"{name.stem}.rank{parallel.rank}{name.suffix}")
         new.setFormatter(h.formatter)
         new.setLevel(h.level)
         root.removeHandler(h)
         h.close()
         root.addHandler(new)
+        guard_log_files()  # the new handler too: a full disk is one line
     stray = Path(own)
     if stray.resolve() not in (Path(hydra0).resolve(), Path(out0).resolve()) and stray.is_dir():
         hydra_only = all(p.name == ".hydra" or p.suffix == ".log" for p in stray.iterdir())

@@ -131,14 +131,18 @@ def _start(
         resume_from, warnings = decide_resume(cfg, parallel)
         # before the logger or the tracker start, the refusals that need no model: a refused
         # resume (another objective, rollout.n, replay.bucket_by) or bad data creates nothing
-        if resume_from is not None:
-            changed = check_resume_changes(cfg, resume_from)
-            warnings += [changed] if changed else []
-            check_resume_buffer(cfg, resume_from)
-        data = data or load_run_data(cfg, parallel)
+        if resume_from is not None and (changed := check_resume_changes(cfg, resume_from)):
+            warnings.append(changed)
         notes += warnings
         for w in warnings:
             log.warning(w)
+        try:  # its state files are read here first: one that does not load is fallen back from
+            if resume_from is not None:
+                check_resume_buffer(cfg, resume_from)
+        except ckpt.CheckpointLoadError as err:
+            _fall_back(cfg, parallel, resume_from, err, notes)
+            continue
+        data = data or load_run_data(cfg, parallel)
         logger = _start_logger(cfg, parallel, out, resume_from)  # before the model: an outage costs seconds
         try:
             trainer, val_qs, report = build_trainer(
@@ -147,17 +151,26 @@ def _start(
             return logger, trainer, val_qs, report, resume_from, notes
         except ckpt.CheckpointLoadError as err:
             logger.close()
-            if cfg.trainer.resume != "auto" or resume_from is None:
-                raise ResumeRefused(f"trainer.resume={cfg.trainer.resume}: {err}") from None
-            target = ckpt.quarantine_target(resume_from)
-            if parallel.is_main:
-                ckpt.quarantine(resume_from, str(err), target)
-            parallel.barrier()
-            notes.append(f"{err}; quarantined as {target.name}, resuming from an older one if any verifies")
-            log.warning(notes[-1])
+            _fall_back(cfg, parallel, resume_from, err, notes)
         except BaseException:
             logger.close()
             raise
+
+
+def _fall_back(
+    cfg: ExgrpoConfig, parallel: DataParallel, folder: Path | None, err: Exception, notes: list[str]
+) -> None:
+    """A checkpoint that verified but does not load: trainer.resume=auto quarantines it (rank 0;
+    a collective) and notes it, so that the next decide_resume takes an older one; an explicit
+    trainer.resume=<path> is refused (exit 2)."""
+    if cfg.trainer.resume != "auto" or folder is None:
+        raise ResumeRefused(f"trainer.resume={cfg.trainer.resume}: {err}") from None
+    target = ckpt.quarantine_target(folder)
+    if parallel.is_main:
+        ckpt.quarantine(folder, str(err), target)
+    parallel.barrier()
+    notes.append(f"{err}; quarantined as {target.name}, resuming from an older one if any verifies")
+    log.warning(notes[-1])
 
 
 def _train_locked(
