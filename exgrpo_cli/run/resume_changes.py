@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo_cli.checkpoint.safe_read import UnsafeFile, read_json
-from exgrpo_cli.checkpoint.store import ResumeRefused
+from exgrpo_cli.checkpoint.store import CheckpointLoadError, ResumeRefused
 from exgrpo_cli.config.keys import sections as schema_sections
 from exgrpo_cli.config.schema import ExgrpoConfig
 
@@ -109,10 +109,12 @@ def check_resume_changes(cfg: ExgrpoConfig, folder: Path) -> str | None:
         return f"{folder} records no config (written before checkpoints kept theirs): not compared"
     try:
         saved = read_json(path)
-    except (UnsafeFile, ValueError) as err:
-        raise ResumeRefused(f"{path} cannot be read as the checkpoint's config: {str(err)[:200]}") from None
+    except (UnsafeFile, ValueError) as err:  # it verified: a crafted file, quarantined under resume=auto
+        raise CheckpointLoadError(
+            f"{path} cannot be read as the checkpoint's config: {str(err)[:200]}"
+        ) from None
     if not isinstance(saved, dict):
-        raise ResumeRefused(f"{path} is not a mapping of config sections")
+        raise CheckpointLoadError(f"{path} is not a mapping of config sections")
     found = changes(saved, trained_with(cfg))
     if not found:
         return None

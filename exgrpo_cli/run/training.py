@@ -131,17 +131,18 @@ def _start(
         resume_from, warnings = decide_resume(cfg, parallel)
         # before the logger or the tracker start, the refusals that need no model: a refused
         # resume (another objective, rollout.n, replay.bucket_by) or bad data creates nothing
-        if resume_from is not None and (changed := check_resume_changes(cfg, resume_from)):
-            warnings.append(changed)
-        notes += warnings
-        for w in warnings:
-            log.warning(w)
         try:  # its state files are read here first: one that does not load is fallen back from
+            if resume_from is not None and (changed := check_resume_changes(cfg, resume_from)):
+                warnings.append(changed)
             if resume_from is not None:
                 check_resume_buffer(cfg, resume_from)
         except ckpt.CheckpointLoadError as err:
+            notes += warnings
             _fall_back(cfg, parallel, resume_from, err, notes)
             continue
+        notes += warnings
+        for w in warnings:
+            log.warning(w)
         data = data or load_run_data(cfg, parallel)
         logger = _start_logger(cfg, parallel, out, resume_from)  # before the model: an outage costs seconds
         try:

@@ -156,13 +156,15 @@ def test_exgrpo_train_refuses_a_checkpoints_link_in_one_line(tiny_model: Path, t
 # ----------------------------------------------------------------------------- verifies, does not load
 
 
-def _state_files(folder: Path, n: int, state: Any, index: Any) -> None:
+def _state_files(folder: Path, n: int, state: Any, index: Any, config: Any = None) -> None:
     (folder / "replay").mkdir()
     (folder / "trainer_state.json").write_text(json.dumps(state))
     (folder / "replay" / "index.json").write_text(json.dumps(index))
+    if config is not None:  # the config the checkpoint was trained with (run/resume_changes.py)
+        (folder / "config.json").write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("broken", ["empty-index", "state-not-a-mapping"])
+@pytest.mark.parametrize("broken", ["empty-index", "state-not-a-mapping", "config-not-a-mapping"])
 def test_a_checkpoint_whose_state_files_do_not_load_is_quarantined_and_fallen_back_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str
 ) -> None:
@@ -172,8 +174,13 @@ def test_a_checkpoint_whose_state_files_do_not_load_is_quarantined_and_fallen_ba
     n, root = cfg.rollout.n, tmp_path / "checkpoints"
     good = {"format_version": 1, "group_size": n}
     ckpt.save_checkpoint(root, 1, lambda tmp: _state_files(tmp, n, {"step": 1}, good), keep=2)
-    state, index = ({"step": 2}, []) if broken == "empty-index" else ([2], good)
-    ckpt.save_checkpoint(root, 2, lambda tmp: _state_files(tmp, n, state, index), keep=2)
+    state, index, config = {
+        "empty-index": ({"step": 2}, [], None),
+        "state-not-a-mapping": ([2], good, None),
+        "config-not-a-mapping": ({"step": 2}, good, [1]),
+    }[broken]
+    ckpt.save_checkpoint(root, 2, lambda tmp: _state_files(tmp, n, state, index, config), keep=2)
+    says = "is not a mapping of config sections" if broken == "config-not-a-mapping" else "does not load"
     built: list[Path | None] = []
 
     class Logger:
@@ -191,13 +198,13 @@ def test_a_checkpoint_whose_state_files_do_not_load_is_quarantined_and_fallen_ba
     monkeypatch.setattr(training, "build_trainer", build)
     started = training._start(cfg, DataParallel(), tmp_path)
     assert started[4] == root / "step_1" and built == [root / "step_1"]
-    assert "does not load" in (root / "corrupt-step_2" / NOTE).read_text()
+    assert says in (root / "corrupt-step_2" / NOTE).read_text()
     assert any("quarantined as corrupt-step_2" in note for note in started[5]), started[5]
     # an explicit trainer.resume=<that checkpoint> is refused (exit 2), nothing renamed
     shutil.copytree(root / "corrupt-step_2", tmp_path / "copy")
     (tmp_path / "copy" / NOTE).unlink()
     explicit = _cfg(tmp_path / "other", resume=str(tmp_path / "copy"))
-    with pytest.raises(ResumeRefused, match="does not load"):
+    with pytest.raises(ResumeRefused, match=says):
         training._start(explicit, DataParallel(), tmp_path / "other")
     assert (tmp_path / "copy" / ckpt.COMPLETE).is_file()
 
