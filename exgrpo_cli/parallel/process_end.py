@@ -1,5 +1,5 @@
-"""How a process that joined a process group ends: its exit handlers run, then `os._exit(code)`;
-the interpreter's own teardown never runs there.
+"""How a process that joined a process group ends: its Python exit handlers run, then C's
+`exit(code)`, which runs the C and C++ exit handlers; the interpreter's own teardown never runs.
 
 Where it sits: around the whole work of a rank, outside the train step: the CLI's command
 (cli/main.py, which covers torchrun's ranks), each rank `trainer.nproc` starts (run/launch.py),
@@ -19,6 +19,14 @@ here, and in 0 of 20 when it called destroy_process_group (no FSDP2); CI saw two
 abort that way. Skipping the teardown is the only end without a race: exit handlers (atexit,
 wandb's among them) run before it while the interpreter is whole, and the rank's own code has
 closed its logger, engine, reward workers and process group before it returns.
+
+Why C's `exit` and not `os._exit`: libraries free what outlives the process in their C++ exit
+handlers. vLLM's CPU tensor-parallel groups unlink their shared-memory segments (named after the
+group, `/dev/shm/-tp:0-[0-1]-cpushm_<rank>`) there; after `os._exit` they stayed, and the next
+run's engines failed to create them (errno 17, EEXIST), as CI saw. `exit` is called through
+ctypes.PyDLL, which keeps the GIL held: a destructor that touches Python objects finds it taken
+(through CDLL, which lets it go, the process died with "PyThreadState_Get: the function must be
+called with the GIL held"), and a gloo thread that asks for it waits until the process is gone.
 """
 
 from __future__ import annotations
@@ -60,8 +68,8 @@ def exit_code(stop: SystemExit) -> int:
 @contextmanager
 def ends_without_teardown() -> Iterator[None]:
     """Around the whole work of a process: if a process group was opened inside, the process
-    ends with the block's exit code (0, a SystemExit's, 1 for any other exception) through
-    `os._exit`, once the exit handlers have run. A traceback is still printed first, by Python
+    ends with the block's exit code (0, a SystemExit's, 1 for any other exception) through C's
+    `exit`, once the Python exit handlers have run. A traceback is still printed first, by Python
     or by torch's launcher. Without a process group nothing changes."""
     try:
         yield
@@ -100,4 +108,12 @@ def _end(code: int) -> None:
                 stream.flush()
             except (OSError, ValueError):  # a closed or broken pipe: nothing left to say
                 pass
-        os._exit(code)
+        _exit_without_finalizing(code)
+
+
+def _exit_without_finalizing(code: int) -> None:
+    """C's exit(code) with the GIL held (the module docstring says why not os._exit)."""
+    import ctypes
+
+    ctypes.PyDLL(None).exit(code)
+    os._exit(code)  # not reached: exit does not return

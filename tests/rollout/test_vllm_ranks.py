@@ -120,7 +120,15 @@ def test_tensor_parallel_ranks_share_one_engine(tmp_path: Path) -> None:
 @pytest.mark.parametrize("tp", [1, 2])
 def test_real_engines_follow_the_sharded_model(tmp_path: Path, tp: int) -> None:
     pytest.importorskip("vllm")
-    for rep in run_ranks(tmp_path, "real", tp):
+    shm = Path("/dev/shm")
+    before = set(shm.glob("*cpushm*")) if shm.is_dir() else set()
+    reports = run_ranks(tmp_path, "real", tp)
+    # vLLM's CPU groups unlink their shared memory in C++ exit handlers, which the ranks' end
+    # (parallel/process_end.py) runs: a segment left behind made the next run's engines fail
+    # (errno 17) since its name is the group's, the same every run
+    left = (set(shm.glob("*cpushm*")) if shm.is_dir() else set()) - before
+    assert not left, f"shared memory left by the ranks: {sorted(map(str, left))}"
+    for rep in reports:
         first, second, third = rep["rollouts"]
         assert [r[0] for r in first] == [0, 0, 1] and [r[0] for r in second] == [0, 0, 1]
         assert all(0 < len(r[1]) == len(r[2]) <= 8 for r in first + second)
