@@ -60,12 +60,13 @@ def _model(cfg: RewardConfig, requires_think: bool, device: torch.device) -> Bac
 @dataclass(frozen=True)
 class RewardRange:
     """What a kind's rewards can be: at least `low`, at most `high`, and `high` itself only when
-    `high_reached` (a sigmoid comes as close to 1 as it likes but, short of float rounding at a
-    logit above ~37, never gets there)."""
+    `high_reached`, `low` only when `low_reached` (a sigmoid comes as close to 0 and 1 as it
+    likes but, short of float rounding at a logit beyond ~37, never gets there)."""
 
     low: float
     high: float
     high_reached: bool
+    low_reached: bool = True
 
     def reaches(self, threshold: float) -> bool:
         """Whether a reward of this range can be >= `threshold` (be correct)."""
@@ -76,7 +77,8 @@ ZERO_ONE = RewardRange(0.0, 1.0, high_reached=True)
 
 
 def _model_range(reward: RewardConfig) -> RewardRange | None:
-    return RewardRange(0.0, 1.0, high_reached=False) if reward.model.normalise == "sigmoid" else None
+    sigmoid = reward.model.normalise == "sigmoid"
+    return RewardRange(0.0, 1.0, high_reached=False, low_reached=False) if sigmoid else None
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,8 @@ def _sum_range(cfg: RewardConfig) -> RewardRange | None:
             return None
         low += min(w * span.low, w * span.high)
         high += max(w * span.low, w * span.high)
-        # a negative weight reaches its top at the kind's low end, which every range here attains
-        reached = reached and (span.high_reached or w < 0)
+        # a negative weight takes the sum's top from the kind's low end
+        reached = reached and (span.high_reached if w > 0 else span.low_reached)
     return RewardRange(low, high, reached)
 
 

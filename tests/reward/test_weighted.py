@@ -78,6 +78,12 @@ def test_components_config_names_ranges_and_refusals() -> None:
     cfg.correct_at = 1.6
     assert unreachable_threshold(cfg).startswith("reward.correct_at=1.6 cannot be reached")  # type: ignore[union-attr]
     assert not needs_answer(RewardConfig(kind="math", components={"python": 1.0}))  # components win
+    # a sigmoid never reaches 0 either: -1 x it stays below 0, so correct_at=0 is never met
+    penalty = RewardConfig(components={"model": -1.0}, correct_at=0.0)
+    penalty.model.normalise = "sigmoid"
+    assert unreachable_threshold(penalty).startswith("reward.correct_at=0 cannot be reached")  # type: ignore[union-attr]
+    penalty.correct_at = -0.5
+    assert unreachable_threshold(penalty) is None
     for bad in ({"math": 0.0}, {"math": math.nan}):
         run = ExgrpoConfig()
         run.reward.components = bad
