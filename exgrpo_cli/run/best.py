@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from exgrpo_cli.checkpoint import best_copy
 from exgrpo_cli.checkpoint import store as ckpt
 from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.step.state import RunState
@@ -33,13 +34,13 @@ class BestCheckpoint:
             and (folder / ckpt.COMPLETE).is_file()
         ):
             try:
-                record = ckpt.best_record(root)
+                record = best_copy.best_record(root)
             except ckpt.CheckpointError as err:  # malformed: relinked below with the state's record
                 log.warning("%s", err)
                 record = None
             if record is None or record["step"] != state.step:
                 # the run stopped between publishing this step and linking it as the best
-                ckpt.keep_best(root, folder, state.step, float(best["score"]), self.metric)
+                best_copy.keep_best(root, folder, state.step, float(best["score"]), self.metric)
 
     def improved(self, score: float | None) -> bool:
         """Whether this validation beats the best so far; every rank takes rank 0's decision (a
@@ -57,11 +58,11 @@ class BestCheckpoint:
 
     def keep(self, saved: Path | None, step: int, score: float) -> None:
         if saved is not None:  # rank 0
-            ckpt.keep_best(self.root, saved, step, score, self.metric)
+            best_copy.keep_best(self.root, saved, step, score, self.metric)
 
     def summary(self) -> str:
         try:
-            record = ckpt.best_record(self.root) if self.parallel.is_main else None
+            record = best_copy.best_record(self.root) if self.parallel.is_main else None
         except ckpt.CheckpointError as err:  # a run that finished must not crash on it
             return f"best checkpoint: {err}"
         if record is None:

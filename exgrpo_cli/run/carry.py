@@ -73,7 +73,7 @@ class CarriedBuffer:
 
 
 def starts_fresh(cfg: ExgrpoConfig) -> bool:
-    """Whether this run will start from step 0, as run/setup.py's `decide_resume` will decide
+    """Whether this run will start from step 0, as run/resume.py's `decide_resume` will decide
     (read-only here): resume=never, or auto in a dir without a complete checkpoint. (auto over
     checkpoints that all fail to verify or load refuses rather than starting fresh.)"""
     r = cfg.trainer.resume

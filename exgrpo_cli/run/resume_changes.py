@@ -1,6 +1,6 @@
 """Resume says what changed: the command's config against the one the checkpoint was trained with.
 
-Where it sits: at the start of `exgrpo train`, once run/setup.py's `decide_resume` has chosen the
+Where it sits: at the start of `exgrpo train`, once run/resume.py's `decide_resume` has chosen the
 checkpoint to resume and before the logger, the tracker or the model start. A resume trains on the
 command's config (a run dir is data, never a source of settings), so a resume with a shorter
 command than the run's first one would silently continue on another objective (the default math

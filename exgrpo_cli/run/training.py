@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from exgrpo_cli.checkpoint import store as ckpt
+from exgrpo_cli.checkpoint.store import ResumeRefused
 from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.data.bad_rows import LoadReport, skipped_rows_lines
 from exgrpo_cli.data.types import Question
@@ -41,16 +42,9 @@ from exgrpo_cli.run.carry import CarriedBuffer, early_read
 from exgrpo_cli.run.lock import lock_run_dir
 from exgrpo_cli.run.log_files import guard_log_files
 from exgrpo_cli.run.preempt import StopRequested
+from exgrpo_cli.run.resume import check_resume_buffer, decide_resume
 from exgrpo_cli.run.resume_changes import check_resume_changes
-from exgrpo_cli.run.setup import (
-    ResumeRefused,
-    build_trainer,
-    check_resume_buffer,
-    decide_resume,
-    load_run_data,
-    share_run_dir,
-    warn_low_precision_weights,
-)
+from exgrpo_cli.run.setup import build_trainer, load_run_data, share_run_dir, warn_low_precision_weights
 from exgrpo_cli.step.loop import Trainer
 
 if TYPE_CHECKING:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,28 +38,12 @@ from exgrpo_cli.replay.mixing import Group, MixedBatch, Response, build_mixed_ba
 from exgrpo_cli.reward.stage import Reward
 from exgrpo_cli.rollout.base import RolloutEngine, SamplingSpec, decode_response
 from exgrpo_cli.step.divergence import check_synced_weights, engine_check
-from exgrpo_cli.step.metrics import accuracy_by_origin, loss_metrics, rollout_metrics
+from exgrpo_cli.step.metrics import Timers, accuracy_by_origin, loss_metrics, rollout_metrics
 from exgrpo_cli.step.offpolicy import MismatchWatch, correction_of, offpolicy_metrics
 from exgrpo_cli.step.replay import choose_replay, guidance_response, replayed_ages
 from exgrpo_cli.step.reward import grade_step
-from exgrpo_cli.step.state import RunState
+from exgrpo_cli.step.state import RunState, step_rng
 from exgrpo_cli.step.update import UpdatePlan, UpdateResult, pi_old_logprobs, policy_update
-
-
-def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
-    """An independent generator per (seed, step, purpose), so that a resumed run repeats a step
-    exactly: no RNG state to carry across steps."""
-    return np.random.default_rng([seed, step, purpose])
-
-
-class Timers(dict[str, float]):
-    """The step's `timing/<stage>` metrics: seconds per stage, summed over its uses."""
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        yield
-        self[f"timing/{name}"] = self.get(f"timing/{name}", 0.0) + time.perf_counter() - t0
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The `rollout/`, `loss/` and per-origin `reward/` metrics of one step, from its groups and its
-update's result.
+update's result, and its `timing/` metrics (`Timers`, seconds per stage).
 
 Where it sits in the step: last, before logging (run/training.py then averages every metric over the
 ranks). Functions of what the step produced; `loss_metrics` is a collective under torchrun: its
@@ -7,6 +7,10 @@ per-token ratios are run-wide, from the ranks' summed tokens, so it is called on
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -78,3 +82,13 @@ def accuracy_by_origin(groups: list[Group]) -> dict[str, float]:
         if correct:
             out[f"reward/accuracy_{key}"] = float(np.mean(correct))
     return out
+
+
+class Timers(dict[str, float]):
+    """The step's `timing/<stage>` metrics: seconds per stage, summed over its uses."""
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self[f"timing/{name}"] = self.get(f"timing/{name}", 0.0) + time.perf_counter() - t0

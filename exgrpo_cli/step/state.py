@@ -18,7 +18,7 @@ Files of a checkpoint folder (written atomically by checkpoint/store.py):
                           Python/NumPy RNGs
 
 RNG states. A resumed run repeats its steps exactly without them: every draw of a step comes from
-generators derived from (trainer.seed, step) (step/loop.py `step_rng`, the rollout seed) or from
+generators derived from (trainer.seed, step) (`step_rng` below, the rollout seed) or from
 state saved here (the sampler's). The engines reseed from the rollout seed on every call: the HF
 engine's own loop samples with generators seeded from it, its `generate` path reseeds torch's
 global RNG per chunk from it, vLLM gets per-request seeds from it. Nothing in a step draws from
@@ -70,7 +70,7 @@ class RunState:
     # trainer.keep_best: {"step", "score"} of the best validation so far, saved with the state so
     # that a resumed or rolled-back run compares with the best of the history it continues
     best: dict[str, Any] | None = None
-    # what the run trains on, checked at resume (run/setup.py `check_resume_data`): a digest of
+    # what the run trains on, checked at resume (run/resume.py `check_resume_data`): a digest of
     # the training questions' ids in pool order (the sampler's indices point into that order)
     data_fingerprint: str = ""
     # replay.readmit_into=batch: re-admitted questions not yet trained, served first into the next
@@ -185,3 +185,9 @@ class RunState:
         self.load_state_dict(ckpt.read_json(folder / "trainer_state.json"), new_data)
         torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])
         return notes
+
+
+def step_rng(seed: int, step: int, purpose: int) -> np.random.Generator:
+    """An independent generator per (seed, step, purpose), so that a resumed run repeats a step
+    exactly: no RNG state to carry across steps."""
+    return np.random.default_rng([seed, step, purpose])

@@ -52,12 +52,12 @@ def test_the_best_score_comes_from_the_resumed_state_not_from_an_abandoned_futur
     0.2), not with checkpoints/best left by the abandoned steps (0.9)."""
     from types import SimpleNamespace
 
-    from exgrpo_cli.checkpoint import store as ckpt
+    from exgrpo_cli.checkpoint import best_copy
     from exgrpo_cli.parallel.sharding import DataParallel
     from exgrpo_cli.run.best import BestCheckpoint as _Best
 
     root = tmp_path / "checkpoints"
-    ckpt.keep_best(root, _published(root, 5), 5, 0.9, "val/accuracy")  # the abandoned future's best
+    best_copy.keep_best(root, _published(root, 5), 5, 0.9, "val/accuracy")  # the abandoned future's best
     state = SimpleNamespace(step=2, best={"step": 1, "score": 0.2})
     best = _Best(root, state, DataParallel(), "val/accuracy")  # type: ignore[arg-type]
     assert best.improved(0.3) and not best.improved(0.2)
@@ -70,15 +70,16 @@ def test_a_stop_between_the_save_and_the_best_link_is_finished_at_resume(tmp_pat
     as checkpoints/best: the resumed run links it."""
     from types import SimpleNamespace
 
+    from exgrpo_cli.checkpoint import best_copy
     from exgrpo_cli.checkpoint import store as ckpt
     from exgrpo_cli.parallel.sharding import DataParallel
     from exgrpo_cli.run.best import BestCheckpoint as _Best
 
     root = tmp_path / "checkpoints"
-    ckpt.keep_best(root, _published(root, 1), 1, 0.2, "val/accuracy")
+    best_copy.keep_best(root, _published(root, 1), 1, 0.2, "val/accuracy")
     _published(root, 3)
     _Best(root, SimpleNamespace(step=3, best={"step": 3, "score": 0.5}), DataParallel(), "val/accuracy")  # type: ignore[arg-type]
-    assert ckpt.best_record(root) == {"step": 3, "score": 0.5, "metric": "val/accuracy"}
+    assert best_copy.best_record(root) == {"step": 3, "score": 0.5, "metric": "val/accuracy"}
     assert ckpt.verify(root / ckpt.BEST) is None
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from exgrpo_cli.checkpoint import best_copy
 from exgrpo_cli.checkpoint import store as ckpt
 
 
@@ -142,19 +143,19 @@ def test_the_best_checkpoint_survives_pruning_and_verifies(tmp_path: Path) -> No
     """trainer.keep_best: checkpoints/best is a verified copy of the best step, outside the
     rotation (keep=1 here prunes its step_<N>), replaced when a better one comes."""
     root = tmp_path / "checkpoints"
-    assert ckpt.best_record(root) is None
+    assert best_copy.best_record(root) is None
     first = ckpt.save_checkpoint(root, 1, _write("one"), keep=1)
     assert first is not None
-    best = ckpt.keep_best(root, first, 1, 0.25, "val/accuracy")
+    best = best_copy.keep_best(root, first, 1, 0.25, "val/accuracy")
     for step in (2, 3):
         ckpt.save_checkpoint(root, step, _write(str(step)), keep=1)
     assert [p.name for p in ckpt.complete_checkpoints(root)] == ["step_3"]  # step_1 pruned ...
     assert (best / "payload.txt").read_text() == "one"  # ... its best copy kept
     assert ckpt.verify(best) is None
-    assert ckpt.best_record(root) == {"step": 1, "score": 0.25, "metric": "val/accuracy"}
+    assert best_copy.best_record(root) == {"step": 1, "score": 0.25, "metric": "val/accuracy"}
     assert ckpt.latest_checkpoint(root).name == "step_3"  # never resumed from
-    ckpt.keep_best(root, root / "step_3", 3, 0.5, "val/accuracy")
-    assert (best / "payload.txt").read_text() == "3" and ckpt.best_record(root)["step"] == 3
+    best_copy.keep_best(root, root / "step_3", 3, 0.5, "val/accuracy")
+    assert (best / "payload.txt").read_text() == "3" and best_copy.best_record(root)["step"] == 3
     # a swap killed between its two renames leaves .old-best only: it is put back
     (root / "best").rename(root / ".old-best")
-    assert ckpt.best_record(root) == {"step": 3, "score": 0.5, "metric": "val/accuracy"}
+    assert best_copy.best_record(root) == {"step": 3, "score": 0.5, "metric": "val/accuracy"}

@@ -18,11 +18,12 @@ from train.test_checkpoint import _write
 from train.test_run_dir_specials import released_after
 
 from exgrpo_cli.checkpoint import store as ckpt
+from exgrpo_cli.checkpoint.store import ResumeRefused
 from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.errors import UsageError
 from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.run import training
-from exgrpo_cli.run.setup import ResumeRefused, decide_resume
+from exgrpo_cli.run.resume import decide_resume
 
 NOTE = "QUARANTINED.txt"
 

@@ -140,7 +140,7 @@ def test_sampler_epochs_skip_retired_from_next_epoch_and_resume_exactly():
 
 
 def test_step_rngs_are_independent_of_history():
-    from exgrpo_cli.step.loop import step_rng
+    from exgrpo_cli.step.state import step_rng
 
     a = step_rng(0, 5, 2).integers(1 << 30, size=3)
     step_rng(0, 4, 2).integers(1 << 30, size=100)

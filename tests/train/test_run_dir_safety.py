@@ -17,11 +17,13 @@ import pytest
 import torch
 from train.test_checkpoint import _write
 
+from exgrpo_cli.checkpoint import best_copy
 from exgrpo_cli.checkpoint import store as ckpt
+from exgrpo_cli.checkpoint.store import ResumeRefused
 from exgrpo_cli.config.schema import ExgrpoConfig
 from exgrpo_cli.parallel.sharding import DataParallel
 from exgrpo_cli.run import lock as run_lock
-from exgrpo_cli.run.setup import ResumeRefused, check_resume_data, decide_resume
+from exgrpo_cli.run.resume import check_resume_data, decide_resume
 
 
 def _cfg(out: Path, **trainer: object) -> ExgrpoConfig:
@@ -33,7 +35,7 @@ def _with_best_and_quarantined(out: Path) -> Path:
     root = out / "checkpoints"
     first = ckpt.save_checkpoint(root, 1, _write("one"), keep=2)
     assert first is not None
-    ckpt.keep_best(root, first, 1, 0.5, "val/accuracy")
+    best_copy.keep_best(root, first, 1, 0.5, "val/accuracy")
     ckpt.quarantine(first, "test: rotten")
     return root
 
@@ -252,11 +254,11 @@ def test_a_malformed_best_json_is_refused_as_malformed(tmp_path: Path, content: 
     root = tmp_path / "checkpoints"
     first = ckpt.save_checkpoint(root, 1, _write("one"), keep=2)
     assert first is not None
-    ckpt.keep_best(root, first, 1, 0.5, "val/accuracy")
-    assert ckpt.best_record(root) == {"step": 1, "score": 0.5, "metric": "val/accuracy"}
+    best_copy.keep_best(root, first, 1, 0.5, "val/accuracy")
+    assert best_copy.best_record(root) == {"step": 1, "score": 0.5, "metric": "val/accuracy"}
     (root / "best" / ckpt.BEST_SCORE).write_text(content)
     with pytest.raises(ckpt.CheckpointError, match="malformed"):
-        ckpt.best_record(root)
+        best_copy.best_record(root)
 
 
 def test_a_full_disk_inside_torchs_writer_is_the_documented_write_error(tmp_path: Path) -> None:
