@@ -26,13 +26,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 
 from exgrpo_cli.algo.losses import LossInputs, PolicyLoss, exgrpo_token_losses
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.bucketing import Bounds
-from exgrpo_cli.replay.methods import ExgrpoReplay, fresh_view
+from exgrpo_cli.replay.methods import ExgrpoReplay, fresh_view, on_replayed_rows
 
 if TYPE_CHECKING:
     from exgrpo_cli.replay.buffer import ExperienceBuffer
@@ -43,20 +42,11 @@ def shaped_offpolicy_loss(base: PolicyLoss, gamma: float) -> PolicyLoss:
     """The fresh rows from `base`; the guided rows -A f(w), f(w) = w / (w + gamma), w = pi_theta /
     pi_behaviour (pi_theta itself when the behaviour log-prob is 0), never clipped."""
 
-    def luffy_loss(x: LossInputs) -> tuple[Tensor, Tensor]:
-        on, clipped = base(x)
-        off, _ = exgrpo_token_losses(
-            x.logp,
-            x.behaviour_logp,
-            x.advantages,
-            x.response_mask,
-            x.replay_mask,
-            clip_eps=None,
-            beta=gamma,
-        )
-        return torch.where(x.replay_mask.bool().unsqueeze(-1), off, on), clipped
+    def shaped(x: LossInputs) -> Tensor:
+        args = (x.logp, x.behaviour_logp, x.advantages, x.response_mask, x.replay_mask)
+        return exgrpo_token_losses(*args, clip_eps=None, beta=gamma)[0]
 
-    return luffy_loss
+    return on_replayed_rows(base, shaped)
 
 
 class LuffyReplay(ExgrpoReplay):

@@ -66,16 +66,17 @@ config/user_code.py, the loader `reward.function` uses), called with the config 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.logprobs import CandidateScore
-from exgrpo_cli.algo.losses import PolicyLoss
+from exgrpo_cli.algo.losses import LossInputs, PolicyLoss
 from exgrpo_cli.config.registry import pick
 from exgrpo_cli.data.types import Question
 from exgrpo_cli.replay.bucketing import Bounds, storable
@@ -118,6 +119,17 @@ def fresh_view(groups: Sequence[Group]) -> list[Group]:
         else g
         for g in groups
     ]
+
+
+def on_replayed_rows(base: PolicyLoss, off_policy: Callable[[LossInputs], Tensor]) -> PolicyLoss:
+    """A method's `loss`: `base`'s token losses on the fresh rows, `off_policy(x)`'s on the
+    replayed ones (the batch's `replay_mask` rows), `base`'s clip count."""
+
+    def loss(x: LossInputs) -> tuple[Tensor, Tensor]:
+        on, clipped = base(x)
+        return torch.where(x.replay_mask.bool().unsqueeze(-1), off_policy(x), on), clipped
+
+    return loss
 
 
 @runtime_checkable

@@ -38,7 +38,7 @@ from exgrpo_cli.algo.advantages import group_advantages
 from exgrpo_cli.algo.losses import LossInputs, PolicyLoss, exgrpo_token_losses
 from exgrpo_cli.replay.bucketing import Bounds
 from exgrpo_cli.replay.experience import Experience, content_hash
-from exgrpo_cli.replay.methods import ExgrpoReplay, Members, fresh_view, prompts_only
+from exgrpo_cli.replay.methods import ExgrpoReplay, Members, fresh_view, on_replayed_rows, prompts_only
 from exgrpo_cli.replay.selection import n_replay
 
 if TYPE_CHECKING:
@@ -58,21 +58,12 @@ def clipped_offpolicy_loss(base: PolicyLoss, clip_eps: float) -> PolicyLoss:
     """The on-policy term from `base` on fresh rows; on replayed rows the PPO-clipped ratio
     w = pi_theta / pi_stored, max(-A w, -A clip(w, 1 - eps, 1 + eps))."""
 
-    def repo_loss(x: LossInputs) -> tuple[Tensor, Tensor]:
-        on, clipped = base(x)
-        off, _ = exgrpo_token_losses(
-            x.logp,
-            x.behaviour_logp,
-            x.advantages,
-            x.response_mask,
-            torch.zeros_like(x.replay_mask),  # every row under the clip rule, here
-            clip_eps=clip_eps,
-            beta=None,
-        )
-        replayed = x.replay_mask.bool().unsqueeze(-1)
-        return torch.where(replayed, off, on), clipped
+    def clipped(x: LossInputs) -> Tensor:
+        unshaped = torch.zeros_like(x.replay_mask)  # every row under the clip rule, here
+        args = (x.logp, x.behaviour_logp, x.advantages, x.response_mask, unshaped)
+        return exgrpo_token_losses(*args, clip_eps=clip_eps, beta=None)[0]
 
-    return repo_loss
+    return on_replayed_rows(base, clipped)
 
 
 class RepoReplay(ExgrpoReplay):
